@@ -1,0 +1,168 @@
+package event
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Event is the wire event published to Pub/Sub and stored as one row of the
+// BigQuery events table. Its fields and their JSON types are exactly those of
+// the SDK's ReplicationEvent (replication/model.d.ts, seed 001).
+type Event struct {
+	// EventID is hex(sha256("<source_id>:<history row id>:<generation>")); see ID.
+	EventID string
+	// SourceID is the replication source (a uuid in PostgreSQL's text form).
+	SourceID string
+	// Generation is the replication generation; the drain always sets the
+	// target's generation, whatever the captured event says.
+	Generation string
+	// EntityID is the manifest id of the entity the record belongs to.
+	EntityID string
+	// RecordKey is the record id, or "<source id>:<target id>" for an edge.
+	RecordKey string
+	// RecordKind is "entity" or "edge:<relationship>".
+	RecordKind string
+	// Revision is a decimal string, so that a PostgreSQL bigint survives any
+	// JSON transport.
+	Revision string
+	// Deleted marks a tombstone (a deleted record or an unlinked edge).
+	Deleted bool
+	// SchemaHash is the manifest hash the record was captured under.
+	SchemaHash string
+	// Payload is the record snapshot as JSON text: Pub/Sub's BigQuery
+	// table-schema mode expects a string for a JSON column.
+	Payload string
+}
+
+// ID returns the event's deterministic id: the lower-case hex SHA-256 of
+// "<sourceID>:<historyID>:<generation>" (replicationEventId in seed 001). The
+// uuids must be in PostgreSQL's lower-case text form.
+func ID(sourceID, historyID, generation string) string {
+	sum := sha256.Sum256([]byte(sourceID + ":" + historyID + ":" + generation))
+	return hex.EncodeToString(sum[:])
+}
+
+// captured is the shape of a history row's replication jsonb or a baseline
+// row's event jsonb, as the SDK's capture trigger and baseline write it.
+type captured struct {
+	SourceID   *string `json:"source_id"`
+	EntityID   *string `json:"entity_id"`
+	RecordKey  *string `json:"record_key"`
+	RecordKind *string `json:"record_kind"`
+	Revision   *string `json:"revision"`
+	Deleted    *bool   `json:"deleted"`
+	SchemaHash *string `json:"schema_hash"`
+	Payload    *string `json:"payload"`
+}
+
+// ErrMalformed reports a captured event that lacks a field or has a field of
+// the wrong type. Retrying cannot fix it.
+var ErrMalformed = errors.New("malformed captured event")
+
+// FromCaptured builds the wire event of a captured event (the replication
+// jsonb of a history row or the event jsonb of a baseline row), as the SDK's
+// pendingReplicationEvents does: the captured fields, with generation
+// overridden by the target's and event_id computed from the source, the
+// history (or baseline) row id and the generation.
+func FromCaptured(raw []byte, sourceID, historyID, generation string) (Event, error) {
+	var c captured
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return Event{}, fmt.Errorf("%w: row %s: %v", ErrMalformed, historyID, err)
+	}
+	missing := ""
+	switch {
+	case c.SourceID == nil:
+		missing = "source_id"
+	case c.EntityID == nil:
+		missing = "entity_id"
+	case c.RecordKey == nil:
+		missing = "record_key"
+	case c.RecordKind == nil:
+		missing = "record_kind"
+	case c.Revision == nil:
+		missing = "revision"
+	case c.Deleted == nil:
+		missing = "deleted"
+	case c.SchemaHash == nil:
+		missing = "schema_hash"
+	case c.Payload == nil:
+		missing = "payload"
+	}
+	if missing != "" {
+		return Event{}, fmt.Errorf("%w: row %s has no %s", ErrMalformed, historyID, missing)
+	}
+	if _, err := strconv.ParseInt(*c.Revision, 10, 64); err != nil {
+		return Event{}, fmt.Errorf("%w: row %s: revision %q is not a decimal bigint", ErrMalformed, historyID, *c.Revision)
+	}
+	return Event{
+		EventID:    ID(sourceID, historyID, generation),
+		SourceID:   *c.SourceID,
+		Generation: generation,
+		EntityID:   *c.EntityID,
+		RecordKey:  *c.RecordKey,
+		RecordKind: *c.RecordKind,
+		Revision:   *c.Revision,
+		Deleted:    *c.Deleted,
+		SchemaHash: *c.SchemaHash,
+		Payload:    *c.Payload,
+	}, nil
+}
+
+// AppendJSON appends the event's JSON to dst, byte for byte as JavaScript's
+// JSON.stringify writes the same event, so that the publish-size accounting
+// matches the SDK's exactly. The field order is the BigQuery table's; order
+// does not change the size.
+func (e *Event) AppendJSON(dst []byte) []byte {
+	dst = append(dst, `{"event_id":`...)
+	dst = AppendString(dst, e.EventID)
+	dst = append(dst, `,"source_id":`...)
+	dst = AppendString(dst, e.SourceID)
+	dst = append(dst, `,"generation":`...)
+	dst = AppendString(dst, e.Generation)
+	dst = append(dst, `,"entity_id":`...)
+	dst = AppendString(dst, e.EntityID)
+	dst = append(dst, `,"record_key":`...)
+	dst = AppendString(dst, e.RecordKey)
+	dst = append(dst, `,"record_kind":`...)
+	dst = AppendString(dst, e.RecordKind)
+	dst = append(dst, `,"revision":`...)
+	dst = AppendString(dst, e.Revision)
+	dst = append(dst, `,"deleted":`...)
+	dst = strconv.AppendBool(dst, e.Deleted)
+	dst = append(dst, `,"schema_hash":`...)
+	dst = AppendString(dst, e.SchemaHash)
+	dst = append(dst, `,"payload":`...)
+	dst = AppendString(dst, e.Payload)
+	return append(dst, '}')
+}
+
+// MarshalJSON implements json.Marshaler with AppendJSON.
+func (e Event) MarshalJSON() ([]byte, error) {
+	return e.AppendJSON(nil), nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler for the wire form, so that tests,
+// the local warehouse and tools can read published messages back.
+func (e *Event) UnmarshalJSON(data []byte) error {
+	var w struct {
+		EventID    string `json:"event_id"`
+		SourceID   string `json:"source_id"`
+		Generation string `json:"generation"`
+		EntityID   string `json:"entity_id"`
+		RecordKey  string `json:"record_key"`
+		RecordKind string `json:"record_kind"`
+		Revision   string `json:"revision"`
+		Deleted    bool   `json:"deleted"`
+		SchemaHash string `json:"schema_hash"`
+		Payload    string `json:"payload"`
+	}
+	if err := json.Unmarshal(data, &w); err != nil {
+		return fmt.Errorf("event: decode wire event: %w", err)
+	}
+	*e = Event(w)
+	return nil
+}
