@@ -1,0 +1,167 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// BackfillPageSize is how many rows one backfill page enqueues.
+const BackfillPageSize = 1000
+
+// The statements of advanceReplicationBackfill (seed 000). A target created
+// under protocol 3 has events in its baselines and history tables but no
+// delivery rows; backfill walks the baselines and then each selected history
+// table in pages of 1,000 by id, inserting delivery rows that carry over the
+// receipts' accepted and verified state. Static pre-upgrade histories get no
+// new inserts: protocol-4 writers enqueue new history themselves.
+const (
+	sqlBackfillTarget = `SELECT ` + sqlTargetFieldsV4 + `, backfill_cursor, backfill_revision
+       FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE`
+	sqlBackfillBaselinePage = `SELECT id::text FROM _ontology_replication_baselines WHERE generation = $1::uuid
+           AND ($2::uuid IS NULL OR id > $2::uuid) ORDER BY id LIMIT 1000`
+	// %s is the history table's quoted identifier.
+	sqlBackfillHistoryPage = `SELECT id::text FROM %s WHERE replication IS NOT NULL
+           AND replication->>'source_id' = $3 AND (replication->>'revision')::bigint > $4::bigint
+           AND (replication->>'revision')::bigint <= $5::bigint
+           AND ($2::uuid IS NULL OR id > $2::uuid) AND $1::uuid IS NOT NULL ORDER BY id LIMIT 1000`
+	// %s is the page's event source: sqlBackfillBaselineEvents or sqlBackfillHistoryEvents.
+	sqlBackfillInsert = `WITH inserted AS (
+        INSERT INTO _ontology_replication_delivery
+          (generation, event_id, history_table, revision, is_baseline, accepted_at, verified_at, next_verify_at)
+        SELECT $1::uuid, e.id, $3::text, (e.event->>'revision')::bigint, $4::boolean,
+          r.accepted_at, r.verified_at, now() FROM (%s) e
+        LEFT JOIN _ontology_replication_receipts r ON r.generation = $1::uuid AND r.event_id = e.id
+        WHERE e.id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+        ON CONFLICT DO NOTHING RETURNING verified_at
+      ) UPDATE _ontology_replication_targets SET verified_count = verified_count +
+        (SELECT count(verified_at) FROM inserted) WHERE generation = $1::uuid`
+	sqlBackfillBaselineEvents = `SELECT id, event FROM _ontology_replication_baselines WHERE generation = $1::uuid`
+	sqlBackfillHistoryEvents  = `SELECT id, replication AS event FROM %s`
+	sqlBackfillCursor         = `UPDATE _ontology_replication_targets SET backfill_cursor = $2::jsonb, backfill_complete = $3
+       WHERE generation = $1::uuid`
+)
+
+// backfillCursor is the SDK's backfill_cursor: the position in the table
+// list (0 = baselines, then the selection's history tables in order) and the
+// last id done in that table.
+type backfillCursor struct {
+	Table int     `json:"table"`
+	ID    *string `json:"id,omitempty"`
+}
+
+// BackfillPage is what one backfill page did.
+type BackfillPage struct {
+	// Table is the table the page read: "baselines" or a history table.
+	Table string
+	// Rows is how many events the page enqueued (or found already queued).
+	Rows int
+	// Complete reports that the backfill is finished.
+	Complete bool
+}
+
+// AdvanceBackfill enqueues the next page of up to 1,000 events of a target
+// created under protocol 3 (advanceReplicationBackfill, seed 000), in its
+// own transaction under the shared lifecycle lock. Each selected entity's
+// history table is the one whose capture trigger runs the entity's capture
+// function (CaptureFunction), never a name derived from the manifest. It
+// reports Complete at once for a target that needs no backfill.
+func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, error) {
+	if t.DeliveryVersion < ProtocolDelivery {
+		return BackfillPage{}, fmt.Errorf("store: backfill of %s: %w: backfill needs protocol 4 and the database is at %d", t.Generation, ErrUnsupportedProtocol, t.DeliveryVersion)
+	}
+	var page BackfillPage
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlShareLifecycle, LifecycleLock); err != nil {
+			return err
+		}
+		var cur Target
+		var rawCursor []byte
+		var backfillRevision *int64
+		var selection []byte
+		err := tx.QueryRow(ctx, sqlBackfillTarget, t.Generation).Scan(&cur.Generation, &cur.SourceID, &cur.FromRevision, &cur.Manifest, &selection,
+			&cur.Protocol, &cur.BaselineComplete, &cur.BackfillComplete, &cur.InitialRevision, &cur.ReplayComplete, &cur.DeliveryVersion,
+			&cur.BaselineCursor, &cur.BackfillCursor, &cur.BackfillRevision, &cur.ReplayCursor, &cur.VerifiedCount,
+			&rawCursor, &backfillRevision)
+		if err == pgx.ErrNoRows {
+			return ErrUnknownGeneration
+		}
+		if err != nil {
+			return err
+		}
+		if cur.BackfillComplete {
+			page.Complete = true
+			return nil
+		}
+		if err := json.Unmarshal(selection, &cur.Selection); err != nil {
+			return fmt.Errorf("selection: %w", err)
+		}
+		var cursor backfillCursor
+		if err := json.Unmarshal(rawCursor, &cursor); err != nil {
+			return fmt.Errorf("backfill_cursor %s: %w", rawCursor, err)
+		}
+		// tables[0] is the baselines (""), then one history table per selected entity.
+		tables := []string{""}
+		for _, sel := range cur.Selection {
+			table, err := s.entityHistoryTable(ctx, tx, sel.EntityID)
+			if err != nil {
+				return err
+			}
+			tables = append(tables, table)
+		}
+		if cursor.Table >= len(tables) {
+			// The selection is immutable per generation; a cursor past its end
+			// means the last table was finished.
+			page.Complete = true
+			_, err := tx.Exec(ctx, sqlBackfillCursor, t.Generation, string(rawCursor), true)
+			return err
+		}
+		table := tables[cursor.Table]
+		var ids []string
+		var rows pgx.Rows
+		var events string
+		var historyTable *string
+		if table == "" {
+			page.Table = "baselines"
+			rows, err = tx.Query(ctx, sqlBackfillBaselinePage, t.Generation, cursor.ID)
+			events = sqlBackfillBaselineEvents
+		} else {
+			page.Table = table
+			historyTable = &table
+			ident, err2 := s.historyTable(ctx, tx, table)
+			if err2 != nil {
+				return err2
+			}
+			rows, err = tx.Query(ctx, fmt.Sprintf(sqlBackfillHistoryPage, ident), t.Generation, cursor.ID, cur.SourceID, cur.FromRevision, backfillRevision)
+			events = fmt.Sprintf(sqlBackfillHistoryEvents, ident)
+		}
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(sqlBackfillInsert, events), t.Generation, idsJSON(ids), historyTable, table == ""); err != nil {
+			return err
+		}
+		page.Rows = len(ids)
+		finishedTable := len(ids) < BackfillPageSize
+		page.Complete = finishedTable && cursor.Table+1 >= len(tables)
+		next := backfillCursor{Table: cursor.Table}
+		if finishedTable {
+			next = backfillCursor{Table: cursor.Table + 1}
+		} else {
+			next.ID = &ids[len(ids)-1]
+		}
+		raw, _ := json.Marshal(next)
+		_, err = tx.Exec(ctx, sqlBackfillCursor, t.Generation, string(raw), page.Complete)
+		return err
+	})
+	if err != nil {
+		return BackfillPage{}, fmt.Errorf("store: advance backfill of %s: %w", t.Generation, err)
+	}
+	return page, nil
+}

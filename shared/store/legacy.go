@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The legacy (protocol 3) paths: no delivery queue; pending events are found
+// by scanning the baselines and every selected history table minus receipts
+// (replicationEventsSql and the store of SDK 0.12, seed 001, kept for
+// databases whose singleton version is below 4). The scan grows with
+// retained history; protocol 4 exists to avoid it.
+
+// sqlLegacyBaselineEvents and sqlLegacyHistoryEvents are the parts of
+// replicationEventsSql (seed 001), joined with UNION ALL. %s is a history
+// table's quoted identifier, checked against the capture-trigger tables.
+const (
+	sqlLegacyBaselineEvents = `SELECT id, event FROM _ontology_replication_baselines WHERE generation = $1::uuid
+    AND $2::text IS NOT NULL AND $3::bigint IS NOT NULL`
+	sqlLegacyHistoryEvents = `SELECT id, replication AS event FROM %s
+      WHERE replication IS NOT NULL AND replication->>'source_id' = $2
+      AND (replication->>'revision')::bigint > $3::bigint`
+)
+
+// sqlLegacyPending is pendingReplicationEvents of seed 001 over the events
+// of sqlLegacyEvents (%s). $4 holds back events the caller cannot publish;
+// it is empty in the SDK's read.
+const sqlLegacyPending = `SELECT e.id::text, e.event FROM (%s) e
+     WHERE NOT EXISTS (SELECT 1 FROM _ontology_replication_receipts r
+       WHERE r.generation = $1::uuid AND r.event_id = e.id) AND e.id <> ALL($4::uuid[])
+     ORDER BY (event->>'revision')::bigint, id LIMIT 100`
+
+// sqlLegacyStatus is replicationStatus of seed 001.
+const sqlLegacyStatus = `SELECT count(*) AS total, count(r.event_id) AS accepted, count(r.verified_at) AS verified
+     FROM (%s) e
+     LEFT JOIN _ontology_replication_receipts r ON r.generation = $1::uuid AND r.event_id = e.id`
+
+// sqlLegacyPendingCount adds to the legacy status what an operator needs:
+// the events without a receipt. Protocol 3 records no queue time, so the
+// oldest pending age is not reported.
+const sqlLegacyPendingCount = `SELECT count(*) FROM (%s) e
+     WHERE NOT EXISTS (SELECT 1 FROM _ontology_replication_receipts r
+       WHERE r.generation = $1::uuid AND r.event_id = e.id)`
+
+// sqlLegacyAcknowledge is acknowledgeReplication of seed 001.
+const sqlLegacyAcknowledge = `INSERT INTO _ontology_replication_receipts (generation, event_id)
+     SELECT $1::uuid, value::uuid FROM jsonb_array_elements_text($2::jsonb) ON CONFLICT DO NOTHING`
+
+// sqlLegacyUnverified is unverifiedReplicationEvents of seed 001.
+const sqlLegacyUnverified = `SELECT event_id::text AS id FROM _ontology_replication_receipts
+     WHERE generation = $1::uuid AND verified_at IS NULL ORDER BY accepted_at, event_id LIMIT 1000`
+
+// sqlLegacyUnverifiedCount counts the accepted, unverified receipts: at
+// protocol 3 every one of them is due for a check.
+const sqlLegacyUnverifiedCount = `SELECT count(*) FROM _ontology_replication_receipts
+     WHERE generation = $1::uuid AND verified_at IS NULL`
+
+// sqlLegacyVerify is verifyReplicationEvents of seed 001.
+const sqlLegacyVerify = `UPDATE _ontology_replication_receipts SET verified_at = now()
+    WHERE generation = $1::uuid AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`
+
+// sqlLegacyRetry is the legacy branch of retryUnverifiedReplication (seed
+// 000): even legacy recovery retries only checked missing IDs, never the
+// unchecked backlog.
+const sqlLegacyRetry = `DELETE FROM _ontology_replication_receipts WHERE generation = $1::uuid
+         AND verified_at IS NULL AND accepted_at < now() - interval '15 minutes'
+         AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`
+
+// sqlLegacyReplay is replayReplication of seed 001: every receipt of the
+// generation goes, so every event is pending again.
+const sqlLegacyReplay = `DELETE FROM _ontology_replication_receipts WHERE generation = $1::uuid`
+
+// legacyEvents builds replicationEventsSql for t: the baselines, then each
+// selected entity's history table, found through its capture trigger.
+func (s *Store) legacyEvents(ctx context.Context, tx pgx.Tx, t Target) (string, error) {
+	parts := []string{sqlLegacyBaselineEvents}
+	for _, sel := range t.Selection {
+		table, err := s.entityHistoryTable(ctx, tx, sel.EntityID)
+		if err != nil {
+			return "", err
+		}
+		ident, err := s.historyTable(ctx, tx, table)
+		if err != nil {
+			return "", err
+		}
+		parts = append(parts, fmt.Sprintf(sqlLegacyHistoryEvents, ident))
+	}
+	return strings.Join(parts, " UNION ALL "), nil
+}
+
+func (s *Store) legacyPending(ctx context.Context, tx pgx.Tx, t Target, mode boundMode, exclude ...string) (Batch, error) {
+	events, err := s.legacyEvents(ctx, tx, t)
+	if err != nil {
+		return Batch{}, err
+	}
+	if exclude == nil {
+		exclude = []string{}
+	}
+	rows, err := tx.Query(ctx, fmt.Sprintf(sqlLegacyPending, events), t.Generation, t.SourceID, t.FromRevision, exclude)
+	if err != nil {
+		return Batch{}, err
+	}
+	var items []captured
+	var it captured
+	_, err = pgx.ForEachRow(rows, []any{&it.id, &it.raw}, func() error {
+		items = append(items, captured{id: it.id, raw: append([]byte(nil), it.raw...)})
+		return nil
+	})
+	if err != nil {
+		return Batch{}, err
+	}
+	return bound(t, items, mode)
+}

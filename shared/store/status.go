@@ -1,0 +1,117 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Status is a target's delivery status.
+type Status struct {
+	// Total, Accepted and Verified count the target's events as the SDK's
+	// replicationStatus does (at protocol 4: verified_count plus the
+	// outstanding rows).
+	Total, Accepted, Verified int64
+	// Pending counts events not yet accepted.
+	Pending int64
+	// OldestPending is when the oldest pending event was queued or sent back
+	// to pending (the delivery row's next_verify_at, which is set to now()
+	// on each of those); zero when nothing is pending or at protocol 3,
+	// which records no such time.
+	OldestPending time.Time
+	// DueVerifications counts accepted events whose warehouse check is due.
+	DueVerifications int64
+	// InitiallyReady is the SDK's replicationInitiallyReady; at protocol 3,
+	// which has no such notion, it reports that every event is verified.
+	InitiallyReady bool
+}
+
+// sqlStatus is replicationStatus at protocol 4 (seed 000): verified events
+// are counted in verified_count, so only outstanding rows are scanned.
+const sqlStatus = `SELECT (t.verified_count + outstanding.total) AS total,
+      (t.verified_count + outstanding.accepted) AS accepted, t.verified_count AS verified
+     FROM _ontology_replication_targets t CROSS JOIN LATERAL (
+       SELECT count(*) AS total, count(accepted_at) AS accepted FROM _ontology_replication_delivery
+       WHERE generation = t.generation AND verified_at IS NULL
+     ) outstanding WHERE t.generation = $1::uuid`
+
+// sqlOutstanding adds what an operator needs beyond the SDK's status: the
+// pending count, the oldest pending row's queue time and the due checks,
+// from the outstanding (unverified) rows only.
+const sqlOutstanding = `SELECT count(*) FILTER (WHERE accepted_at IS NULL),
+       min(next_verify_at) FILTER (WHERE accepted_at IS NULL),
+       count(*) FILTER (WHERE accepted_at IS NOT NULL AND next_verify_at <= now())
+     FROM _ontology_replication_delivery WHERE generation = $1::uuid AND verified_at IS NULL`
+
+// sqlInitiallyReady is replicationInitiallyReady (seed 000): the fixed fence
+// initial_revision keeps continuing writes from moving the goal.
+const sqlInitiallyReady = `SELECT baseline_complete AND backfill_complete AND replay_complete AND NOT EXISTS (
+      SELECT 1 FROM _ontology_replication_delivery d WHERE d.generation = t.generation
+        AND d.verified_at IS NULL AND (d.is_baseline OR d.revision <= t.initial_revision)
+    ) AS ready FROM _ontology_replication_targets t WHERE generation = $1::uuid`
+
+// Status reports a target's delivery status.
+func (s *Store) Status(ctx context.Context, t Target) (Status, error) {
+	var st Status
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if !t.UsesDelivery() {
+			events, err := s.legacyEvents(ctx, tx, t)
+			if err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlLegacyStatus, events), t.Generation, t.SourceID, t.FromRevision).
+				Scan(&st.Total, &st.Accepted, &st.Verified); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlLegacyPendingCount, events), t.Generation, t.SourceID, t.FromRevision).Scan(&st.Pending); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, sqlLegacyUnverifiedCount, t.Generation).Scan(&st.DueVerifications); err != nil {
+				return err
+			}
+			st.InitiallyReady = st.Verified == st.Total
+			return nil
+		}
+		if err := tx.QueryRow(ctx, sqlStatus, t.Generation).Scan(&st.Total, &st.Accepted, &st.Verified); err != nil {
+			if err == pgx.ErrNoRows {
+				return ErrUnknownGeneration
+			}
+			return err
+		}
+		var oldest *time.Time
+		if err := tx.QueryRow(ctx, sqlOutstanding, t.Generation).Scan(&st.Pending, &oldest, &st.DueVerifications); err != nil {
+			return err
+		}
+		if oldest != nil {
+			st.OldestPending = *oldest
+		}
+		return tx.QueryRow(ctx, sqlInitiallyReady, t.Generation).Scan(&st.InitiallyReady)
+	})
+	if err != nil {
+		return Status{}, fmt.Errorf("store: status of %s: %w", t.Generation, err)
+	}
+	return st, nil
+}
+
+// InitiallyReady is the SDK's replicationInitiallyReady: baseline, backfill
+// and replay complete and no unverified event at or below the fence.
+func (s *Store) InitiallyReady(ctx context.Context, t Target) (bool, error) {
+	if !t.UsesDelivery() {
+		st, err := s.Status(ctx, t)
+		return st.InitiallyReady, err
+	}
+	var ready bool
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, sqlInitiallyReady, t.Generation).Scan(&ready)
+		if err == pgx.ErrNoRows {
+			return ErrUnknownGeneration
+		}
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: initial readiness of %s: %w", t.Generation, err)
+	}
+	return ready, nil
+}

@@ -1,0 +1,170 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the store runs its transactions on: a *pgxpool.Pool in
+// production, a *pgx.Conn in some tests.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config configures a Store.
+type Config struct {
+	// StatementTimeout bounds every statement (SET LOCAL statement_timeout).
+	// Default: 30s, as the SDK's lifecycle code.
+	StatementTimeout time.Duration
+	// LockTimeout bounds every lock wait (SET LOCAL lock_timeout).
+	// Default: 5s, as the SDK's lifecycle code.
+	LockTimeout time.Duration
+	// ClaimIdleTimeout bounds how long a claimed batch's transaction may sit
+	// idle (while its batch is published) before the server ends it and
+	// releases its row locks. Default: 60s.
+	ClaimIdleTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
+	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
+	c.ClaimIdleTimeout = cmp.Or(c.ClaimIdleTimeout, 60*time.Second)
+	return c
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.StatementTimeout < time.Millisecond:
+		return fmt.Errorf("StatementTimeout %v: must be at least 1ms", c.StatementTimeout)
+	case c.LockTimeout < time.Millisecond:
+		return fmt.Errorf("LockTimeout %v: must be at least 1ms", c.LockTimeout)
+	case c.ClaimIdleTimeout < time.Second:
+		return fmt.Errorf("ClaimIdleTimeout %v: must be at least 1s", c.ClaimIdleTimeout)
+	}
+	return nil
+}
+
+// Store runs the replication protocol's statements against one ontology
+// database. It is safe for concurrent use.
+type Store struct {
+	db  DB
+	cfg Config
+
+	mu      sync.Mutex
+	capture *captureTables // cached; reloaded when a table is not found
+}
+
+// New returns a Store over db.
+func New(db DB, cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("store: invalid config: %w", err)
+	}
+	return &Store{db: db, cfg: cfg}, nil
+}
+
+// Errors callers branch on.
+var (
+	// ErrNoSchema: the replication schema is not installed in the database.
+	ErrNoSchema = errors.New("the replication schema is not installed (run the ontology SDK migration)")
+	// ErrUnsupportedProtocol: the singleton's version is neither 3 nor 4.
+	ErrUnsupportedProtocol = errors.New("unsupported replication protocol version")
+	// ErrNoActiveTarget: replication has no active generation.
+	ErrNoActiveTarget = errors.New("replication has no active target")
+	// ErrUnknownGeneration: no target has the generation.
+	ErrUnknownGeneration = errors.New("unknown replication generation")
+	// ErrMissingHistory: a queued event's history (or baseline) row is gone.
+	ErrMissingHistory = errors.New("a queued replication event is missing from retained history")
+	// ErrNoCaptureTable: a selected entity or a queued event names a table
+	// that has no capture trigger.
+	ErrNoCaptureTable = errors.New("no history table with a capture trigger")
+	// ErrBaselineIncomplete: the target's baseline is not complete; its
+	// advancement belongs to the SDK.
+	ErrBaselineIncomplete = errors.New("the target's baseline is incomplete (the SDK advances it)")
+)
+
+// Retryable reports whether err is a failure a later attempt may not meet:
+// a lost or refused connection, a timeout, a lock or serialization conflict,
+// or a server shutting down. Protocol errors (a missing history row, a
+// malformed event, a missing schema) are not.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch code := pgErr.SQLState(); {
+		case code[:2] == "08", code[:2] == "53", code[:2] == "57", code[:2] == "58":
+			return true // connection, resources, operator intervention (timeouts, shutdown), system
+		case code == "40001", code == "40P01", code == "55P03", code == "25P03":
+			return true // serialization, deadlock, lock timeout, idle-in-transaction timeout
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	return errors.Is(err, pgx.ErrTxClosed) || pgconn.SafeToRetry(err)
+}
+
+// begin opens a transaction with the store's statement and lock timeouts set
+// locally, as the SDK's lifecycle code does.
+func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, sqlSetTimeouts, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout)); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
+
+// inTx runs fn in a transaction with the store's timeouts and commits it.
+func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// sqlSetTimeouts sets the transaction's statement and lock timeouts (the
+// SDK's SET LOCAL statement_timeout = '30s'; SET LOCAL lock_timeout = '5s',
+// with the values as bind parameters).
+const sqlSetTimeouts = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)`
+
+// sqlShareLifecycle is shareReplicationLifecycle (transaction.js, seed 000):
+// writers, acknowledgement and backfill pages hold it shared; lifecycle
+// changes (pause, replay initialisation, migrations) take it exclusively.
+const sqlShareLifecycle = `SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`
+
+// sqlLockLifecycle is lockReplicationLifecycle (transaction.js, seed 000):
+// the singleton row first, as legacy writers take it, then the exclusive
+// advisory lock. Every lifecycle operation keeps that order.
+const (
+	sqlLockSingleton = `SELECT id FROM _ontology_replication WHERE id FOR UPDATE`
+	sqlLockLifecycle = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
+)
+
+// LifecycleLock is the SDK's REPLICATION_LIFECYCLE_LOCK.
+const LifecycleLock = "segmentstream.ontology.replication.lifecycle"

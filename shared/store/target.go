@@ -1,0 +1,246 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Protocol versions of the replication schema.
+const (
+	// ProtocolLegacy (3, SDK 0.12 and later) finds pending events by scanning
+	// baselines and history tables minus receipts.
+	ProtocolLegacy = 3
+	// ProtocolDelivery (4, SDK 0.25 and later) keeps an indexed delivery queue.
+	ProtocolDelivery = 4
+)
+
+// State is the replication singleton (_ontology_replication).
+type State struct {
+	// Version is the database's replication protocol: 3 or 4.
+	Version int
+	// Enabled reports whether capture is on.
+	Enabled bool
+	// SourceID is the current replication source.
+	SourceID string
+	// ActiveGeneration is the active target's generation, "" when none.
+	ActiveGeneration string
+}
+
+// Selection is one selected entity of a target (the SDK's
+// ReplicationSelection): the entity id, its replicated fields and its
+// replicated many-relationships.
+type Selection struct {
+	EntityID      string   `json:"entityId"`
+	Fields        []string `json:"fields"`
+	Relationships []string `json:"relationships,omitempty"`
+}
+
+// Target is one generation's replication target
+// (_ontology_replication_targets).
+type Target struct {
+	Generation   string
+	SourceID     string
+	FromRevision int64
+	// Manifest is the ontology manifest the generation was started with.
+	Manifest json.RawMessage
+	// Selection is what the generation replicates.
+	Selection []Selection
+	// Protocol is the protocol the target was created under (3 on legacy
+	// databases, where the column does not exist).
+	Protocol int
+	// DeliveryVersion is 4 when the database is at protocol 4 (the seed's
+	// "4 AS delivery_version"), 3 otherwise. It chooses the delivery-queue or
+	// the legacy paths.
+	DeliveryVersion int
+
+	// The fields below are only read at protocol 4.
+
+	BaselineComplete bool
+	BaselineCursor   json.RawMessage
+	BackfillComplete bool
+	BackfillCursor   json.RawMessage
+	BackfillRevision *int64
+	InitialRevision  *int64
+	ReplayComplete   bool
+	ReplayCursor     *string
+	VerifiedCount    int64
+}
+
+// UsesDelivery reports whether the target's events flow through the delivery
+// queue (protocol 4) rather than the legacy scan; the seeds' test is
+// delivery_version === 4 || protocol === 4.
+func (t Target) UsesDelivery() bool {
+	return t.DeliveryVersion == ProtocolDelivery || t.Protocol == ProtocolDelivery
+}
+
+// sqlSchemaPresent checks for the singleton table, as the SDK does before
+// touching it (beginReplicationWrite, service-binding.js).
+const sqlSchemaPresent = `SELECT to_regclass('_ontology_replication') IS NOT NULL AS present`
+
+// sqlState reads the singleton; protocol() in store.js reads its version.
+const sqlState = `SELECT version, enabled, source_id::text, active_generation::text FROM _ontology_replication WHERE id`
+
+// sqlTargetFieldsV4 is targetFields of store.js (seed 000), plus the cursors,
+// backfill revision and verified count that status reports.
+const sqlTargetFieldsV4 = `generation::text, source_id::text, from_revision, manifest, selection,
+  protocol, baseline_complete, backfill_complete, initial_revision, replay_complete, 4 AS delivery_version,
+  baseline_cursor, backfill_cursor, backfill_revision, replay_cursor::text, verified_count`
+
+// sqlTargetFieldsV3 is the legacy target projection of store.js.
+const sqlTargetFieldsV3 = `generation::text, source_id::text, from_revision, manifest, selection,
+  3 AS protocol, true, true, NULL::bigint, true, 3 AS delivery_version,
+  '{}'::jsonb, '{}'::jsonb, NULL::bigint, NULL::text, 0::bigint`
+
+// sqlActiveTarget is activeReplicationTarget (seed 000).
+const (
+	sqlActiveTargetV4 = `SELECT ` + sqlTargetFieldsV4 + ` FROM _ontology_replication_targets
+     WHERE generation = (SELECT active_generation FROM _ontology_replication WHERE id)`
+	sqlActiveTargetV3 = `SELECT ` + sqlTargetFieldsV3 + ` FROM _ontology_replication_targets
+     WHERE generation = (SELECT active_generation FROM _ontology_replication WHERE id)`
+)
+
+// sqlTarget is replicationTarget (seed 000).
+const (
+	sqlTargetV4 = `SELECT ` + sqlTargetFieldsV4 + ` FROM _ontology_replication_targets WHERE generation = $1::uuid`
+	sqlTargetV3 = `SELECT ` + sqlTargetFieldsV3 + ` FROM _ontology_replication_targets WHERE generation = $1::uuid`
+)
+
+// State reads the replication singleton. It returns ErrNoSchema when the
+// replication schema is missing and ErrUnsupportedProtocol for a version
+// other than 3 or 4.
+func (s *Store) State(ctx context.Context) (State, error) {
+	var st State
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		st, err = readState(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return State{}, fmt.Errorf("store: read replication state: %w", err)
+	}
+	return st, nil
+}
+
+func readState(ctx context.Context, tx pgx.Tx) (State, error) {
+	var present bool
+	if err := tx.QueryRow(ctx, sqlSchemaPresent).Scan(&present); err != nil {
+		return State{}, err
+	}
+	if !present {
+		return State{}, ErrNoSchema
+	}
+	var st State
+	var active *string
+	err := tx.QueryRow(ctx, sqlState).Scan(&st.Version, &st.Enabled, &st.SourceID, &active)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return State{}, ErrNoSchema
+	}
+	if err != nil {
+		return State{}, err
+	}
+	if st.Version != ProtocolLegacy && st.Version != ProtocolDelivery {
+		return State{}, fmt.Errorf("%w: the database is at version %d; this release speaks 3 and 4", ErrUnsupportedProtocol, st.Version)
+	}
+	if active != nil {
+		st.ActiveGeneration = *active
+	}
+	return st, nil
+}
+
+// ActiveTarget returns the singleton and its active target; the target is
+// ErrNoActiveTarget when replication has never been started.
+func (s *Store) ActiveTarget(ctx context.Context) (State, Target, error) {
+	var st State
+	var t Target
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		if st, err = readState(ctx, tx); err != nil {
+			return err
+		}
+		q := sqlActiveTargetV3
+		if st.Version >= ProtocolDelivery {
+			q = sqlActiveTargetV4
+		}
+		t, err = scanTarget(tx.QueryRow(ctx, q))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNoActiveTarget
+		}
+		return err
+	})
+	if err != nil {
+		return st, Target{}, fmt.Errorf("store: read active target: %w", err)
+	}
+	return st, t, nil
+}
+
+// Target returns the target of a generation, or ErrUnknownGeneration.
+func (s *Store) Target(ctx context.Context, generation string) (Target, error) {
+	var t Target
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		st, err := readState(ctx, tx)
+		if err != nil {
+			return err
+		}
+		t, err = readTarget(ctx, tx, st.Version, generation)
+		return err
+	})
+	if err != nil {
+		return Target{}, fmt.Errorf("store: read target %s: %w", generation, err)
+	}
+	return t, nil
+}
+
+func readTarget(ctx context.Context, tx pgx.Tx, version int, generation string) (Target, error) {
+	if !isUUID(generation) {
+		return Target{}, fmt.Errorf("%w: %q is not a uuid", ErrUnknownGeneration, generation)
+	}
+	q := sqlTargetV3
+	if version >= ProtocolDelivery {
+		q = sqlTargetV4
+	}
+	t, err := scanTarget(tx.QueryRow(ctx, q, generation))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Target{}, ErrUnknownGeneration
+	}
+	return t, err
+}
+
+func scanTarget(row pgx.Row) (Target, error) {
+	var t Target
+	var selection []byte
+	err := row.Scan(&t.Generation, &t.SourceID, &t.FromRevision, &t.Manifest, &selection,
+		&t.Protocol, &t.BaselineComplete, &t.BackfillComplete, &t.InitialRevision, &t.ReplayComplete, &t.DeliveryVersion,
+		&t.BaselineCursor, &t.BackfillCursor, &t.BackfillRevision, &t.ReplayCursor, &t.VerifiedCount)
+	if err != nil {
+		return Target{}, err
+	}
+	if err := json.Unmarshal(selection, &t.Selection); err != nil {
+		return Target{}, fmt.Errorf("target %s: selection is not a list of entity selections: %w", t.Generation, err)
+	}
+	return t, nil
+}
+
+// isUUID reports whether s is a uuid in any of PostgreSQL's accepted
+// hyphenated forms, so that a bad generation is a clear error rather than a
+// SQL cast failure.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,136 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+)
+
+// Ref names one accepted, unverified event: its history id (the delivery
+// row's and receipt's event_id) and its wire event id (what BigQuery holds).
+type Ref struct {
+	HistoryID string
+	EventID   string
+}
+
+// MaxVerifyBatch is how many due events one verification round takes.
+const MaxVerifyBatch = 1000
+
+// sqlDueUnverified is unverifiedReplicationEvents at protocol 4 (seed 000):
+// accepted, unverified events whose next check is due, oldest check first,
+// from the partial index _ontology_delivery_verify.
+const sqlDueUnverified = `SELECT event_id::text AS id FROM _ontology_replication_delivery
+     WHERE generation = $1::uuid AND accepted_at IS NOT NULL AND verified_at IS NULL
+       AND next_verify_at <= now() ORDER BY next_verify_at, event_id LIMIT 1000`
+
+// sqlVerify is verifyReplicationEventsV4 (seed 000): the target row is
+// locked first (FOR NO KEY UPDATE) so concurrent verifiers serialise their
+// verified_count updates; delivery rows and receipts get verified_at. It
+// returns the number of events verified (a RETURNING clause the seed's
+// statement does not have; nothing else differs).
+const sqlVerify = `WITH locked AS MATERIALIZED (
+      SELECT generation FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE
+    ), verified AS (
+      UPDATE _ontology_replication_delivery SET verified_at = now(), last_checked_at = now()
+      WHERE generation = (SELECT generation FROM locked) AND accepted_at IS NOT NULL AND verified_at IS NULL
+        AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+      RETURNING event_id, verified_at
+    ), receipts AS (
+      UPDATE _ontology_replication_receipts r SET verified_at = v.verified_at FROM verified v
+      WHERE r.generation = $1::uuid AND r.event_id = v.event_id
+    ) UPDATE _ontology_replication_targets SET verified_count = verified_count + (SELECT count(*) FROM verified)
+      WHERE generation = $1::uuid RETURNING (SELECT count(*) FROM verified)`
+
+// sqlRetry is retryUnverifiedReplicationV4 (seed 000): only IDs that were
+// checked and found absent. Each is checked again in 30 seconds; one
+// accepted more than 15 minutes ago goes back to pending and loses its
+// receipt. A verification backlog is never a delivery failure.
+const sqlRetry = `WITH checked AS (
+      UPDATE _ontology_replication_delivery SET last_checked_at = now(), next_verify_at = now() + interval '30 seconds',
+        accepted_at = CASE WHEN accepted_at < now() - interval '15 minutes' THEN NULL ELSE accepted_at END
+      WHERE generation = $1::uuid AND accepted_at IS NOT NULL AND verified_at IS NULL
+        AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+      RETURNING event_id, accepted_at
+    ) DELETE FROM _ontology_replication_receipts r USING checked c
+      WHERE r.generation = $1::uuid AND r.event_id = c.event_id AND c.accepted_at IS NULL`
+
+// DueUnverified returns up to MaxVerifyBatch accepted events to look up in
+// the warehouse: at protocol 4 those whose check is due, on the legacy path
+// every unverified receipt, oldest first.
+func (s *Store) DueUnverified(ctx context.Context, t Target) ([]Ref, error) {
+	query := sqlLegacyUnverified
+	if t.UsesDelivery() {
+		query = sqlDueUnverified
+	}
+	var refs []Ref
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, query, t.Generation)
+		if err != nil {
+			return err
+		}
+		var id string
+		_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+			refs = append(refs, Ref{HistoryID: id, EventID: event.ID(t.SourceID, id, t.Generation)})
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: read due verifications of %s: %w", t.Generation, err)
+	}
+	return refs, nil
+}
+
+// Verify marks events seen in the warehouse as verified (history ids). It
+// returns how many were newly verified (at protocol 4; on the legacy path,
+// how many receipts were updated).
+func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int64, error) {
+	if len(historyIDs) == 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if t.DeliveryVersion < ProtocolDelivery {
+			tag, err := tx.Exec(ctx, sqlLegacyVerify, t.Generation, idsJSON(historyIDs))
+			n = tag.RowsAffected()
+			return err
+		}
+		err := tx.QueryRow(ctx, sqlVerify, t.Generation, idsJSON(historyIDs)).Scan(&n)
+		if err == pgx.ErrNoRows {
+			return ErrUnknownGeneration
+		}
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: verify %d events of %s: %w", len(historyIDs), t.Generation, err)
+	}
+	return n, nil
+}
+
+// Retry handles events that were looked up and found absent (history ids):
+// at protocol 4 each is checked again in 30 seconds, and one accepted more
+// than 15 minutes ago goes back to pending with its receipt deleted; on the
+// legacy path only the latter (the receipt is deleted). It returns how many
+// went back to pending.
+func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string) (int64, error) {
+	if len(missingHistoryIDs) == 0 {
+		return 0, nil
+	}
+	query := sqlLegacyRetry
+	if t.DeliveryVersion >= ProtocolDelivery {
+		query = sqlRetry
+	}
+	var n int64
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, query, t.Generation, idsJSON(missingHistoryIDs))
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
+	}
+	return n, nil
+}
