@@ -1,0 +1,425 @@
+package store_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+func TestStateAndTargets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	st, err := e.store.State(e.ctx)
+	require.NoError(t, err)
+	require.Equal(t, store.State{Version: 4, SourceID: st.SourceID}, st, "paused, no generation")
+	_, _, err = e.store.ActiveTarget(e.ctx)
+	require.ErrorIs(t, err, store.ErrNoActiveTarget)
+
+	tg := e.start(t)
+	require.Equal(t, e.gen.Generation, tg.Generation)
+	require.Equal(t, e.gen.SourceID, tg.SourceID)
+	require.Equal(t, 4, tg.Protocol)
+	require.True(t, tg.UsesDelivery())
+	require.Len(t, tg.Selection, 3)
+	require.Equal(t, []string{"products"}, tg.Selection[2].Relationships)
+	again, err := e.store.Target(e.ctx, tg.Generation)
+	require.NoError(t, err)
+	require.Equal(t, tg, again)
+
+	for _, bad := range []string{"00000000-0000-4000-8000-000000000000", "not-a-uuid"} {
+		_, err = e.store.Target(e.ctx, bad)
+		require.ErrorIs(t, err, store.ErrUnknownGeneration, bad)
+	}
+}
+
+func TestSchemaErrors(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	_, err := e.store.State(e.ctx)
+	require.ErrorIs(t, err, store.ErrNoSchema)
+	require.False(t, store.Retryable(err))
+	e.exec(t, `CREATE TABLE _ontology_replication (id boolean PRIMARY KEY DEFAULT true, version integer NOT NULL,
+		source_id uuid NOT NULL DEFAULT gen_random_uuid(), enabled boolean NOT NULL DEFAULT false, active_generation uuid)`)
+	_, err = e.store.State(e.ctx)
+	require.ErrorIs(t, err, store.ErrNoSchema, "no singleton row")
+	e.exec(t, `INSERT INTO _ontology_replication (version) VALUES (5)`)
+	_, err = e.store.State(e.ctx)
+	require.ErrorIs(t, err, store.ErrUnsupportedProtocol)
+	require.ErrorContains(t, err, "version 5")
+}
+
+// TestPendingEventsMatchTheSDK checks every wire event field against values
+// computed independently from the history rows.
+func TestPendingEventsMatchTheSDK(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	_, err := e.w.Create(e.ctx, "product", map[string]any{"title": "in the baseline"})
+	require.NoError(t, err)
+	tg := e.start(t)
+	cust, err := e.w.Create(e.ctx, "customer", map[string]any{"name": `Ada "<&>"`, "age": 36, "score": 1.5, "attributes": map[string]any{"k": "v"}})
+	require.NoError(t, err)
+	order, err := e.w.Create(e.ctx, "order", map[string]any{"reference": "o-1", "customer_id": cust})
+	require.NoError(t, err)
+	prods := e.products(t, 1)
+	require.NoError(t, e.w.Link(e.ctx, "order", "products", order, prods[0]))
+	require.NoError(t, e.w.Delete(e.ctx, "customer", cust))
+	// A stale generation in the captured event is overridden by the target's.
+	e.exec(t, `UPDATE order_history SET replication = jsonb_set(replication, '{generation}', '"00000000-0000-4000-8000-000000000000"')`)
+
+	b, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, b.Events, 6, "baseline + 5 captured")
+	require.False(t, b.More)
+
+	rows, err := e.pool.Query(e.ctx, `SELECT id, event FROM (SELECT id::text, event FROM _ontology_replication_baselines
+		UNION ALL SELECT id::text, replication FROM customer_history
+		UNION ALL SELECT id::text, replication FROM order_history
+		UNION ALL SELECT id::text, replication FROM product_history) e
+		WHERE event IS NOT NULL ORDER BY (event->>'revision')::bigint, id::uuid`)
+	require.NoError(t, err)
+	type row struct {
+		ID    string
+		Event map[string]any
+	}
+	var want []row
+	for rows.Next() {
+		var r row
+		require.NoError(t, rows.Scan(&r.ID, &r.Event))
+		want = append(want, r)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, want, 6)
+	size := event.BatchOverhead
+	for i, p := range b.Events {
+		w := want[i]
+		require.Equal(t, w.ID, p.HistoryID, "revision order")
+		require.Equal(t, sha(tg.SourceID+":"+w.ID+":"+tg.Generation), p.Event.EventID)
+		var got map[string]any
+		require.NoError(t, json.Unmarshal(p.JSON, &got))
+		for _, k := range []string{"source_id", "entity_id", "record_key", "record_kind", "revision", "deleted", "schema_hash", "payload"} {
+			require.Equal(t, w.Event[k], got[k], k)
+		}
+		require.Equal(t, tg.Generation, got["generation"])
+		require.Len(t, got, 10, "exactly the wire fields")
+		size += event.MessageBytes(len(p.JSON))
+	}
+	require.Equal(t, size, b.Bytes)
+	require.Equal(t, "edge:products", b.Events[4].Event.RecordKind)
+	require.True(t, b.Events[5].Event.Deleted)
+	require.Equal(t, "{}", b.Events[5].Event.Payload)
+	require.Empty(t, b.Events[0].HistoryTable, "baseline")
+	require.Equal(t, "customer_history", b.Events[1].HistoryTable)
+}
+
+func TestAcknowledge(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 150)
+	b, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, b.Events, event.MaxBatchEvents)
+	require.True(t, b.More)
+
+	n, err := e.store.Acknowledge(e.ctx, tg, b.IDs())
+	require.NoError(t, err)
+	require.EqualValues(t, 100, n)
+	require.EqualValues(t, 100, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL AND next_verify_at = accepted_at"))
+	require.EqualValues(t, 100, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts r JOIN _ontology_replication_delivery d USING (generation, event_id) WHERE r.accepted_at = d.accepted_at"))
+	n, err = e.store.Acknowledge(e.ctx, tg, b.IDs())
+	require.NoError(t, err)
+	require.Zero(t, n, "acknowledging twice changes nothing")
+
+	next, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, next.Events, 50)
+	require.False(t, next.More)
+	require.NotContains(t, b.IDs(), next.Events[0].HistoryID)
+
+	st, err := e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	// Nothing was in the baseline, so the generation is initially ready at once.
+	require.Equal(t, store.Status{Total: 150, Accepted: 100, Verified: 0, Pending: 50, OldestPending: st.OldestPending,
+		DueVerifications: 100, InitiallyReady: true}, st)
+	require.False(t, st.OldestPending.IsZero())
+}
+
+func TestClaimAndRelease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 150)
+	first, err := e.store.Claim(e.ctx, tg, nil)
+	require.NoError(t, err)
+	require.Len(t, first.Events, 100)
+	second, err := e.store.Claim(e.ctx, tg, nil)
+	require.NoError(t, err)
+	require.Len(t, second.Events, 50, "a concurrent claim skips the locked rows")
+	for _, id := range second.IDs() {
+		require.NotContains(t, first.IDs(), id)
+	}
+	// The SDK's unlocked read sees the same first 100 whatever is claimed.
+	unlocked, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, first.IDs(), unlocked.IDs())
+
+	second.Release(e.ctx)
+	second.Release(e.ctx) // idempotent
+	_, err = first.Acknowledge(e.ctx)
+	require.NoError(t, err)
+	rest := e.drainAll(t, tg)
+	require.ElementsMatch(t, second.IDs(), rest, "released events are claimed again")
+	require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+}
+
+func TestClaimExcludesHeldBackEvents(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 5)
+	all, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	poison := all.Events[2].HistoryID
+	c, err := e.store.Claim(e.ctx, tg, []string{poison})
+	require.NoError(t, err)
+	require.Len(t, c.Events, 4)
+	require.NotContains(t, c.IDs(), poison)
+	_, err = c.Acknowledge(e.ctx)
+	require.NoError(t, err)
+	st, err := e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.Pending, "the held-back event stays pending and visible")
+}
+
+// setMessageBytes rewrites a history row's payload so that its event counts
+// exactly want bytes in a batch.
+func setMessageBytes(t *testing.T, e *env, tg store.Target, historyID string, want int) {
+	t.Helper()
+	var raw []byte
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT replication FROM product_history WHERE id = $1::uuid`, historyID).Scan(&raw))
+	cur, err := event.FromCaptured(raw, tg.SourceID, historyID, tg.Generation)
+	require.NoError(t, err)
+	base := len(cur.AppendJSON(nil)) - (len(event.AppendString(nil, cur.Payload)) - 2)
+	jsonLen := (want - 12) / 4 * 3
+	require.Equal(t, want, event.MessageBytes(jsonLen))
+	payload := strings.Repeat("x", jsonLen-base)
+	e.exec(t, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb($2::text)) WHERE id = $1::uuid`, historyID, payload)
+}
+
+func TestByteBound(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 4)
+	b, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	ids := b.IDs()
+
+	// 499,984 + 499,984 + 32 = 1,000,000: both fit exactly at the bound.
+	setMessageBytes(t, e, tg, ids[0], 499_984)
+	setMessageBytes(t, e, tg, ids[1], 499_984)
+	b, err = e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, ids[:2], b.IDs())
+	require.Equal(t, event.MaxBatchBytes, b.Bytes)
+	require.True(t, b.More)
+
+	// Four bytes more and the second event leads the next batch.
+	setMessageBytes(t, e, tg, ids[1], 499_988)
+	b, err = e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, ids[:1], b.IDs())
+
+	// An event past the bound alone: the SDK's read fails naming it; a claim
+	// returns it alone, and the events behind it follow in the next batch.
+	setMessageBytes(t, e, tg, ids[0], 1_000_000)
+	_, err = e.store.PendingEvents(e.ctx, tg)
+	var oversize *event.OversizeError
+	require.ErrorAs(t, err, &oversize)
+	require.Equal(t, ids[0], oversize.HistoryID)
+	require.Equal(t, sha(tg.SourceID+":"+ids[0]+":"+tg.Generation), oversize.EventID)
+	require.Contains(t, err.Error(), ids[0])
+
+	c, err := e.store.Claim(e.ctx, tg, nil)
+	require.NoError(t, err)
+	require.True(t, c.Oversize)
+	require.Equal(t, ids[:1], c.IDs())
+	require.True(t, c.More)
+	_, err = c.Acknowledge(e.ctx)
+	require.NoError(t, err)
+	c, err = e.store.Claim(e.ctx, tg, nil)
+	require.NoError(t, err)
+	require.False(t, c.Oversize)
+	require.Equal(t, ids[1:], c.IDs(), "the oversize event does not block those behind it")
+	c.Release(e.ctx)
+
+	// An oversize event behind others ends the batch before it.
+	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = NULL`)
+	setMessageBytes(t, e, tg, ids[0], 1000)
+	setMessageBytes(t, e, tg, ids[2], 1_000_004)
+	c, err = e.store.Claim(e.ctx, tg, nil)
+	require.NoError(t, err)
+	require.Equal(t, ids[:2], c.IDs())
+	require.False(t, c.Oversize)
+	c.Release(e.ctx)
+}
+
+func TestMissingHistoryRowAcknowledgesNothing(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, delete string
+	}{
+		{"history row deleted", `DELETE FROM product_history WHERE id = (SELECT min(id::text)::uuid FROM product_history)`},
+		{"replication cleared", `UPDATE product_history SET replication = NULL WHERE id = (SELECT min(id::text)::uuid FROM product_history)`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, &sdkfixture.V4Template)
+			tg := e.start(t)
+			e.products(t, 3)
+			e.exec(t, c.delete)
+			_, err := e.store.PendingEvents(e.ctx, tg)
+			require.ErrorIs(t, err, store.ErrMissingHistory)
+			require.ErrorContains(t, err, "product_history/")
+			claim, err := e.store.Claim(e.ctx, tg, nil)
+			require.ErrorIs(t, err, store.ErrMissingHistory)
+			require.Nil(t, claim)
+			require.False(t, store.Retryable(err))
+			require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
+			require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts"))
+		})
+	}
+}
+
+func TestForgedHistoryTableIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 1)
+	// A delivery row naming a business table (no capture trigger) is never read.
+	e.exec(t, `UPDATE _ontology_replication_delivery SET history_table = 'customer' WHERE history_table IS NOT NULL`)
+	_, err := e.store.PendingEvents(e.ctx, tg)
+	require.ErrorIs(t, err, store.ErrNoCaptureTable)
+	require.ErrorContains(t, err, `"customer"`)
+}
+
+func TestVerifyAndRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.products(t, 1) // in the baseline
+	tg := e.start(t)
+	e.products(t, 5)
+	e.drainAll(t, tg)
+
+	due, err := e.store.DueUnverified(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, due, 6)
+	for _, r := range due {
+		require.Equal(t, sha(tg.SourceID+":"+r.HistoryID+":"+tg.Generation), r.EventID)
+	}
+	ids := func(refs []store.Ref) []string {
+		var out []string
+		for _, r := range refs {
+			out = append(out, r.HistoryID)
+		}
+		return out
+	}
+	present, absentRecent, absentOld := ids(due[:2]), ids(due[2:4]), ids(due[4:])
+	// Events accepted more than 15 minutes ago.
+	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '16 minutes' WHERE event_id = ANY($1::uuid[])`, absentOld)
+
+	n, err := e.store.Verify(e.ctx, tg, present)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	n, err = e.store.Verify(e.ctx, tg, present)
+	require.NoError(t, err)
+	require.Zero(t, n, "verifying twice counts once")
+	require.EqualValues(t, 2, e.count(t, "SELECT verified_count FROM _ontology_replication_targets"))
+	require.EqualValues(t, 2, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts WHERE verified_at IS NOT NULL"))
+
+	requeued, err := e.store.Retry(e.ctx, tg, append(append([]string{}, absentRecent...), absentOld...))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, requeued)
+	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery
+		WHERE event_id = ANY($1::uuid[]) AND accepted_at IS NOT NULL AND next_verify_at > now() + interval '25 seconds' AND last_checked_at IS NOT NULL`, absentRecent))
+	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE event_id = ANY($1::uuid[]) AND accepted_at IS NULL`, absentOld))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts WHERE event_id = ANY($1::uuid[])`, absentOld))
+	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts WHERE event_id = ANY($1::uuid[])`, absentRecent))
+
+	due, err = e.store.DueUnverified(e.ctx, tg)
+	require.NoError(t, err)
+	require.Empty(t, due, "retried events are not due for 30 seconds; requeued ones are pending")
+
+	st, err := e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.EqualValues(t, 6, st.Total)
+	require.EqualValues(t, 4, st.Accepted)
+	require.EqualValues(t, 2, st.Verified)
+	require.EqualValues(t, 2, st.Pending)
+	require.Zero(t, st.DueVerifications)
+	require.False(t, st.InitiallyReady, "the baseline event is not verified")
+
+	again := e.drainAll(t, tg)
+	require.ElementsMatch(t, absentOld, again, "the sweep republishes what went back to pending")
+	e.exec(t, `UPDATE _ontology_replication_delivery SET next_verify_at = now() WHERE verified_at IS NULL`)
+	due, err = e.store.DueUnverified(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, due, 4)
+	_, err = e.store.Verify(e.ctx, tg, ids(due))
+	require.NoError(t, err)
+	ready, err := e.store.InitiallyReady(e.ctx, tg)
+	require.NoError(t, err)
+	require.True(t, ready)
+	st, err = e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.Status{Total: 6, Accepted: 6, Verified: 6, InitiallyReady: true}, st)
+}
+
+func TestRetryOnlyTouchesCheckedIDs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 3)
+	e.drainAll(t, tg)
+	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '1 hour'`)
+	due, err := e.store.DueUnverified(e.ctx, tg)
+	require.NoError(t, err)
+	n, err := e.store.Retry(e.ctx, tg, []string{due[0].HistoryID})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL`),
+		"an unchecked backlog is never a delivery failure")
+	n, err = e.store.Retry(e.ctx, tg, nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func TestRetryable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	_, err := e.pool.Exec(e.ctx, "SELECT pg_sleep(1)", nil...)
+	require.NoError(t, err)
+	st, err := store.New(e.pool, store.Config{StatementTimeout: 50_000_000}) // 50ms
+	require.NoError(t, err)
+	tg := e.start(t)
+	// Hold the lifecycle lock exclusively so the claim's shared lock times out.
+	tx, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(e.ctx)
+	_, err = tx.Exec(e.ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", store.LifecycleLock)
+	require.NoError(t, err)
+	_, err = st.Claim(e.ctx, tg, nil)
+	require.Error(t, err)
+	require.True(t, store.Retryable(err), "a lock or statement timeout is retryable: %v", err)
+	require.False(t, store.Retryable(errors.New("plain")))
+	require.False(t, store.Retryable(nil))
+	_, err = store.New(e.pool, store.Config{LockTimeout: -1})
+	require.ErrorContains(t, err, "LockTimeout")
+}

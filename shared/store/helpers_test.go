@@ -1,0 +1,119 @@
+package store_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is one test's SDK database with an active generation.
+type env struct {
+	ctx   context.Context
+	pool  *pgxpool.Pool
+	store *store.Store
+	w     *sdkfixture.Writer
+	gen   sdkfixture.Generation
+}
+
+func newEnv(t testing.TB, tpl *pgtest.Template) *env {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t, tpl))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := store.New(pool, store.Config{})
+	require.NoError(t, err)
+	e := &env{ctx: ctx, pool: pool, store: st, w: sdkfixture.NewWriter(pool, sdkfixture.Demo)}
+	return e
+}
+
+// start starts a generation (with the baseline of what exists now).
+func (e *env) start(t testing.TB) store.Target {
+	t.Helper()
+	g, err := sdkfixture.StartGeneration(e.ctx, e.pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	require.NoError(t, err)
+	e.gen = g
+	return e.target(t)
+}
+
+func (e *env) target(t testing.TB) store.Target {
+	t.Helper()
+	_, tg, err := e.store.ActiveTarget(e.ctx)
+	require.NoError(t, err)
+	return tg
+}
+
+// products creates n products, one commit each, and returns their ids.
+func (e *env) products(t testing.TB, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		id, err := e.w.Create(e.ctx, "product", map[string]any{"title": "p", "price": float64(i), "stock": i})
+		require.NoError(t, err)
+		ids[i] = id
+	}
+	return ids
+}
+
+// productsBulk creates n products in commits of up to 1,000.
+func (e *env) productsBulk(t testing.TB, n int) {
+	t.Helper()
+	for done := 0; done < n; {
+		k := min(1000, n-done)
+		require.NoError(t, e.w.Commit(e.ctx, func(c *sdkfixture.Change) error {
+			for i := range k {
+				if _, err := c.Create("product", map[string]any{"title": "bulk", "stock": done + i}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		done += k
+	}
+}
+
+func (e *env) count(t testing.TB, query string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, e.pool.QueryRow(e.ctx, query, args...).Scan(&n))
+	return n
+}
+
+func (e *env) exec(t testing.TB, query string, args ...any) {
+	t.Helper()
+	_, err := e.pool.Exec(e.ctx, query, args...)
+	require.NoError(t, err)
+}
+
+// drainAll claims and acknowledges until nothing is pending; it returns the
+// history ids in publish order.
+func (e *env) drainAll(t testing.TB, tg store.Target) []string {
+	t.Helper()
+	var all []string
+	for {
+		c, err := e.store.Claim(e.ctx, tg, nil)
+		require.NoError(t, err)
+		if len(c.Events) == 0 {
+			c.Release(e.ctx)
+			return all
+		}
+		_, err = c.Acknowledge(e.ctx)
+		require.NoError(t, err)
+		all = append(all, c.IDs()...)
+	}
+}
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
