@@ -1,0 +1,112 @@
+package store_test
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// TestLegacyPaths runs every operation on a protocol-3 database.
+func TestLegacyPaths(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V3Template)
+	e.products(t, 2) // in the baseline
+	tg := e.start(t)
+	require.False(t, tg.UsesDelivery())
+	require.Equal(t, 3, tg.DeliveryVersion)
+	e.products(t, 120)
+	order, err := e.w.Create(e.ctx, "order", map[string]any{"reference": "legacy"})
+	require.NoError(t, err)
+	require.NoError(t, e.w.Delete(e.ctx, "order", order))
+
+	st, err := e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.Status{Total: 124, Pending: 124}, st)
+
+	b, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, b.Events, 100)
+	require.True(t, b.More)
+	require.Equal(t, "0", b.Events[0].Event.Revision, "baseline events first: revision order")
+	for i := 1; i < len(b.Events); i++ {
+		prev, _ := strconv.Atoi(b.Events[i-1].Event.Revision)
+		cur, _ := strconv.Atoi(b.Events[i].Event.Revision)
+		require.LessOrEqual(t, prev, cur)
+	}
+	for _, p := range b.Events {
+		require.Equal(t, sha(tg.SourceID+":"+p.HistoryID+":"+tg.Generation), p.Event.EventID)
+		require.Equal(t, tg.Generation, p.Event.Generation)
+	}
+
+	c, err := e.store.Claim(e.ctx, tg, []string{b.Events[0].HistoryID})
+	require.NoError(t, err)
+	require.Len(t, c.Events, 100)
+	require.NotContains(t, c.IDs(), b.Events[0].HistoryID, "held back on the legacy path too")
+	n, err := c.Acknowledge(e.ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 100, n)
+	rest := e.drainAll(t, tg)
+	require.Len(t, rest, 24)
+
+	st, err = e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.Status{Total: 124, Accepted: 124, DueVerifications: 124}, st)
+
+	due, err := e.store.DueUnverified(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, due, 124)
+	var ids []string
+	for _, r := range due {
+		ids = append(ids, r.HistoryID)
+	}
+	n, err = e.store.Verify(e.ctx, tg, ids[:100])
+	require.NoError(t, err)
+	require.EqualValues(t, 100, n)
+
+	// Legacy retry deletes the receipt of checked, absent events accepted
+	// more than 15 minutes ago, and nothing else.
+	e.exec(t, `UPDATE _ontology_replication_receipts SET accepted_at = now() - interval '20 minutes' WHERE event_id = ANY($1::uuid[])`, ids[100:110])
+	n, err = e.store.Retry(e.ctx, tg, ids[100:120])
+	require.NoError(t, err)
+	require.EqualValues(t, 10, n)
+	st, err = e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.Status{Total: 124, Accepted: 114, Verified: 100, Pending: 10, DueVerifications: 14}, st)
+
+	// Legacy replay: every receipt of the generation goes.
+	require.NoError(t, e.store.InitReplay(e.ctx, tg))
+	page, err := e.store.AdvanceReplay(e.ctx, tg)
+	require.NoError(t, err)
+	require.True(t, page.Complete)
+	st, err = e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.Status{Total: 124, Pending: 124}, st)
+
+	_, err = e.store.AdvanceBackfill(e.ctx, tg)
+	require.ErrorIs(t, err, store.ErrUnsupportedProtocol)
+}
+
+// TestLegacyScanFindsRenamedHistoryTables: history tables are found through
+// their capture triggers, so a renamed table is still scanned.
+func TestLegacyScanFindsRenamedHistoryTables(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V3Template)
+	tg := e.start(t)
+	e.products(t, 3)
+	e.exec(t, `ALTER TABLE product_history RENAME TO "Product History"`)
+	fresh, err := store.New(e.pool, store.Config{})
+	require.NoError(t, err)
+	b, err := fresh.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, b.Events, 3)
+	e.exec(t, `DROP TRIGGER _ontology_capture ON "Product History"`)
+	fresh, err = store.New(e.pool, store.Config{})
+	require.NoError(t, err)
+	_, err = fresh.PendingEvents(e.ctx, tg)
+	require.ErrorIs(t, err, store.ErrNoCaptureTable)
+	require.ErrorContains(t, err, sdkfixture.CaptureFunction("ent_product"))
+}

@@ -1,0 +1,201 @@
+package store_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// verifyAll verifies every accepted event, in rounds of DueUnverified.
+func (e *env) verifyAll(t testing.TB, tg store.Target) int64 {
+	t.Helper()
+	var total int64
+	for {
+		e.exec(t, `UPDATE _ontology_replication_delivery SET next_verify_at = now() WHERE accepted_at IS NOT NULL AND verified_at IS NULL`)
+		due, err := e.store.DueUnverified(e.ctx, tg)
+		require.NoError(t, err)
+		if len(due) == 0 {
+			return total
+		}
+		ids := make([]string, len(due))
+		for i, r := range due {
+			ids[i] = r.HistoryID
+		}
+		n, err := e.store.Verify(e.ctx, tg, ids)
+		require.NoError(t, err)
+		total += n
+	}
+}
+
+func TestUpgradeAndBackfillCarryReceipts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V3Template)
+	e.products(t, 2) // baseline
+	tg := e.start(t)
+	e.productsBulk(t, 2500)
+	order, err := e.w.Create(e.ctx, "order", map[string]any{"reference": "o"})
+	require.NoError(t, err)
+	require.NoError(t, e.w.Link(e.ctx, "order", "products", order, e.firstProduct(t)))
+
+	// Deliver most of it under protocol 3 and verify part of that.
+	for range 20 {
+		c, err := e.store.Claim(e.ctx, tg, nil)
+		require.NoError(t, err)
+		_, err = c.Acknowledge(e.ctx)
+		require.NoError(t, err)
+	}
+	due, err := e.store.DueUnverified(e.ctx, tg)
+	require.NoError(t, err)
+	var ids []string
+	for _, r := range due[:700] {
+		ids = append(ids, r.HistoryID)
+	}
+	_, err = e.store.Verify(e.ctx, tg, ids)
+	require.NoError(t, err)
+	before, err := e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.Status{Total: 2504, Accepted: 2000, Verified: 700, Pending: 504, DueVerifications: 1300}, before)
+
+	require.NoError(t, sdkfixture.Upgrade(e.ctx, e.pool, sdkfixture.Demo))
+	tg = e.target(t)
+	require.True(t, tg.UsesDelivery())
+	require.False(t, tg.BackfillComplete)
+	// Writes after the upgrade are queued by the capture trigger itself.
+	e.products(t, 3)
+
+	pages := map[string]int{}
+	for {
+		page, err := e.store.AdvanceBackfill(e.ctx, tg)
+		require.NoError(t, err)
+		pages[page.Table] += 1
+		if page.Complete {
+			break
+		}
+		require.Less(t, len(pages), 10)
+	}
+	require.Equal(t, map[string]int{"baselines": 1, "customer_history": 1, "product_history": 3, "order_history": 1}, pages,
+		"product_history holds 2,500 backfill rows: three pages")
+	again, err := e.store.AdvanceBackfill(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.BackfillPage{Complete: true}, again)
+
+	after, err := e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.EqualValues(t, before.Total+3, after.Total)
+	require.Equal(t, before.Accepted, after.Accepted)
+	require.Equal(t, before.Verified, after.Verified, "verified_count carries the verified receipts")
+	require.EqualValues(t, 507, after.Pending)
+	require.EqualValues(t, 700, e.count(t, "SELECT verified_count FROM _ontology_replication_targets"))
+	require.EqualValues(t, 2507, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery"))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery d LEFT JOIN _ontology_replication_receipts r USING (generation, event_id)
+		WHERE (d.accepted_at IS NULL) <> (r.event_id IS NULL) OR d.accepted_at <> r.accepted_at OR d.verified_at IS DISTINCT FROM r.verified_at`),
+		"delivery rows carry the receipts' state exactly")
+	require.EqualValues(t, 2, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE is_baseline AND history_table IS NULL"))
+
+	published := e.drainAll(t, tg)
+	require.Len(t, published, 507)
+	e.verifyAll(t, tg)
+	ready, err := e.store.InitiallyReady(e.ctx, tg)
+	require.NoError(t, err)
+	require.True(t, ready)
+}
+
+func (e *env) firstProduct(t testing.TB) string {
+	t.Helper()
+	var id string
+	require.NoError(t, e.pool.QueryRow(e.ctx, "SELECT id::text FROM product ORDER BY created_at, id LIMIT 1").Scan(&id))
+	return id
+}
+
+func TestBackfillResumesAfterInterruption(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V3Template)
+	tg := e.start(t)
+	e.productsBulk(t, 1500)
+	require.NoError(t, sdkfixture.Upgrade(e.ctx, e.pool, sdkfixture.Demo))
+	tg = e.target(t)
+	page, err := e.store.AdvanceBackfill(e.ctx, tg) // baselines
+	require.NoError(t, err)
+	require.False(t, page.Complete)
+	page, err = e.store.AdvanceBackfill(e.ctx, tg) // customer_history
+	require.NoError(t, err)
+	page, err = e.store.AdvanceBackfill(e.ctx, tg) // product_history, first 1,000
+	require.NoError(t, err)
+	require.Equal(t, store.BackfillPage{Table: "product_history", Rows: 1000}, page)
+	// A page that dies before commit leaves nothing behind.
+	ctx, cancel := cancelled(e)
+	cancel()
+	_, err = e.store.AdvanceBackfill(ctx, tg)
+	require.Error(t, err)
+	require.EqualValues(t, 1000, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery"))
+	// A second store (a new job run) continues where the first stopped.
+	other, err := store.New(e.pool, store.Config{})
+	require.NoError(t, err)
+	for !page.Complete {
+		page, err = other.AdvanceBackfill(e.ctx, tg)
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 1500, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery"))
+}
+
+func TestReplayResetsExactlyTheFencedRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.products(t, 3) // baseline
+	tg := e.start(t)
+	e.productsBulk(t, 2200)
+	e.drainAll(t, tg)
+	require.EqualValues(t, 2203, e.verifyAll(t, tg))
+	require.EqualValues(t, 2203, e.count(t, "SELECT verified_count FROM _ontology_replication_targets"))
+
+	require.NoError(t, e.store.InitReplay(e.ctx, tg))
+	tg = e.target(t)
+	require.False(t, tg.ReplayComplete)
+	require.EqualValues(t, 2200, *tg.InitialRevision, "the fence is the revision sequence's value")
+	ready, err := e.store.InitiallyReady(e.ctx, tg)
+	require.NoError(t, err)
+	require.False(t, ready)
+
+	// Written after initialisation: delivered and verified, never reset.
+	e.products(t, 5)
+	e.drainAll(t, tg)
+	require.EqualValues(t, 5, e.verifyAll(t, tg))
+
+	var pages []store.ReplayPage
+	for {
+		page, err := e.store.AdvanceReplay(e.ctx, tg)
+		require.NoError(t, err)
+		pages = append(pages, page)
+		if page.Complete {
+			break
+		}
+	}
+	require.Equal(t, []store.ReplayPage{{Rows: 1000, Verified: 1000}, {Rows: 1000, Verified: 1000}, {Rows: 203, Verified: 203, Complete: true}}, pages)
+	require.EqualValues(t, 2203, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL AND verified_at IS NULL AND (is_baseline OR revision <= 2200)"))
+	require.EqualValues(t, 5, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL AND revision > 2200"))
+	require.EqualValues(t, 5, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts"), "only the later rows keep receipts")
+	require.EqualValues(t, 5, e.count(t, "SELECT verified_count FROM _ontology_replication_targets"), "verified rows were subtracted")
+	page, err := e.store.AdvanceReplay(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.ReplayPage{Complete: true}, page, "a finished replay does nothing")
+
+	require.Len(t, e.drainAll(t, tg), 2203)
+	e.verifyAll(t, tg)
+	ready, err = e.store.InitiallyReady(e.ctx, tg)
+	require.NoError(t, err)
+	require.True(t, ready)
+	st, err := e.store.Status(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.Status{Total: 2208, Accepted: 2208, Verified: 2208, InitiallyReady: true}, st)
+}
+
+func TestInitReplayUnknownGeneration(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	tg.Generation = "00000000-0000-4000-8000-000000000000"
+	require.ErrorIs(t, e.store.InitReplay(e.ctx, tg), store.ErrUnknownGeneration)
+}
