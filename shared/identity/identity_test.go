@@ -1,0 +1,124 @@
+package identity_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/identity"
+	"github.com/segmentstream/ontology-replication/shared/registry"
+)
+
+func setup(t *testing.T) (*identity.Issuer, *identity.Verifier, *atomic.Int64) {
+	t.Helper()
+	iss, err := identity.NewIssuer("https://issuer.test", "k1")
+	require.NoError(t, err)
+	var fetches atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fetches.Add(1)
+		iss.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	v, err := identity.New(identity.Config{Identity: registry.Identity{Issuer: iss.URL, Audience: "replication", JWKSURL: srv.URL}})
+	require.NoError(t, err)
+	return iss, v, &fetches
+}
+
+func TestVerify(t *testing.T) {
+	t.Parallel()
+	iss, v, fetches := setup(t)
+	ctx := context.Background()
+	now := time.Now()
+	good := jwt.Claims{Issuer: iss.URL, Subject: "runtime-w1", Audience: jwt.Audience{"replication"},
+		Expiry: jwt.NewNumericDate(now.Add(time.Minute)), IssuedAt: jwt.NewNumericDate(now)}
+	sign := func(c jwt.Claims) string {
+		tok, err := iss.Sign(c)
+		require.NoError(t, err)
+		return tok
+	}
+	tok := sign(good)
+	claims, err := v.Verify(ctx, tok)
+	require.NoError(t, err)
+	require.Equal(t, "runtime-w1", claims.Subject)
+
+	other, err := identity.NewIssuer(iss.URL, "k1")
+	require.NoError(t, err)
+	forged, err := other.Sign(good)
+	require.NoError(t, err)
+	unknownKid, err := identity.NewIssuer(iss.URL, "k2")
+	require.NoError(t, err)
+	unknown, err := unknownKid.Sign(good)
+	require.NoError(t, err)
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	hs, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.HS256, Key: []byte("0123456789abcdef0123456789abcdef")}, (&jose.SignerOptions{}).WithHeader("kid", "k1"))
+	require.NoError(t, err)
+	hmac, err := jwt.Signed(hs).Claims(good).Serialize()
+	require.NoError(t, err)
+	ps, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.PS256, Key: rsaKey}, (&jose.SignerOptions{}).WithHeader("kid", "k1"))
+	require.NoError(t, err)
+	wrongAlg, err := jwt.Signed(ps).Claims(good).Serialize()
+	require.NoError(t, err)
+	parts := strings.Split(tok, ".")
+	none := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","kid":"k1","typ":"JWT"}`)) + "." + parts[1] + "."
+
+	with := func(f func(*jwt.Claims)) string { c := good; f(&c); return sign(c) }
+	cases := []struct{ name, token string }{
+		{"missing", ""},
+		{"malformed", "not.a.jwt"},
+		{"garbage", "abc"},
+		{"expired", with(func(c *jwt.Claims) { c.Expiry = jwt.NewNumericDate(now.Add(-time.Hour)) })},
+		{"no expiry", with(func(c *jwt.Claims) { c.Expiry = nil })},
+		{"not yet valid", with(func(c *jwt.Claims) { c.NotBefore = jwt.NewNumericDate(now.Add(time.Hour)) })},
+		{"wrong issuer", with(func(c *jwt.Claims) { c.Issuer = "https://evil.test" })},
+		{"wrong audience", with(func(c *jwt.Claims) { c.Audience = jwt.Audience{"other"} })},
+		{"no subject", with(func(c *jwt.Claims) { c.Subject = "" })},
+		{"alg none", none},
+		{"hmac", hmac},
+		{"unaccepted algorithm", wrongAlg},
+		{"forged signature", forged},
+		{"unknown key id", unknown},
+		{"tampered payload", parts[0] + "." + base64.RawURLEncoding.EncodeToString([]byte(`{"iss":"https://issuer.test","sub":"runtime-w2","aud":["replication"],"exp":9999999999}`)) + "." + parts[2]},
+	}
+	for _, c := range cases {
+		_, err := v.Verify(ctx, c.token)
+		require.ErrorIs(t, err, identity.ErrInvalidToken, c.name)
+	}
+	require.LessOrEqual(t, fetches.Load(), int64(2), "an unknown key id refetches the JWKS at most once per interval")
+}
+
+func TestAuthorize(t *testing.T) {
+	t.Parallel()
+	ws := registry.Workspace{ID: "w1", OrganizationID: "org-1", RuntimeSubject: "runtime-w1"}
+	require.NoError(t, identity.Authorize(identity.Claims{Subject: "runtime-w1"}, "org-1", ws))
+	require.ErrorIs(t, identity.Authorize(identity.Claims{Subject: "runtime-w2"}, "org-1", ws), identity.ErrForbidden)
+	require.ErrorIs(t, identity.Authorize(identity.Claims{Subject: "runtime-w1"}, "org-2", ws), identity.ErrForbidden)
+	require.ErrorIs(t, identity.Authorize(identity.Claims{Subject: "runtime-w1"}, "", ws), identity.ErrForbidden)
+}
+
+func TestKeysUnavailable(t *testing.T) {
+	t.Parallel()
+	iss, err := identity.NewIssuer("https://issuer.test", "k1")
+	require.NoError(t, err)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusBadGateway) }))
+	defer srv.Close()
+	v, err := identity.New(identity.Config{Identity: registry.Identity{Issuer: iss.URL, Audience: "a", JWKSURL: srv.URL}})
+	require.NoError(t, err)
+	tok, err := iss.Token("s", "a", time.Minute)
+	require.NoError(t, err)
+	_, err = v.Verify(context.Background(), tok)
+	require.ErrorIs(t, err, identity.ErrKeysUnavailable)
+	_, err = identity.New(identity.Config{Identity: registry.Identity{Issuer: "x", Audience: "a", JWKSURL: srv.URL, Algorithms: []string{"none"}}})
+	require.ErrorContains(t, err, "Algorithms")
+}
