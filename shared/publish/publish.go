@@ -1,0 +1,128 @@
+package publish
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/googleapis/gax-go/v2"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Pub/Sub's limits on one Publish request.
+const (
+	// MaxRequestMessages is the most messages one Publish request carries.
+	MaxRequestMessages = 1000
+	// MaxRequestBytes is the largest Publish request Pub/Sub accepts.
+	MaxRequestBytes = 10_000_000
+	// MaxMessageBytes is the largest message data this publisher sends:
+	// Pub/Sub's request limit less room for the request's own framing.
+	MaxMessageBytes = MaxRequestBytes - 64*1024
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// Project is the client's project. Publish names topics in full, so any
+	// project works; it must not be empty. Default: "replication".
+	Project string
+	// Timeout bounds one Publish RPC; there is no retry inside it, so a
+	// failure reaches the caller within this time. Default: 10s.
+	Timeout time.Duration
+	// Options are extra client options (an endpoint and credentials for
+	// tests). PUBSUB_EMULATOR_HOST is honoured by the client itself.
+	Options []option.ClientOption
+}
+
+// Publisher publishes one batch as one Publish RPC: every message is stored
+// or none is reported stored.
+type Publisher struct {
+	client  *pubsub.Client
+	timeout time.Duration
+}
+
+// New returns a Publisher. Creating it does not contact Pub/Sub.
+func New(ctx context.Context, cfg Config) (*Publisher, error) {
+	cfg.Project = cmp.Or(cfg.Project, "replication")
+	cfg.Timeout = cmp.Or(cfg.Timeout, 10*time.Second)
+	if cfg.Timeout < 100*time.Millisecond || cfg.Timeout > time.Minute {
+		return nil, fmt.Errorf("publish: invalid config: Timeout %v: must be between 100ms and 1m", cfg.Timeout)
+	}
+	client, err := pubsub.NewClient(ctx, cfg.Project, cfg.Options...)
+	if err != nil {
+		return nil, fmt.Errorf("publish: create Pub/Sub client: %w", err)
+	}
+	return &Publisher{client: client, timeout: cfg.Timeout}, nil
+}
+
+// Close closes the client.
+func (p *Publisher) Close() error { return p.client.Close() }
+
+// Publish sends data as the messages of one Publish RPC to topic (its full
+// name, projects/<p>/topics/<t>) and returns their message ids, one per
+// message, or one error. The RPC is not retried: the client library's
+// default of retrying for up to a minute is replaced by one attempt bounded
+// by the configured timeout. An error does not prove that nothing was
+// stored (a response can be lost), so a caller that publishes again may
+// duplicate; it never proves that anything was.
+func (p *Publisher) Publish(ctx context.Context, topic string, data [][]byte) ([]string, error) {
+	if len(data) == 0 {
+		return nil, nil
+	}
+	if len(data) > MaxRequestMessages {
+		return nil, fmt.Errorf("publish: %d messages: %w", len(data), ErrTooManyMessages)
+	}
+	msgs := make([]*pubsubpb.PubsubMessage, len(data))
+	for i, d := range data {
+		msgs[i] = &pubsubpb.PubsubMessage{Data: d}
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, fmt.Errorf("publish to %s: no answer within %v", topic, p.timeout))
+	defer cancel()
+	resp, err := p.client.TopicAdminClient.Publish(ctx, &pubsubpb.PublishRequest{Topic: topic, Messages: msgs},
+		gax.WithTimeout(p.timeout), gax.WithRetry(func() gax.Retryer { return nil }))
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("publish: %d messages: %w (%w)", len(data), err, cause)
+		}
+		return nil, fmt.Errorf("publish: %d messages to %s: %w", len(data), topic, err)
+	}
+	if len(resp.MessageIds) != len(data) {
+		return nil, fmt.Errorf("publish: %d messages to %s: Pub/Sub returned %d ids", len(data), topic, len(resp.MessageIds))
+	}
+	return resp.MessageIds, nil
+}
+
+// ErrTooManyMessages: more messages than one Publish request carries.
+var ErrTooManyMessages = errors.New("more messages than one Publish request carries")
+
+// Rejected reports whether Pub/Sub refused the request's content
+// (InvalidArgument): retrying the same messages cannot succeed, and one of
+// them may be unpublishable.
+func Rejected(err error) bool {
+	return status.Code(unwrapStatus(err)) == codes.InvalidArgument
+}
+
+// Misconfigured reports an error that retrying cannot fix and that is not
+// about the messages: a missing topic or missing permission.
+func Misconfigured(err error) bool {
+	switch status.Code(unwrapStatus(err)) {
+	case codes.NotFound, codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	}
+	return false
+}
+
+// unwrapStatus finds a gRPC status in an error chain.
+func unwrapStatus(err error) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if _, ok := status.FromError(e); ok {
+			return e
+		}
+	}
+	return err
+}
