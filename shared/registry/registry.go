@@ -106,7 +106,17 @@ type BigQuery struct {
 	// Endpoint points the BigQuery client at a local or test server, with
 	// no authentication. Empty in production.
 	Endpoint string `json:"endpoint,omitempty"`
+	// Partitioning is how the table is partitioned: "ingestion_time" (the
+	// default, as terraform/ creates it: daily on _PARTITIONTIME) lets the
+	// verifier's lookup prune partitions; "none" for an unpartitioned table.
+	Partitioning string `json:"partitioning,omitempty"`
 }
+
+// Partitioning values.
+const (
+	PartitioningIngestionTime = "ingestion_time"
+	PartitioningNone          = "none"
+)
 
 // DefaultMaxConns is a workspace database's default connection cap: the
 // ontology service keeps only a handful of connections on the same instance.
@@ -172,6 +182,9 @@ func (r *Registry) applyDefaults() {
 		}
 		if w.BigQuery.Table == "" {
 			w.BigQuery.Table = "events"
+		}
+		if w.BigQuery.Partitioning == "" {
+			w.BigQuery.Partitioning = PartitioningIngestionTime
 		}
 		if w.Database.MaxConns == 0 {
 			w.Database.MaxConns = DefaultMaxConns
@@ -249,6 +262,9 @@ func (r *Registry) Validate() error {
 		}
 		if !bqNamePattern.MatchString(bq.Table) {
 			return fmt.Errorf("%s.bigquery.table: %q must be letters, digits and underscores", at, bq.Table)
+		}
+		if bq.Partitioning != PartitioningIngestionTime && bq.Partitioning != PartitioningNone {
+			return fmt.Errorf("%s.bigquery.partitioning: %q must be %q or %q", at, bq.Partitioning, PartitioningIngestionTime, PartitioningNone)
 		}
 		if bq.Endpoint != "" {
 			if u, err := url.Parse(bq.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -33,7 +33,7 @@ func TestParseValid(t *testing.T) {
 	require.Len(t, r.Workspaces, 2)
 	w2, ok := r.Workspace("w2")
 	require.True(t, ok)
-	require.Equal(t, registry.BigQuery{Project: "proj-1", Dataset: "ontology_internal", Table: "events"}, w2.BigQuery, "defaults")
+	require.Equal(t, registry.BigQuery{Project: "proj-1", Dataset: "ontology_internal", Table: "events", Partitioning: "ingestion_time"}, w2.BigQuery, "defaults")
 	require.EqualValues(t, registry.DefaultMaxConns, w2.Database.MaxConns)
 	require.Equal(t, []string{"RS256", "ES256"}, r.Identity.Algorithms)
 	require.Equal(t, "projects/p1/topics/ontology-replication", r.Workspaces[0].PubSub.TopicName())
@@ -67,6 +67,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
     "bigquery": {"project"`, `"topic": ""}, "bigquery": {"project"`, "workspaces[0] (w1).pubsub.topic"},
 		{"bad project", `"project": "p1", "topic"`, `"project": "P 1", "topic"`, "workspaces[0] (w1).pubsub.project"},
 		{"bad dataset", `"dataset": "ontology_internal"`, `"dataset": "a.b"`, "workspaces[0] (w1).bigquery.dataset"},
+		{"bad partitioning", `"location": "EU",`, `"location": "EU", "partitioning": "daily",`, "workspaces[0] (w1).bigquery.partitioning"},
 		{"bad endpoint", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "127.0.0.1:9050"`, "workspaces[0] (w1).bigquery.endpoint"},
 		{"too many conns", `"database": {"url": "postgres://user:secret@127.0.0.1:5432/ontology"}`, `"database": {"url": "postgres://x@y/z", "max_conns": 100}`, "workspaces[0] (w1).database.max_conns"},
 	}

@@ -327,25 +327,34 @@ func (s *Store) Claim(ctx context.Context, t Target, exclude []string) (*Claim, 
 	return &Claim{Batch: b, store: s, target: t, tx: tx}, nil
 }
 
-// Acknowledge marks the claimed batch accepted (delivery rows and receipts)
-// and ends the claim. Call it only after Pub/Sub accepted the whole batch.
-// It returns the number of receipts written.
+// Acknowledge marks the whole claimed batch accepted (delivery rows and
+// receipts) and ends the claim. Call it only after Pub/Sub accepted every
+// event of the batch. It returns the number of receipts written.
 func (c *Claim) Acknowledge(ctx context.Context) (int64, error) {
-	if len(c.Events) == 0 {
-		return 0, nil
-	}
+	return c.AcknowledgeIDs(ctx, c.IDs())
+}
+
+// AcknowledgeIDs marks some of the claimed events accepted (history ids of
+// events Pub/Sub accepted) and ends the claim; the others stay pending.
+func (c *Claim) AcknowledgeIDs(ctx context.Context, ids []string) (int64, error) {
 	if c.tx == nil {
-		return c.store.Acknowledge(ctx, c.target, c.IDs())
+		if len(ids) == 0 {
+			return 0, nil
+		}
+		return c.store.Acknowledge(ctx, c.target, ids)
 	}
 	tx := c.tx
 	c.tx = nil
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	tag, err := tx.Exec(ctx, sqlAcknowledge, c.target.Generation, idsJSON(c.IDs()))
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tag, err := tx.Exec(ctx, sqlAcknowledge, c.target.Generation, idsJSON(ids))
 	if err == nil {
 		err = tx.Commit(ctx)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(c.Events), c.target.Generation, err)
+		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), c.target.Generation, err)
 	}
 	return tag.RowsAffected(), nil
 }

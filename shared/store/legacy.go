@@ -49,8 +49,9 @@ const sqlLegacyPendingCount = `SELECT count(*) FROM (%s) e
 const sqlLegacyAcknowledge = `INSERT INTO _ontology_replication_receipts (generation, event_id)
      SELECT $1::uuid, value::uuid FROM jsonb_array_elements_text($2::jsonb) ON CONFLICT DO NOTHING`
 
-// sqlLegacyUnverified is unverifiedReplicationEvents of seed 001.
-const sqlLegacyUnverified = `SELECT event_id::text AS id FROM _ontology_replication_receipts
+// sqlLegacyUnverified is unverifiedReplicationEvents of seed 001, also
+// returning accepted_at (see sqlDueUnverified).
+const sqlLegacyUnverified = `SELECT event_id::text AS id, accepted_at FROM _ontology_replication_receipts
      WHERE generation = $1::uuid AND verified_at IS NULL ORDER BY accepted_at, event_id LIMIT 1000`
 
 // sqlLegacyUnverifiedCount counts the accepted, unverified receipts: at

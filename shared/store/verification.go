@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,6 +15,8 @@ import (
 type Ref struct {
 	HistoryID string
 	EventID   string
+	// AcceptedAt is when the event was acknowledged.
+	AcceptedAt time.Time
 }
 
 // MaxVerifyBatch is how many due events one verification round takes.
@@ -21,8 +24,10 @@ const MaxVerifyBatch = 1000
 
 // sqlDueUnverified is unverifiedReplicationEvents at protocol 4 (seed 000):
 // accepted, unverified events whose next check is due, oldest check first,
-// from the partial index _ontology_delivery_verify.
-const sqlDueUnverified = `SELECT event_id::text AS id FROM _ontology_replication_delivery
+// from the partial index _ontology_delivery_verify. It also returns
+// accepted_at (the seed returns only the id), which bounds the BigQuery
+// partitions a lookup reads.
+const sqlDueUnverified = `SELECT event_id::text AS id, accepted_at FROM _ontology_replication_delivery
      WHERE generation = $1::uuid AND accepted_at IS NOT NULL AND verified_at IS NULL
        AND next_verify_at <= now() ORDER BY next_verify_at, event_id LIMIT 1000`
 
@@ -72,8 +77,9 @@ func (s *Store) DueUnverified(ctx context.Context, t Target) ([]Ref, error) {
 			return err
 		}
 		var id string
-		_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
-			refs = append(refs, Ref{HistoryID: id, EventID: event.ID(t.SourceID, id, t.Generation)})
+		var accepted time.Time
+		_, err = pgx.ForEachRow(rows, []any{&id, &accepted}, func() error {
+			refs = append(refs, Ref{HistoryID: id, EventID: event.ID(t.SourceID, id, t.Generation), AcceptedAt: accepted})
 			return nil
 		})
 		return err

@@ -1,0 +1,136 @@
+package functions
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/identity"
+)
+
+// The headers the ontology service sends with the wake-up (SDK
+// service/replication.js).
+const (
+	headerIdentity     = "x-segmentstream-runtime-identity"
+	headerOrganization = "x-segmentstream-organization-id"
+)
+
+// drainPrefix is the start of the drain's path.
+const drainPrefix = "/api/internal/v1/workspaces/"
+
+// drainPath matches the path the SDK calls (after whatever prefix a gateway
+// keeps): /api/internal/v1/workspaces/{workspace}/ontology/replication/drain.
+var drainPath = regexp.MustCompile(`/api/internal/v1/workspaces/([^/]+)/ontology/replication/drain$`)
+
+// drainTimeout bounds one drain. The SDK waits 5 s and then lets go; the
+// drain carries on (detached from the caller) so that a batch that was
+// published is also acknowledged.
+const drainTimeout = 30 * time.Second
+
+// serveDrain is the Drain function: authenticate the runtime token, then
+// publish at most one batch of the workspace's pending events.
+func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
+	started := time.Now()
+	out := outcome{log: s.log, message: "replication drain"}
+	defer func() { out.write(w, started) }()
+	if s.err != nil {
+		s.log.Error("replication functions are misconfigured", slog.Any("error", s.err))
+		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", s.err)
+		return
+	}
+	m := drainPath.FindStringSubmatch(r.URL.Path)
+	if m == nil {
+		out.fail(http.StatusNotFound, "not_found", "not found", nil)
+		return
+	}
+	workspace := m[1]
+	out.fields = append(out.fields, slog.String("workspace", workspace))
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		out.fail(http.StatusMethodNotAllowed, "method_not_allowed", "use POST", nil)
+		return
+	}
+	if s.verifier == nil {
+		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", errors.New("the registry has no identity section"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), drainTimeout)
+	defer cancel()
+	claims, err := s.verifier.Verify(ctx, r.Header.Get(headerIdentity))
+	if errors.Is(err, identity.ErrKeysUnavailable) {
+		out.fail(http.StatusServiceUnavailable, "unavailable", "temporarily unavailable", err)
+		return
+	}
+	if err != nil {
+		out.fail(http.StatusUnauthorized, "unauthorized", "unauthorized", err)
+		return
+	}
+	ws, err := s.svc.Workspace(workspace)
+	if err != nil {
+		out.fail(http.StatusNotFound, "unknown_workspace", "not found", err)
+		return
+	}
+	if err := identity.Authorize(claims, r.Header.Get(headerOrganization), ws); err != nil {
+		out.fail(http.StatusUnauthorized, "unauthorized", "unauthorized", err)
+		return
+	}
+	res, err := s.svc.Drain(ctx, ws.ID)
+	out.fields = append(out.fields, slog.String("generation", res.Generation), slog.Int("count", res.Published),
+		slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State))
+	if res.HeldBack > 0 {
+		out.fields = append(out.fields, slog.Int("held_back", res.HeldBack))
+	}
+	if err != nil {
+		if delivery.Transient(err) {
+			out.fail(http.StatusServiceUnavailable, "unavailable", "temporarily unavailable; nothing was acknowledged that Pub/Sub did not accept", err)
+		} else {
+			out.fail(http.StatusInternalServerError, "failed", "delivery failed; see the service's logs", err)
+		}
+		return
+	}
+	out.ok(res)
+}
+
+// outcome collects one invocation's answer and writes it with one log line.
+type outcome struct {
+	log     *slog.Logger
+	message string
+	fields  []any
+	status int
+	name   string
+	body   any
+	err    error
+}
+
+func (o *outcome) fail(status int, name, message string, err error) {
+	o.status, o.name, o.err = status, name, err
+	o.body = map[string]string{"error": message}
+}
+
+func (o *outcome) ok(body any) {
+	o.status, o.name, o.body = http.StatusOK, "ok", body
+}
+
+func (o *outcome) write(w http.ResponseWriter, started time.Time) {
+	fields := append(o.fields, slog.String("outcome", o.name), slog.Int("status", o.status),
+		slog.Int64("duration_ms", time.Since(started).Milliseconds()))
+	level := slog.LevelInfo
+	switch {
+	case o.status >= 500:
+		level = slog.LevelError
+	case o.status >= 400:
+		level = slog.LevelWarn
+	}
+	if o.err != nil {
+		fields = append(fields, slog.String("error", o.err.Error()))
+	}
+	o.log.Log(context.Background(), level, o.message, fields...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(o.status)
+	_ = json.NewEncoder(w).Encode(o.body)
+}

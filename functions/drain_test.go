@@ -1,0 +1,379 @@
+package functions
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/identity"
+	"github.com/segmentstream/ontology-replication/shared/pgtest"
+)
+
+func TestDrainPublishesOneBatchOfTheOldestEvents(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ws := h.spaces["w1"]
+	cust, err := ws.w.Create(h.ctx, "customer", map[string]any{"name": "Ada", "age": 36})
+	require.NoError(t, err)
+	h.products("w1", 249)
+
+	// The oldest 100 pending events, read independently of the store.
+	rows, err := ws.pool.Query(h.ctx, `SELECT d.event_id::text, coalesce(c.replication, p.replication)
+		FROM _ontology_replication_delivery d
+		LEFT JOIN customer_history c ON c.id = d.event_id LEFT JOIN product_history p ON p.id = d.event_id
+		WHERE d.accepted_at IS NULL ORDER BY d.revision, d.event_id LIMIT 100`)
+	require.NoError(t, err)
+	type want struct {
+		id  string
+		raw map[string]any
+	}
+	expected, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (want, error) {
+		var w want
+		return w, r.Scan(&w.id, &w.raw)
+	})
+	require.NoError(t, err)
+
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "generation": ws.gen.Generation, "state": "active",
+		"published": 100.0, "more": true, "bytes": body["bytes"]}, body)
+	msgs := h.pubsub.Messages()
+	require.Len(t, msgs, 100)
+	for i, m := range msgs {
+		var got map[string]any
+		require.NoError(t, json.Unmarshal(m.Data, &got))
+		w := expected[i]
+		require.Equal(t, sha(ws.gen.SourceID+":"+w.id+":"+ws.gen.Generation), got["event_id"])
+		require.Equal(t, ws.gen.Generation, got["generation"])
+		for _, k := range []string{"source_id", "entity_id", "record_key", "record_kind", "revision", "deleted", "schema_hash", "payload"} {
+			require.Equal(t, w.raw[k], got[k], k)
+		}
+	}
+	require.Equal(t, cust, h.published("w1")[0].RecordKey, "oldest first")
+	require.EqualValues(t, 100, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
+	require.EqualValues(t, 100, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+	size := event.BatchOverhead
+	for _, m := range msgs {
+		size += event.MessageBytes(len(m.Data))
+	}
+	require.EqualValues(t, size, body["bytes"])
+
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, true, body["more"])
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 50.0, body["published"])
+	require.Equal(t, false, body["more"])
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 0.0, body["published"])
+	require.Len(t, h.pubsub.Messages(), 250)
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+
+	logs := h.logs.String()
+	for _, field := range []string{`"workspace":"w1"`, `"count":100`, `"bytes":`, `"duration_ms":`, `"outcome":"ok"`} {
+		require.Contains(t, logs, field)
+	}
+}
+
+func TestDrainRefusesBadCallers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withWorkspaces("w1", "w2"))
+	h.products("w1", 3)
+	h.products("w2", 3)
+	other, err := newIssuerLike(h)
+	require.NoError(t, err)
+	now := time.Now()
+	sign := func(c jwt.Claims) string {
+		tok, err := h.issuer.Sign(c)
+		require.NoError(t, err)
+		return tok
+	}
+	base := jwt.Claims{Issuer: h.issuer.URL, Subject: "runtime-w1", Audience: jwt.Audience{"replication"},
+		Expiry: jwt.NewNumericDate(now.Add(time.Minute))}
+	with := func(f func(*jwt.Claims)) string { c := base; f(&c); return sign(c) }
+	good := sign(base)
+	parts := strings.Split(good, ".")
+	path := "/api/internal/v1/workspaces/w1/ontology/replication/drain"
+	cases := []struct {
+		name, path, token, org string
+		status                 int
+	}{
+		{"missing token", path, "", "org-w1", 401},
+		{"malformed", path, "x.y.z", "org-w1", 401},
+		{"expired", path, with(func(c *jwt.Claims) { c.Expiry = jwt.NewNumericDate(now.Add(-time.Hour)) }), "org-w1", 401},
+		{"wrong issuer", path, with(func(c *jwt.Claims) { c.Issuer = "https://evil.test" }), "org-w1", 401},
+		{"wrong audience", path, with(func(c *jwt.Claims) { c.Audience = jwt.Audience{"other"} }), "org-w1", 401},
+		{"subject of another workspace", path, with(func(c *jwt.Claims) { c.Subject = "runtime-w2" }), "org-w1", 401},
+		{"alg none", path, b64(`{"alg":"none","kid":"key-1"}`) + "." + parts[1] + ".", "org-w1", 401},
+		{"unknown key id", path, other, "org-w1", 401},
+		{"wrong organisation", path, good, "org-w2", 401},
+		{"no organisation", path, good, "", 401},
+		{"w1's token on w2", "/api/internal/v1/workspaces/w2/ontology/replication/drain", good, "org-w2", 401},
+		{"unknown workspace", "/api/internal/v1/workspaces/w9/ontology/replication/drain", good, "org-w1", 404},
+		{"other path", "/api/internal/v1/workspaces/w1/other", good, "org-w1", 404},
+	}
+	for _, c := range cases {
+		code, body := h.call(http.MethodPost, c.path, c.token, c.org)
+		require.Equal(t, c.status, code, c.name)
+		require.Len(t, body, 1, "%s: only an error message, no detail", c.name)
+		require.NotContains(t, body["error"], "runtime-w", c.name)
+	}
+	code, _ := h.call(http.MethodGet, path, good, "org-w1")
+	require.Equal(t, http.StatusMethodNotAllowed, code)
+	require.Empty(t, h.pubsub.Messages(), "no refused call published anything")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+
+	// Each workspace drains only itself.
+	code, body := h.wake("w2")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 3.0, body["published"])
+	require.Len(t, h.published("w2"), 3)
+	require.Empty(t, h.published("w1"))
+	require.EqualValues(t, 3, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+}
+
+func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// newIssuerLike signs a workspace token with a key the JWKS does not hold.
+func newIssuerLike(h *harness) (string, error) {
+	other, err := identity.NewIssuer(h.issuer.URL, "key-2")
+	if err != nil {
+		return "", err
+	}
+	return other.Token("runtime-w1", "replication", time.Minute)
+}
+
+func dbName(raw string) string {
+	u, _ := url.Parse(raw)
+	return strings.TrimPrefix(u.Path, "/")
+}
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func TestDrainPublishFailureAcknowledgesNothing(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.products("w1", 5)
+	h.faults.set(status.Error(codes.Unavailable, "injected outage"))
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body["error"], "nothing was acknowledged")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+
+	h.faults.set(nil)
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 5.0, body["published"])
+	require.Len(t, h.published("w1"), 5)
+}
+
+func TestDrainLostPublishResponseOnlyDuplicates(t *testing.T) {
+	t.Parallel()
+	var lose atomic.Bool
+	lose.Store(true)
+	h := newHarness(t, withInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if strings.HasSuffix(method, "/Publish") && lose.CompareAndSwap(true, false) {
+			return status.Error(codes.DeadlineExceeded, "response lost after the server stored the messages")
+		}
+		return err
+	}))
+	h.products("w1", 4)
+	code, _ := h.wake("w1")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Len(t, h.published("w1"), 4, "Pub/Sub stored the batch")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"), "but nothing was acknowledged")
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 4.0, body["published"])
+	ids := map[string]int{}
+	for _, e := range h.published("w1") {
+		ids[e.EventID]++
+	}
+	require.Len(t, ids, 4)
+	for id, n := range ids {
+		require.Equal(t, 2, n, "event %s: a duplicate, never a loss", id)
+	}
+}
+
+func TestDrainDatabaseDroppedBetweenPublishAndAcknowledge(t *testing.T) {
+	t.Parallel()
+	var drop atomic.Bool
+	var h *harness
+	h = newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactorFunc(func(req any) (bool, any, error) {
+		if drop.CompareAndSwap(true, false) {
+			// Cut the drain's database connections while Pub/Sub stores the batch.
+			conn, err := pgx.Connect(context.Background(), pgtest.Shared(h.t).AdminURL())
+			if err == nil {
+				_, err = conn.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+					WHERE application_name = 'ontology-replication' AND datname = $1`, dbName(h.spaces["w1"].url))
+				_ = conn.Close(context.Background())
+			}
+			assert.NoError(h.t, err)
+		}
+		return false, nil, nil
+	})}))
+	h.products("w1", 3)
+	drop.Store(true)
+	code, _ := h.wake("w1")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Len(t, h.published("w1"), 3)
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
+	// The pool may still hand out a connection that was cut: that wake-up
+	// fails too (nothing acknowledged), and a later one republishes.
+	var code2 int
+	var body map[string]any
+	for range 3 {
+		if code2, body = h.wake("w1"); code2 == http.StatusOK {
+			break
+		}
+	}
+	require.Equal(t, http.StatusOK, code2, body)
+	require.Equal(t, 3.0, body["published"], "a later drain republishes")
+	require.GreaterOrEqual(t, len(h.published("w1")), 6)
+	require.EqualValues(t, 3, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+}
+
+func TestConcurrentWakeUpsTakeDisjointBatches(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.products("w1", 1000)
+	var published atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				code, body := h.wake("w1")
+				if !assert.Equal(t, http.StatusOK, code, body) {
+					return
+				}
+				published.Add(int64(body["published"].(float64)))
+				if body["published"].(float64) == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 1000, published.Load(), "every event acknowledged exactly once")
+	ids := map[string]int{}
+	for _, e := range h.published("w1") {
+		ids[e.EventID]++
+	}
+	require.Len(t, ids, 1000, "every event published")
+	duplicates := len(h.published("w1")) - len(ids)
+	require.Zero(t, duplicates, "claims are disjoint: no event published twice")
+	require.EqualValues(t, 1000, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+}
+
+func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactorFunc(func(req any) (bool, any, error) {
+		for _, m := range req.(*pubsubpb.PublishRequest).Messages {
+			if strings.Contains(string(m.Data), "POISON") {
+				return true, nil, status.Error(codes.InvalidArgument, "message rejected")
+			}
+		}
+		return false, nil, nil
+	})}))
+	ws := h.spaces["w1"]
+	h.products("w1", 2)
+	poison, err := ws.w.Create(h.ctx, "product", map[string]any{"title": "POISON"})
+	require.NoError(t, err)
+	h.products("w1", 2)
+	for range 3 {
+		code, body := h.wake("w1")
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	got := h.published("w1")
+	require.Len(t, got, 4, "the events behind the poison one were published")
+	for _, e := range got {
+		require.NotEqual(t, poison, e.RecordKey)
+	}
+	require.EqualValues(t, 1, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "it stays pending")
+	require.Contains(t, h.logs.String(), "can never be published")
+	require.Contains(t, h.logs.String(), `"event_id":"`)
+}
+
+type reactorFunc func(any) (bool, any, error)
+
+func (f reactorFunc) React(req any) (bool, any, error) { return f(req) }
+
+func TestDrainStates(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withWorkspaces("w1", "w2"))
+	h.products("w1", 2)
+	_, err := h.spaces["w1"].pool.Exec(h.ctx, "UPDATE _ontology_replication SET enabled = false")
+	require.NoError(t, err)
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "disabled", body["state"])
+	require.Equal(t, 0.0, body["published"])
+	_, err = h.spaces["w2"].pool.Exec(h.ctx, "UPDATE _ontology_replication SET active_generation = NULL")
+	require.NoError(t, err)
+	code, body = h.wake("w2")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "no_active_target", body["state"])
+	require.Empty(t, h.pubsub.Messages())
+}
+
+func TestDrainProtocolErrorIs500(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.products("w1", 3)
+	_, err := h.spaces["w1"].pool.Exec(h.ctx, "DELETE FROM product_history WHERE id = (SELECT min(id::text)::uuid FROM product_history)")
+	require.NoError(t, err)
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusInternalServerError, code)
+	require.NotContains(t, body["error"], "product_history", "no detail leaked")
+	require.Contains(t, h.logs.String(), "missing from retained history")
+	require.Empty(t, h.pubsub.Messages())
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+}
+
+func TestMisconfiguredServer(t *testing.T) {
+	t.Parallel()
+	_, err := newServer(context.Background(), func(string) string { return "" }, dependencies{})
+	require.ErrorContains(t, err, "REPLICATION_WORKSPACES")
+	_, err = newServer(context.Background(), func(k string) string {
+		return map[string]string{"REPLICATION_WORKSPACES": `{"workspaces": [{"id": "w1"}]}`}[k]
+	}, dependencies{})
+	require.ErrorContains(t, err, "workspaces[0] (w1).database")
+	_, err = newServer(context.Background(), func(k string) string {
+		return map[string]string{"REPLICATION_WORKSPACES": "{}", EnvVerifyBudget: "forever"}[k]
+	}, dependencies{})
+	require.ErrorContains(t, err, EnvVerifyBudget)
+	s := &server{err: errors.New("bad config"), log: slog.New(slog.DiscardHandler)}
+	rec := httptest.NewRecorder()
+	s.serveDrain(rec, httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil))
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+}

@@ -1,0 +1,264 @@
+package functions
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/segmentstream/ontology-replication/shared/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/identity"
+	"github.com/segmentstream/ontology-replication/shared/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/publish"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// switchable is a pstest reactor that fails Publish while its error is set.
+type switchable struct{ err atomic.Pointer[error] }
+
+func (s *switchable) React(any) (bool, any, error) {
+	if e := s.err.Load(); e != nil {
+		return true, nil, *e
+	}
+	return false, nil, nil
+}
+
+func (s *switchable) set(err error) {
+	if err == nil {
+		s.err.Store(nil)
+		return
+	}
+	s.err.Store(&err)
+}
+
+// workspaceDB is one workspace's SDK database.
+type workspaceDB struct {
+	id, org, subject string
+	url              string
+	pool             *pgxpool.Pool
+	w                *sdkfixture.Writer
+	gen              sdkfixture.Generation
+}
+
+// harness is a functions server over real parts: PostgreSQL, pstest, a
+// local token issuer and an in-test BigQuery server.
+type harness struct {
+	t       *testing.T
+	ctx     context.Context
+	srv     *server
+	pubsub  *pstest.Server
+	faults  *switchable
+	issuer  *identity.Issuer
+	bq      *bqserver.Server
+	bqRows  atomic.Pointer[func(bqserver.Query) (bqserver.Result, error)]
+	spaces  map[string]*workspaceDB
+	logs    *strings.Builder
+	handler http.Handler
+}
+
+type option_ func(*harnessConfig)
+
+type harnessConfig struct {
+	reactors   []pstest.ServerReactorOption
+	intercept  grpc.UnaryClientInterceptor
+	workspaces []string
+	env        map[string]string
+}
+
+func withReactor(r pstest.ServerReactorOption) option_ {
+	return func(c *harnessConfig) { c.reactors = append(c.reactors, r) }
+}
+
+func withInterceptor(f grpc.UnaryClientInterceptor) option_ {
+	return func(c *harnessConfig) { c.intercept = f }
+}
+
+func withWorkspaces(ids ...string) option_ {
+	return func(c *harnessConfig) { c.workspaces = ids }
+}
+
+func withEnv(k, v string) option_ {
+	return func(c *harnessConfig) { c.env[k] = v }
+}
+
+func newHarness(t *testing.T, opts ...option_) *harness {
+	t.Helper()
+	cfg := harnessConfig{workspaces: []string{"w1"}, env: map[string]string{}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	h := &harness{t: t, ctx: context.Background(), faults: &switchable{}, spaces: map[string]*workspaceDB{}, logs: &strings.Builder{}}
+	h.pubsub = pstest.NewServer(append([]pstest.ServerReactorOption{{FuncName: "Publish", Reactor: h.faults}}, cfg.reactors...)...)
+	t.Cleanup(func() { _ = h.pubsub.Close() })
+
+	var err error
+	h.issuer, err = identity.NewIssuer("https://runtime.test", "key-1")
+	require.NoError(t, err)
+	jwks := httptest.NewServer(h.issuer)
+	t.Cleanup(jwks.Close)
+
+	h.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+		if f := h.bqRows.Load(); f != nil {
+			return (*f)(q)
+		}
+		return h.landed(q)
+	})
+	bqHTTP := httptest.NewServer(h.bq)
+	t.Cleanup(bqHTTP.Close)
+
+	var spaces []string
+	for _, id := range cfg.workspaces {
+		ws := &workspaceDB{id: id, org: "org-" + id, subject: "runtime-" + id}
+		ws.url = pgtest.NewDatabase(t, &sdkfixture.V4Template)
+		ws.pool, err = pgxpool.New(h.ctx, ws.url)
+		require.NoError(t, err)
+		t.Cleanup(ws.pool.Close)
+		ws.w = sdkfixture.NewWriter(ws.pool, sdkfixture.Demo)
+		ws.gen, err = sdkfixture.StartGeneration(h.ctx, ws.pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+		require.NoError(t, err)
+		topic := "projects/p1/topics/events-" + id
+		_, err = h.pubsub.GServer.CreateTopic(h.ctx, &pubsubpb.Topic{Name: topic})
+		require.NoError(t, err)
+		h.spaces[id] = ws
+		spaces = append(spaces, fmt.Sprintf(`{"id": %q, "organization_id": %q, "runtime_subject": %q,
+			"database": {"url": %q}, "pubsub": {"project": "p1", "topic": "events-%s"},
+			"bigquery": {"project": "p1", "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, ws.url, id, bqHTTP.URL))
+	}
+	cfg.env["REPLICATION_WORKSPACES"] = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q}, "workspaces": [%s]}`,
+		h.issuer.URL, jwks.URL, strings.Join(spaces, ","))
+
+	clientOpts := []option.ClientOption{
+		option.WithEndpoint(h.pubsub.Addr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+	}
+	if cfg.intercept != nil {
+		clientOpts = append(clientOpts, option.WithGRPCDialOption(grpc.WithUnaryInterceptor(cfg.intercept)))
+	}
+	pub, err := publish.New(h.ctx, publish.Config{Timeout: 5 * time.Second, Options: clientOpts})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	wh := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 3 * time.Second})
+	t.Cleanup(func() { _ = wh.Close() })
+	log := slog.New(slog.NewJSONHandler(&lockedWriter{b: h.logs}, nil))
+	h.srv, err = newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, warehouse: wh, logger: log})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/Verify", h.srv.serveVerify)
+	mux.HandleFunc("/", h.srv.serveDrain)
+	h.handler = mux
+	return h
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// token signs a runtime token for the workspace.
+func (h *harness) token(subject string) string {
+	tok, err := h.issuer.Token(subject, "replication", time.Minute)
+	require.NoError(h.t, err)
+	return tok
+}
+
+// wake calls the drain as the SDK does, returning status and decoded body.
+func (h *harness) wake(workspace string) (int, map[string]any) {
+	ws := h.spaces[workspace]
+	return h.call(http.MethodPost, "/api/internal/v1/workspaces/"+workspace+"/ontology/replication/drain", h.token(ws.subject), ws.org)
+}
+
+func (h *harness) call(method, path, token, org string) (int, map[string]any) {
+	req := httptest.NewRequest(method, path, nil)
+	if token != "" {
+		req.Header.Set(headerIdentity, token)
+	}
+	if org != "" {
+		req.Header.Set(headerOrganization, org)
+	}
+	rec := httptest.NewRecorder()
+	h.handler.ServeHTTP(rec, req)
+	var body map[string]any
+	raw, _ := io.ReadAll(rec.Body)
+	require.NoError(h.t, json.Unmarshal(raw, &body), "body %s", raw)
+	return rec.Code, body
+}
+
+// verify calls the Verify function.
+func (h *harness) verify(body string) (int, verifyResponse) {
+	req := httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader(body))
+	rec := httptest.NewRecorder()
+	h.handler.ServeHTTP(rec, req)
+	var resp verifyResponse
+	require.NoError(h.t, json.Unmarshal(rec.Body.Bytes(), &resp), "body %s", rec.Body.String())
+	return rec.Code, resp
+}
+
+// published returns the events Pub/Sub holds for a workspace's topic.
+func (h *harness) published(workspace string) []event.Event {
+	var out []event.Event
+	for _, m := range h.pubsub.Messages() {
+		if m.Topic != "projects/p1/topics/events-"+workspace {
+			continue
+		}
+		var e event.Event
+		require.NoError(h.t, json.Unmarshal(m.Data, &e))
+		out = append(out, e)
+	}
+	return out
+}
+
+// landed answers a lookup from what Pub/Sub holds, as a BigQuery
+// subscription would have written it.
+func (h *harness) landed(q bqserver.Query) (bqserver.Result, error) {
+	ids, gen := q.Params["ids"], q.Params["generation"].Value
+	held := map[string]bool{}
+	for _, m := range h.pubsub.Messages() {
+		var e event.Event
+		if json.Unmarshal(m.Data, &e) == nil && e.Generation == gen {
+			held[e.EventID] = true
+		}
+	}
+	var present []string
+	for _, id := range ids.Values {
+		if held[id] {
+			present = append(present, id)
+		}
+	}
+	return bqserver.Strings("event_id", present), nil
+}
+
+func (h *harness) count(workspace, query string, args ...any) int64 {
+	var n int64
+	require.NoError(h.t, h.spaces[workspace].pool.QueryRow(h.ctx, query, args...).Scan(&n))
+	return n
+}
+
+func (h *harness) products(workspace string, n int) {
+	require.NoError(h.t, sdkfixture.BulkCreate(h.ctx, h.spaces[workspace].pool, sdkfixture.Demo, "product", "title", n, 1000))
+}

@@ -1,0 +1,132 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/database"
+	"github.com/segmentstream/ontology-replication/shared/publish"
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// Publisher publishes one batch as one request: all messages stored, one id
+// each, or an error. *publish.Publisher is the implementation.
+type Publisher interface {
+	Publish(ctx context.Context, topic string, data [][]byte) ([]string, error)
+}
+
+// Warehouse looks accepted events up where they should have landed.
+type Warehouse interface {
+	// Present returns which of eventIDs (wire event ids of one generation)
+	// the workspace's events table holds. It is one query, whatever the
+	// number of ids (at most store.MaxVerifyBatch). acceptedSince is the
+	// oldest acceptance among them, which bounds where they can have landed.
+	Present(ctx context.Context, ws registry.Workspace, generation string, eventIDs []string, acceptedSince time.Time) ([]string, error)
+}
+
+// Config configures a Service.
+type Config struct {
+	// Registry is the workspace registry. Required.
+	Registry *registry.Registry
+	// Pools opens the workspaces' databases. Required.
+	Pools *database.Pools
+	// Publisher publishes batches. Required.
+	Publisher Publisher
+	// Warehouse looks events up in BigQuery. Required by Verify only.
+	Warehouse Warehouse
+	// Logger receives structured logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Store configures each workspace's store (timeouts).
+	Store store.Config
+}
+
+// Service is the one orchestration of delivery: claim → publish →
+// acknowledge, verification rounds and sweeps. The functions and the job
+// all call it.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+
+	mu     sync.Mutex
+	stores map[string]*store.Store
+	held   map[string]map[string]bool // workspace/generation → held-back history ids
+}
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	switch {
+	case cfg.Registry == nil:
+		return nil, errors.New("delivery: invalid config: Registry is required")
+	case cfg.Pools == nil:
+		return nil, errors.New("delivery: invalid config: Pools is required")
+	case cfg.Publisher == nil:
+		return nil, errors.New("delivery: invalid config: Publisher is required")
+	}
+	if _, err := store.New(nil, cfg.Store); err != nil {
+		return nil, fmt.Errorf("delivery: invalid config: Store: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Service{cfg: cfg, log: log, stores: map[string]*store.Store{}, held: map[string]map[string]bool{}}, nil
+}
+
+// ErrUnknownWorkspace: the registry has no such workspace.
+var ErrUnknownWorkspace = errors.New("unknown workspace")
+
+// errPublish marks a failed Publish RPC.
+var errPublish = errors.New("publish failed")
+
+// Transient reports whether a failure may pass by itself (database or
+// Pub/Sub unavailable, a timeout, a lock conflict): an HTTP caller gets 503.
+// Other failures (a missing history row, a malformed event, a missing
+// schema or topic) need a person: 500.
+func Transient(err error) bool {
+	if errors.Is(err, errPublish) {
+		return !publish.Misconfigured(err)
+	}
+	return store.Retryable(err)
+}
+
+// Workspace returns a workspace of the registry.
+func (s *Service) Workspace(id string) (registry.Workspace, error) {
+	ws, ok := s.cfg.Registry.Workspace(id)
+	if !ok {
+		return registry.Workspace{}, fmt.Errorf("%w %q", ErrUnknownWorkspace, id)
+	}
+	return ws, nil
+}
+
+// Store returns the workspace's store, opening its pool on first use.
+func (s *Service) Store(ctx context.Context, ws registry.Workspace) (*store.Store, error) {
+	s.mu.Lock()
+	st, ok := s.stores[ws.ID]
+	s.mu.Unlock()
+	if ok {
+		return st, nil
+	}
+	pool, err := s.cfg.Pools.Pool(ctx, ws)
+	if err != nil {
+		return nil, err
+	}
+	st, err = store.New(pool, s.cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if existing, ok := s.stores[ws.ID]; ok {
+		return existing, nil
+	}
+	s.stores[ws.ID] = st
+	return st, nil
+}
+
+// Registry returns the registry the service serves.
+func (s *Service) Registry() *registry.Registry { return s.cfg.Registry }

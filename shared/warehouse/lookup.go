@@ -1,0 +1,148 @@
+package warehouse
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/bigquery"
+	"google.golang.org/api/iterator"
+	"google.golang.org/api/option"
+
+	"github.com/segmentstream/ontology-replication/shared/registry"
+)
+
+// Config configures a BigQuery warehouse.
+type Config struct {
+	// LookupTimeout bounds one lookup, including the client's own retries
+	// of 5xx answers. Default: 20s.
+	LookupTimeout time.Duration
+	// ClientOptions are extra client options for every workspace (tests).
+	ClientOptions []option.ClientOption
+}
+
+// BigQuery looks events up in the workspaces' BigQuery tables and manages
+// their views, with one client per project and endpoint.
+type BigQuery struct {
+	cfg Config
+
+	mu      sync.Mutex
+	clients map[string]*bigquery.Client
+}
+
+// NewBigQuery returns a BigQuery warehouse. Clients are created on first use.
+func NewBigQuery(cfg Config) *BigQuery {
+	cfg.LookupTimeout = cmp.Or(cfg.LookupTimeout, 20*time.Second)
+	return &BigQuery{cfg: cfg, clients: map[string]*bigquery.Client{}}
+}
+
+func (b *BigQuery) client(ctx context.Context, bq registry.BigQuery) (*bigquery.Client, error) {
+	key := bq.Project + "|" + bq.Endpoint
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c, ok := b.clients[key]; ok {
+		return c, nil
+	}
+	opts := append([]option.ClientOption{}, b.cfg.ClientOptions...)
+	if bq.Endpoint != "" {
+		opts = append(opts, option.WithEndpoint(bq.Endpoint), option.WithoutAuthentication())
+	}
+	c, err := bigquery.NewClient(ctx, bq.Project, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse: BigQuery client for %s: %w", bq.Project, err)
+	}
+	if bq.Location != "" {
+		c.Location = bq.Location
+	}
+	b.clients[key] = c
+	return c, nil
+}
+
+// Close closes the clients.
+func (b *BigQuery) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for k, c := range b.clients {
+		errs = append(errs, c.Close())
+		delete(b.clients, k)
+	}
+	return errors.Join(errs...)
+}
+
+// tableRef is the table's standard-SQL reference. The registry restricts
+// project, dataset and table to characters that need no escaping inside
+// backticks.
+func tableRef(bq registry.BigQuery) string {
+	return "`" + bq.Project + "." + bq.Dataset + "." + bq.Table + "`"
+}
+
+// The lookup reads only the event_id column and filters on generation (the
+// table's first clustering column) and the ids (its second), so BigQuery
+// reads only the blocks that can hold them. On the ingestion-time
+// partitioned table terraform creates, it also prunes partitions older than
+// the day before the oldest acceptance (an event lands after it is
+// published, and is published before it is accepted); rows not yet in a
+// partition (_PARTITIONTIME NULL) are included.
+const (
+	sqlLookup = `SELECT event_id FROM %s
+WHERE generation = @generation AND event_id IN UNNEST(@ids)`
+	sqlLookupPartitioned = sqlLookup + `
+  AND (_PARTITIONTIME IS NULL OR _PARTITIONTIME >= TIMESTAMP_TRUNC(@since, DAY))`
+)
+
+// Present returns which of eventIDs the workspace's events table holds for
+// the generation: one parameterised query, never ids pasted into SQL.
+// acceptedSince is the oldest acceptance time among the events (zero when
+// unknown, which disables partition pruning).
+func (b *BigQuery) Present(ctx context.Context, ws registry.Workspace, generation string, eventIDs []string, acceptedSince time.Time) ([]string, error) {
+	if len(eventIDs) == 0 {
+		return nil, nil
+	}
+	c, err := b.client(ctx, ws.BigQuery)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.LookupTimeout, fmt.Errorf("BigQuery lookup in %s: no answer within %v", tableRef(ws.BigQuery), b.cfg.LookupTimeout))
+	defer cancel()
+	params := []bigquery.QueryParameter{{Name: "generation", Value: generation}, {Name: "ids", Value: eventIDs}}
+	sql := fmt.Sprintf(sqlLookup, tableRef(ws.BigQuery))
+	if ws.BigQuery.Partitioning == registry.PartitioningIngestionTime && !acceptedSince.IsZero() {
+		sql = fmt.Sprintf(sqlLookupPartitioned, tableRef(ws.BigQuery))
+		params = append(params, bigquery.QueryParameter{Name: "since", Value: acceptedSince.Add(-24 * time.Hour).UTC()})
+	}
+	q := c.Query(sql)
+	q.Parameters = params
+	q.Location = ws.BigQuery.Location // not taken from the client on the fast path
+	it, err := q.Read(ctx)
+	if err != nil {
+		return nil, lookupError(ctx, ws, err)
+	}
+	present := make([]string, 0, len(eventIDs))
+	for {
+		var row []bigquery.Value
+		err := it.Next(&row)
+		if err == iterator.Done {
+			break
+		}
+		if err != nil {
+			return nil, lookupError(ctx, ws, err)
+		}
+		if len(row) == 1 {
+			if id, ok := row[0].(string); ok {
+				present = append(present, id)
+			}
+		}
+	}
+	return present, nil
+}
+
+func lookupError(ctx context.Context, ws registry.Workspace, err error) error {
+	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+		return fmt.Errorf("warehouse: %w (%w)", cause, err)
+	}
+	return fmt.Errorf("warehouse: lookup in %s: %w", tableRef(ws.BigQuery), err)
+}
