@@ -101,10 +101,10 @@ type outcome struct {
 	log     *slog.Logger
 	message string
 	fields  []any
-	status int
-	name   string
-	body   any
-	err    error
+	status  int
+	name    string
+	body    any
+	err     error
 }
 
 func (o *outcome) fail(status int, name, message string, err error) {
