@@ -82,7 +82,13 @@ type harnessConfig struct {
 	reactors   []pstest.ServerReactorOption
 	intercept  grpc.UnaryClientInterceptor
 	workspaces []string
+	legacy     map[string]bool
 	env        map[string]string
+}
+
+// withLegacy makes a workspace's database protocol 3.
+func withLegacy(id string) option_ {
+	return func(c *harnessConfig) { c.legacy[id] = true }
 }
 
 func withReactor(r pstest.ServerReactorOption) option_ {
@@ -103,7 +109,7 @@ func withEnv(k, v string) option_ {
 
 func newHarness(t *testing.T, opts ...option_) *harness {
 	t.Helper()
-	cfg := harnessConfig{workspaces: []string{"w1"}, env: map[string]string{}}
+	cfg := harnessConfig{workspaces: []string{"w1"}, env: map[string]string{}, legacy: map[string]bool{}}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -129,7 +135,11 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	var spaces []string
 	for _, id := range cfg.workspaces {
 		ws := &workspaceDB{id: id, org: "org-" + id, subject: "runtime-" + id}
-		ws.url = pgtest.NewDatabase(t, &sdkfixture.V4Template)
+		tpl := &sdkfixture.V4Template
+		if cfg.legacy[id] {
+			tpl = &sdkfixture.V3Template
+		}
+		ws.url = pgtest.NewDatabase(t, tpl)
 		ws.pool, err = pgxpool.New(h.ctx, ws.url)
 		require.NoError(t, err)
 		t.Cleanup(ws.pool.Close)
@@ -217,6 +227,14 @@ func (h *harness) verify(body string) (int, verifyResponse) {
 	var resp verifyResponse
 	require.NoError(h.t, json.Unmarshal(rec.Body.Bytes(), &resp), "body %s", rec.Body.String())
 	return rec.Code, resp
+}
+
+// verifyRaw calls the Verify function and returns the raw answer.
+func (h *harness) verifyRaw(body string) (int, string) {
+	req := httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader(body))
+	rec := httptest.NewRecorder()
+	h.handler.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String()
 }
 
 // published returns the events Pub/Sub holds for a workspace's topic.

@@ -1,0 +1,213 @@
+package functions
+
+import (
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/bqserver"
+)
+
+// drainAll wakes the drain until nothing is pending.
+func (h *harness) drainAll(workspace string) {
+	h.t.Helper()
+	for range 1000 {
+		code, body := h.wake(workspace)
+		require.Equal(h.t, http.StatusOK, code, body)
+		if body["published"].(float64) == 0 {
+			return
+		}
+	}
+}
+
+// answer makes the in-test BigQuery server answer with f, after checking
+// that the lookup is parameterised as it must be.
+func (h *harness) answer(f func(q bqserver.Query) (bqserver.Result, error)) {
+	g := func(q bqserver.Query) (bqserver.Result, error) {
+		ids := q.Params["ids"]
+		if ids.Type != "ARRAY" || ids.ArrayType != "STRING" || q.Params["generation"].Type != "STRING" {
+			h.t.Errorf("lookup parameters are not ARRAY<STRING> ids and a STRING generation: %+v", q.Params)
+		}
+		if q.Location != "EU" {
+			h.t.Errorf("lookup location %q, want the registry's EU", q.Location)
+		}
+		for _, id := range ids.Values {
+			if len(id) == 64 && strings.Contains(q.SQL, id) {
+				h.t.Errorf("an id was pasted into the SQL: %s", q.SQL)
+			}
+		}
+		return f(q)
+	}
+	h.bqRows.Store(&g)
+}
+
+
+func TestVerifyAllPresent(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.answer(h.landed)
+	h.products("w1", 30)
+	h.drainAll("w1")
+	code, resp := h.verify("")
+	require.Equal(t, http.StatusOK, code)
+	require.Len(t, resp.Workspaces, 1)
+	r := resp.Workspaces[0]
+	require.Equal(t, 30, r.Checked)
+	require.Equal(t, 30, r.Verified)
+	require.Zero(t, r.Retried)
+	require.Equal(t, 1, r.Rounds, "one lookup for up to 1,000 events")
+	require.EqualValues(t, 1, h.bq.Queries())
+	require.EqualValues(t, 30, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
+	require.EqualValues(t, 30, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts WHERE verified_at IS NOT NULL"))
+}
+
+func TestVerifyRetriesAbsentEventsAndSweeps(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.products("w1", 10)
+	h.drainAll("w1")
+	// Lookups answer nothing: every event is absent.
+	h.answer(func(bqserver.Query) (bqserver.Result, error) { return bqserver.Result{Columns: []string{"event_id"}}, nil })
+	// Half were accepted more than 15 minutes ago.
+	_, err := h.spaces["w1"].pool.Exec(h.ctx, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '16 minutes'
+		WHERE event_id IN (SELECT event_id FROM _ontology_replication_delivery ORDER BY revision LIMIT 5)`)
+	require.NoError(t, err)
+	before := len(h.pubsub.Messages())
+	code, resp := h.verify(`{"workspace": "w1"}`)
+	require.Equal(t, http.StatusOK, code)
+	r := resp.Workspaces[0]
+	require.Equal(t, 10, r.Checked)
+	require.Zero(t, r.Verified)
+	require.Equal(t, 10, r.Retried)
+	require.Equal(t, 5, r.Requeued)
+	require.Equal(t, 5, r.Swept, "the sweep republished what went back to pending")
+	require.Len(t, h.pubsub.Messages(), before+5)
+	require.EqualValues(t, 5, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery
+		WHERE accepted_at > now() - interval '1 minute' AND next_verify_at > now() + interval '20 seconds'`), "recent absent events are looked for again in 30 s")
+	require.EqualValues(t, 10, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"), "requeued ones were re-acknowledged")
+
+	// Once they land, the next run verifies them (checks made due now).
+	h.answer(h.landed)
+	_, err = h.spaces["w1"].pool.Exec(h.ctx, `UPDATE _ontology_replication_delivery SET next_verify_at = now() WHERE verified_at IS NULL`)
+	require.NoError(t, err)
+	code, resp = h.verify("")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 10, resp.Workspaces[0].Verified)
+	require.EqualValues(t, 10, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
+}
+
+func TestVerifyBigQueryFailureChangesNothing(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withWorkspaces("w1", "w2"))
+	h.products("w1", 4)
+	h.products("w2", 4)
+	h.drainAll("w1")
+	h.drainAll("w2")
+	failing := h.spaces["w1"].gen.Generation
+	h.answer(func(q bqserver.Query) (bqserver.Result, error) {
+		if q.Params["generation"].Value == failing {
+			return bqserver.Result{}, &bqserver.Error{Status: 500, Reason: "backendError", Message: "injected"}
+		}
+		return h.landed(q)
+	})
+	started := time.Now()
+	code, resp := h.verify("")
+	require.Equal(t, http.StatusInternalServerError, code)
+	require.Less(t, time.Since(started), 20*time.Second)
+	byID := map[string]int{}
+	for i, r := range resp.Workspaces {
+		byID[r.Workspace] = i
+	}
+	w1, w2 := resp.Workspaces[byID["w1"]], resp.Workspaces[byID["w2"]]
+	require.NotEmpty(t, w1.Error)
+	require.Zero(t, w1.Verified)
+	require.Empty(t, w2.Error)
+	require.Equal(t, 4, w2.Verified, "the other workspace is still verified")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL OR last_checked_at IS NOT NULL"),
+		"a failed lookup retries nothing and verifies nothing")
+	require.Contains(t, h.logs.String(), "replication verification failed for a workspace")
+}
+
+func TestVerifyIgnoresUnaskedIDs(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.products("w1", 2)
+	h.drainAll("w1")
+	h.answer(func(q bqserver.Query) (bqserver.Result, error) {
+		res, err := h.landed(q)
+		junk := "0000000000000000000000000000000000000000000000000000000000000000"
+		res.Rows = append(res.Rows, []*string{&junk}, []*string{res.Rows[0][0]})
+		return res, err
+	})
+	code, resp := h.verify("")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 2, resp.Workspaces[0].Verified)
+	require.EqualValues(t, 2, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
+}
+
+func TestVerifyRoundsWithinBudget(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withEnv(EnvVerifyBudget, "2s"), withEnv(EnvSweepBatches, "0"))
+	h.products("w1", 2500)
+	h.drainAll("w1")
+	h.answer(h.landed)
+	code, resp := h.verify("")
+	require.Equal(t, http.StatusOK, code)
+	r := resp.Workspaces[0]
+	require.Equal(t, 3, r.Rounds, "2,500 due events: rounds of 1,000")
+	require.Equal(t, 2500, r.Verified)
+	require.EqualValues(t, 3, h.bq.Queries(), "one lookup per round")
+
+	// A slow warehouse: the run stops at the budget.
+	h.products("w1", 3000)
+	h.drainAll("w1")
+	var slow atomic.Int64
+	h.answer(func(q bqserver.Query) (bqserver.Result, error) {
+		slow.Add(1)
+		time.Sleep(700 * time.Millisecond)
+		return h.landed(q)
+	})
+	started := time.Now()
+	code, resp = h.verify("")
+	elapsed := time.Since(started)
+	require.Equal(t, http.StatusOK, code, resp)
+	require.Less(t, elapsed, 3*time.Second, "the budget is respected")
+	require.Less(t, resp.Workspaces[0].Verified, 3000)
+	require.Positive(t, resp.Workspaces[0].Verified)
+}
+
+func TestVerifyLegacyDatabase(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withLegacy("w1"))
+	h.products("w1", 5)
+	h.drainAll("w1")
+	require.EqualValues(t, 5, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+	h.answer(func(q bqserver.Query) (bqserver.Result, error) {
+		res, err := h.landed(q)
+		res.Rows = res.Rows[:3]
+		return res, err
+	})
+	_, err := h.spaces["w1"].pool.Exec(h.ctx, `UPDATE _ontology_replication_receipts SET accepted_at = now() - interval '20 minutes'`)
+	require.NoError(t, err)
+	code, resp := h.verify("")
+	require.Equal(t, http.StatusOK, code)
+	r := resp.Workspaces[0]
+	require.Equal(t, 3, r.Verified)
+	require.Equal(t, 2, r.Requeued, "legacy retry deletes the receipts of old absent events")
+	require.Equal(t, 2, r.Swept)
+	require.EqualValues(t, 3, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts WHERE verified_at IS NOT NULL"))
+}
+
+func TestVerifyUnknownWorkspace(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	req := `{"workspace": "nope"}`
+	code, _ := h.verifyRaw(req)
+	require.Equal(t, http.StatusNotFound, code)
+	code, _ = h.verifyRaw(`{`)
+	require.Equal(t, http.StatusBadRequest, code)
+}
