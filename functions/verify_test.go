@@ -45,7 +45,6 @@ func (h *harness) answer(f func(q bqserver.Query) (bqserver.Result, error)) {
 	h.bqRows.Store(&g)
 }
 
-
 func TestVerifyAllPresent(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -71,7 +70,9 @@ func TestVerifyRetriesAbsentEventsAndSweeps(t *testing.T) {
 	h.products("w1", 10)
 	h.drainAll("w1")
 	// Lookups answer nothing: every event is absent.
-	h.answer(func(bqserver.Query) (bqserver.Result, error) { return bqserver.Result{Columns: []string{"event_id"}}, nil })
+	h.answer(func(bqserver.Query) (bqserver.Result, error) {
+		return bqserver.Result{Columns: []string{"event_id"}}, nil
+	})
 	// Half were accepted more than 15 minutes ago.
 	_, err := h.spaces["w1"].pool.Exec(h.ctx, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '16 minutes'
 		WHERE event_id IN (SELECT event_id FROM _ontology_replication_delivery ORDER BY revision LIMIT 5)`)
