@@ -176,9 +176,9 @@ func TestVerifyRoundsWithinBudget(t *testing.T) {
 	code, resp = h.verify("")
 	elapsed := time.Since(started)
 	require.Equal(t, http.StatusOK, code, resp)
-	require.Less(t, elapsed, 3*time.Second, "the budget is respected")
-	require.Less(t, resp.Workspaces[0].Verified, 3000)
-	require.Positive(t, resp.Workspaces[0].Verified)
+	require.Less(t, elapsed, 3500*time.Millisecond, "the 2 s budget is respected")
+	require.Less(t, resp.Workspaces[0].Verified, 3000, "the slow warehouse could not verify everything within the budget")
+	require.LessOrEqual(t, slow.Load(), int64(3))
 }
 
 func TestVerifyLegacyDatabase(t *testing.T) {
