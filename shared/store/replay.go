@@ -25,8 +25,21 @@ const sqlInitReplay = `UPDATE _ontology_replication_targets SET replay_complete 
 const (
 	sqlReplayTarget = `SELECT replay_complete, replay_cursor::text, initial_revision FROM _ontology_replication_targets
        WHERE generation = $1::uuid FOR NO KEY UPDATE`
-	sqlReplayPage = `SELECT event_id::text AS id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
+	// sqlReplayPageSeed is the seed's page read. Its OR on the cursor keeps
+	// PostgreSQL from using event_id > $2 as a bound on the primary key
+	// (generation, event_id), so each page rescans the generation from its
+	// first row. The store runs the same read split in two, first page and
+	// next pages, which walk the key from the cursor: same rows, same order.
+	sqlReplayPageSeed = `SELECT event_id::text AS id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
        WHERE generation = $1::uuid AND ($2::uuid IS NULL OR event_id > $2::uuid)
+         AND (is_baseline OR revision <= $3::bigint)
+       ORDER BY event_id LIMIT 1000`
+	sqlReplayFirstPage = `SELECT event_id::text AS id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
+       WHERE generation = $1::uuid AND $2::uuid IS NULL
+         AND (is_baseline OR revision <= $3::bigint)
+       ORDER BY event_id LIMIT 1000`
+	sqlReplayNextPage = `SELECT event_id::text AS id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
+       WHERE generation = $1::uuid AND event_id > $2::uuid
          AND (is_baseline OR revision <= $3::bigint)
        ORDER BY event_id LIMIT 1000`
 	sqlReplayReset = `UPDATE _ontology_replication_delivery SET accepted_at = NULL, verified_at = NULL, next_verify_at = now()
@@ -98,7 +111,11 @@ func (s *Store) AdvanceReplay(ctx context.Context, t Target) (ReplayPage, error)
 		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, sqlReplayPage, t.Generation, cursor, fence)
+		query := sqlReplayFirstPage
+		if cursor != nil {
+			query = sqlReplayNextPage
+		}
+		rows, err := tx.Query(ctx, query, t.Generation, cursor, fence)
 		if err != nil {
 			return err
 		}

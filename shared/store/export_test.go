@@ -1,0 +1,12 @@
+package store
+
+// The seeds' page reads, which the store improves on, and the store's own,
+// for the test that both select the same rows.
+var (
+	SeedBackfillBaselinePage = sqlBackfillBaselinePageSeed
+	SeedBackfillHistoryPage  = sqlBackfillHistoryPageSeed
+	SeedReplayPage           = sqlReplayPageSeed
+	BackfillBaselinePages    = [2]string{sqlBackfillBaselineFirstPage, sqlBackfillBaselineNextPage}
+	BackfillHistoryPages     = [2]string{sqlBackfillHistoryFirstPage, sqlBackfillHistoryNextPage}
+	ReplayPages              = [2]string{sqlReplayFirstPage, sqlReplayNextPage}
+)
