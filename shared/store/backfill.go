@@ -44,8 +44,12 @@ const (
 	//	       Filter: ((id > '…'::uuid) AND ((replication ->> 'source_id') = '…'))
 	//	Execution Time: 40 ms
 	//
-	// and of these: Limit -> Index Scan using product_history_pkey
-	// (Index Cond: id > '…'), 1,000 rows read, under 1 ms.
+	// These let the primary key bound the scan; the transaction also turns
+	// sorting off (sqlBackfillPlan), because PostgreSQL's default selectivity
+	// for replication->>'source_id' = $3 makes it still prefer the revision
+	// index and a sort: with it off, the plan is Limit -> Index Scan using
+	// product_history_pkey (Index Cond: id > '…'), 1,000 rows read.
+	sqlBackfillPlan              = `SELECT set_config('enable_sort', 'off', true)`
 	sqlBackfillBaselineFirstPage = `SELECT b.id::text FROM _ontology_replication_baselines b WHERE b.generation = $1::uuid
            AND $2::uuid IS NULL ORDER BY b.id LIMIT 1000`
 	sqlBackfillBaselineNextPage = `SELECT b.id::text FROM _ontology_replication_baselines b WHERE b.generation = $1::uuid
@@ -107,6 +111,9 @@ func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, er
 	var page BackfillPage
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlShareLifecycle, LifecycleLock); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlBackfillPlan); err != nil {
 			return err
 		}
 		var cur Target
