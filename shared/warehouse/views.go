@@ -1,0 +1,187 @@
+package warehouse
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// View is one latest-state view: its name and its query.
+type View struct {
+	Name  string
+	Query string
+}
+
+// manifest is the part of the SDK's stored manifest the views read.
+type manifest struct {
+	Entities []struct {
+		ID         string `json:"id"`
+		Name       string `json:"name"`
+		Properties []struct {
+			Name string `json:"name"`
+			Type string `json:"type"`
+		} `json:"properties"`
+		Relationships []struct {
+			Name        string `json:"name"`
+			Cardinality string `json:"cardinality"`
+		} `json:"relationships"`
+	} `json:"entities"`
+}
+
+type field struct{ name, storage string }
+
+// ErrViewCollision: two views would have the same name, ignoring case.
+var ErrViewCollision = errors.New("replicated entity and relationship view names collide")
+
+var identifierPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// identifier quotes a BigQuery identifier, as the seed's identifier(): only
+// letters, digits, '_' and '-' are accepted.
+func identifier(value string) (string, error) {
+	if !identifierPattern.MatchString(value) {
+		return "", fmt.Errorf("invalid BigQuery replication identifier %q", value)
+	}
+	return "`" + value + "`", nil
+}
+
+// literal quotes a string literal, as the seed's literal().
+func literal(value string) string {
+	return "'" + strings.ReplaceAll(strings.ReplaceAll(value, `\`, `\\`), "'", `\'`) + "'"
+}
+
+// queryFields is the SDK's queryFields: id, the system timestamps, the
+// properties, then each one-relationship's <name>_id, with their storage.
+func queryFields(props []struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+}, rels []struct {
+	Name        string `json:"name"`
+	Cardinality string `json:"cardinality"`
+}) []field {
+	out := []field{{"id", "string"}, {"created_at", "timestamp"}, {"updated_at", "timestamp"}}
+	for _, p := range props {
+		out = append(out, field{p.Name, p.Type})
+	}
+	for _, r := range rels {
+		if r.Cardinality == "one" {
+			out = append(out, field{r.Name + "_id", "string"})
+		}
+	}
+	return out
+}
+
+var bigQueryTypes = map[string]string{
+	"integer": "INT64", "number": "FLOAT64", "boolean": "BOOL", "date": "DATE", "timestamp": "TIMESTAMP",
+}
+
+// Views builds the latest-state views of a target, as the SDK's
+// replicationViews (replication/bigquery.js, seed 001) does: per selected
+// entity the latest row per record_key (by revision, then event_id) with
+// tombstones removed and each selected field typed (SAFE_CAST, JSON_QUERY
+// for json), and per selected relationship its edges. table is the events
+// table's `project.dataset.table` (the seed's is always
+// <project>.ontology_internal.events).
+func Views(project, table string, t store.Target) ([]View, error) {
+	if _, err := identifier(project); err != nil {
+		return nil, err
+	}
+	var m manifest
+	if err := json.Unmarshal(t.Manifest, &m); err != nil {
+		return nil, fmt.Errorf("target %s: manifest: %w", t.Generation, err)
+	}
+	latest := func(entity, kind, columns string) string {
+		return `SELECT ` + columns + ` FROM (
+      SELECT *, ROW_NUMBER() OVER (PARTITION BY record_key ORDER BY revision DESC, event_id DESC) AS position
+      FROM ` + table + `
+      WHERE generation = ` + literal(t.Generation) + ` AND source_id = ` + literal(t.SourceID) + `
+        AND entity_id = ` + literal(entity) + ` AND record_kind = ` + literal(kind) + `
+    ) WHERE position = 1 AND NOT deleted`
+	}
+	var views []View
+	for _, sel := range t.Selection {
+		i := -1
+		for j, e := range m.Entities {
+			if e.ID == sel.EntityID {
+				i = j
+			}
+		}
+		if i < 0 {
+			return nil, fmt.Errorf("target %s: selected entity %q is not in its manifest", t.Generation, sel.EntityID)
+		}
+		entity := m.Entities[i]
+		selected := map[string]bool{}
+		for _, f := range sel.Fields {
+			selected[f] = true
+		}
+		var columns []string
+		for _, f := range queryFields(entity.Properties, entity.Relationships) {
+			if f.name != "id" && !selected[f.name] {
+				continue
+			}
+			path := literal("$." + f.name)
+			value := "JSON_VALUE(payload, " + path + ")"
+			if f.storage == "json" {
+				value = "JSON_QUERY(payload, " + path + ")"
+			}
+			if typ, ok := bigQueryTypes[f.storage]; ok {
+				value = "SAFE_CAST(" + value + " AS " + typ + ")"
+			}
+			name, err := identifier(f.name)
+			if err != nil {
+				return nil, err
+			}
+			columns = append(columns, value+" AS "+name)
+		}
+		views = append(views, View{Name: entity.Name, Query: latest(entity.ID, "entity", strings.Join(columns, ", "))})
+		for _, rel := range sel.Relationships {
+			views = append(views, View{Name: entity.Name + "_" + rel, Query: latest(entity.ID, "edge:"+rel,
+				"JSON_VALUE(payload, '$.source_id') AS source_id, JSON_VALUE(payload, '$.target_id') AS target_id")})
+		}
+	}
+	seen := map[string]bool{}
+	for _, v := range views {
+		key := strings.ToLower(v.Name)
+		if seen[key] {
+			return nil, fmt.Errorf("%w: %q", ErrViewCollision, v.Name)
+		}
+		seen[key] = true
+	}
+	return views, nil
+}
+
+// ViewsDataset is where a workspace's views go: the events table's dataset.
+func ViewsDataset(bq registry.BigQuery) string { return bq.Dataset }
+
+// CreateViews creates or replaces the views of the target in the events
+// table's dataset, one CREATE OR REPLACE VIEW statement each, through the
+// BigQuery client. It returns the fully qualified view names.
+func (b *BigQuery) CreateViews(ctx context.Context, ws registry.Workspace, t store.Target) ([]string, error) {
+	views, err := Views(ws.BigQuery.Project, tableRef(ws.BigQuery), t)
+	if err != nil {
+		return nil, err
+	}
+	c, err := b.client(ctx, ws.BigQuery)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, v := range views {
+		if _, err := identifier(v.Name); err != nil {
+			return names, err
+		}
+		full := "`" + ws.BigQuery.Project + "." + ViewsDataset(ws.BigQuery) + "." + v.Name + "`"
+		q := c.Query("CREATE OR REPLACE VIEW " + full + " AS\n" + v.Query)
+		q.Location = ws.BigQuery.Location
+		if _, err := q.Read(ctx); err != nil {
+			return names, fmt.Errorf("warehouse: create view %s: %w", full, err)
+		}
+		names = append(names, strings.Trim(full, "`"))
+	}
+	return names, nil
+}
