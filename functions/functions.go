@@ -12,17 +12,16 @@ import (
 	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
-	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/identity"
 	"github.com/segmentstream/ontology-replication/shared/logging"
-	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
 // Environment variables the functions read (besides the registry's
 // REPLICATION_WORKSPACES or REPLICATION_WORKSPACES_FILE, and
-// PUBSUB_EMULATOR_HOST, which the Pub/Sub client reads itself).
+// PUBSUB_EMULATOR_HOST for a Pub/Sub emulator).
 const (
 	// EnvLogLevel is the log level: DEBUG, INFO (default), WARN or ERROR.
 	EnvLogLevel = "LOG_LEVEL"
@@ -35,7 +34,7 @@ const (
 )
 
 // Env lists every environment variable the functions read.
-var Env = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvVerifyBudget, EnvSweepBatches}
+var Env = []string{registry.EnvInline, registry.EnvFile, delivery.EnvEmulatorHost, EnvLogLevel, EnvVerifyBudget, EnvSweepBatches}
 
 // app is the functions' one instance, built from the environment when the
 // package is loaded, as the functions framework requires registration in
@@ -75,7 +74,7 @@ func Check(target string) error {
 // tests fill them in, the zero value means production defaults.
 type dependencies struct {
 	publisher delivery.Publisher
-	warehouse delivery.Warehouse
+	warehouse *warehouse.BigQuery
 	identity  identity.Config // HTTPClient and timing overrides
 	logger    *slog.Logger
 }
@@ -135,27 +134,10 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 			return nil, err
 		}
 	}
-	pub := deps.publisher
-	if pub == nil {
-		p, err := publish.New(ctx, publish.Config{Project: reg.Workspaces[0].PubSub.Project})
-		if err != nil {
-			return nil, err
-		}
-		pub = p
-	}
-	wh := deps.warehouse
-	if wh == nil {
-		wh = newWarehouse()
-	}
-	s.svc, err = delivery.New(delivery.Config{
-		Registry:  reg,
-		Pools:     database.New(database.Config{}),
-		Publisher: pub,
-		Warehouse: wh,
-		Logger:    log,
-	})
+	opened, err := delivery.Open(ctx, reg, getenv, delivery.Parts{Publisher: deps.publisher, Warehouse: deps.warehouse, Logger: log})
 	if err != nil {
 		return nil, err
 	}
+	s.svc = opened.Service
 	return s, nil
 }

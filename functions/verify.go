@@ -10,10 +10,7 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
-
-func newWarehouse() delivery.Warehouse { return warehouse.NewBigQuery(warehouse.Config{}) }
 
 // verifyRequest is the Verify function's optional JSON body.
 type verifyRequest struct {

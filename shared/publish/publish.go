@@ -11,6 +11,8 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -34,8 +36,12 @@ type Config struct {
 	// Timeout bounds one Publish RPC; there is no retry inside it, so a
 	// failure reaches the caller within this time. Default: 10s.
 	Timeout time.Duration
+	// EmulatorHost is the address of a Pub/Sub emulator (the value of
+	// PUBSUB_EMULATOR_HOST): plain gRPC, no credentials. The client also
+	// honours the environment variable itself.
+	EmulatorHost string
 	// Options are extra client options (an endpoint and credentials for
-	// tests). PUBSUB_EMULATOR_HOST is honoured by the client itself.
+	// tests).
 	Options []option.ClientOption
 }
 
@@ -53,7 +59,12 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	if cfg.Timeout < 100*time.Millisecond || cfg.Timeout > time.Minute {
 		return nil, fmt.Errorf("publish: invalid config: Timeout %v: must be between 100ms and 1m", cfg.Timeout)
 	}
-	client, err := pubsub.NewClient(ctx, cfg.Project, cfg.Options...)
+	opts := cfg.Options
+	if cfg.EmulatorHost != "" {
+		opts = append([]option.ClientOption{option.WithEndpoint(cfg.EmulatorHost), option.WithoutAuthentication(),
+			option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials()))}, opts...)
+	}
+	client, err := pubsub.NewClient(ctx, cfg.Project, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("publish: create Pub/Sub client: %w", err)
 	}

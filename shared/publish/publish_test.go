@@ -102,3 +102,17 @@ func TestPublishEmulatorHost(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, srv.Messages(), 1)
 }
+
+func TestPublishEmulatorHostConfig(t *testing.T) {
+	t.Parallel()
+	srv := pstest.NewServer()
+	defer srv.Close()
+	_, err := srv.GServer.CreateTopic(context.Background(), &pubsubpb.Topic{Name: topic})
+	require.NoError(t, err)
+	p, err := publish.New(context.Background(), publish.Config{EmulatorHost: srv.Addr})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Publish(context.Background(), topic, [][]byte{[]byte("via config")})
+	require.NoError(t, err)
+	require.Len(t, srv.Messages(), 1)
+}
