@@ -432,3 +432,21 @@ func TestRetryable(t *testing.T) {
 	_, err = store.New(e.pool, store.Config{LockTimeout: -1})
 	require.ErrorContains(t, err, "LockTimeout")
 }
+
+func TestOversizePending(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.products(t, 2) // baseline
+	tg := e.start(t)
+	e.products(t, 3)
+	n, err := e.store.OversizePending(e.ctx, tg, 100_000)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	n, err = e.store.OversizePending(e.ctx, tg, 10)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n, "every pending event is larger than 10 bytes")
+	e.drainAll(t, tg)
+	n, err = e.store.OversizePending(e.ctx, tg, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "only pending events count")
+}

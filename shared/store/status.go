@@ -115,3 +115,109 @@ func (s *Store) InitiallyReady(ctx context.Context, t Target) (bool, error) {
 	}
 	return ready, nil
 }
+
+// sqlOversizeBaselines and sqlOversizeHistory count pending events whose
+// captured JSON is larger than $2 bytes: events no publish request can carry,
+// which the drain holds back. %s is a capture table's quoted identifier.
+const (
+	sqlOversizeBaselines = `SELECT count(*) FROM _ontology_replication_delivery d
+     JOIN _ontology_replication_baselines b ON b.id = d.event_id
+     WHERE d.generation = $1::uuid AND d.accepted_at IS NULL AND d.history_table IS NULL AND octet_length(b.event::text) > $2`
+	sqlOversizeHistory = `SELECT count(*) FROM _ontology_replication_delivery d
+     JOIN %s h ON h.id = d.event_id
+     WHERE d.generation = $1::uuid AND d.accepted_at IS NULL AND d.history_table = $3 AND octet_length(h.replication::text) > $2`
+)
+
+// OversizePending counts a target's pending events whose captured JSON is
+// larger than limit bytes (at protocol 4; the legacy paths report 0). Its
+// cost grows with the pending backlog, so it is for status, not the drain.
+func (s *Store) OversizePending(ctx context.Context, t Target, limit int) (int64, error) {
+	if !t.UsesDelivery() {
+		return 0, nil
+	}
+	var total int64
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var n int64
+		if err := tx.QueryRow(ctx, sqlOversizeBaselines, t.Generation, limit).Scan(&n); err != nil {
+			return err
+		}
+		total += n
+		ct, err := s.captureTables(ctx, tx, true)
+		if err != nil {
+			return err
+		}
+		for table, ident := range ct.byTable {
+			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlOversizeHistory, ident.Sanitize()), t.Generation, limit, table).Scan(&n); err != nil {
+				return err
+			}
+			total += n
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: count oversize pending events of %s: %w", t.Generation, err)
+	}
+	return total, nil
+}
+
+// The remaining work of a replay or a backfill, counted once when a job
+// starts so that its progress can show an ETA.
+const (
+	sqlReplayRemaining = `SELECT count(*) FROM _ontology_replication_delivery
+     WHERE generation = $1::uuid AND ($2::uuid IS NULL OR event_id > $2::uuid) AND (is_baseline OR revision <= $3::bigint)`
+	sqlBackfillRemainingBaselines = `SELECT count(*) FROM _ontology_replication_baselines WHERE generation = $1::uuid`
+	// %s is the history table's quoted identifier.
+	sqlBackfillRemainingHistory = `SELECT count(*) FROM %s WHERE replication IS NOT NULL
+     AND replication->>'source_id' = $1 AND (replication->>'revision')::bigint > $2::bigint
+     AND (replication->>'revision')::bigint <= $3::bigint`
+)
+
+// ReplayRemaining counts the delivery rows a replay in progress has still to
+// reset (0 when none is in progress).
+func (s *Store) ReplayRemaining(ctx context.Context, t Target) (int64, error) {
+	if !t.UsesDelivery() || t.ReplayComplete || t.InitialRevision == nil {
+		return 0, nil
+	}
+	var n int64
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlReplayRemaining, t.Generation, t.ReplayCursor, *t.InitialRevision).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: count replay rows of %s: %w", t.Generation, err)
+	}
+	return n, nil
+}
+
+// BackfillTotal counts the events a backfill of the target enqueues in all
+// (baselines and history up to backfill_revision), done or not.
+func (s *Store) BackfillTotal(ctx context.Context, t Target) (int64, error) {
+	if !t.UsesDelivery() || t.BackfillComplete || t.BackfillRevision == nil {
+		return 0, nil
+	}
+	var total int64
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, sqlBackfillRemainingBaselines, t.Generation).Scan(&total); err != nil {
+			return err
+		}
+		for _, sel := range t.Selection {
+			table, err := s.entityHistoryTable(ctx, tx, sel.EntityID)
+			if err != nil {
+				return err
+			}
+			ident, err := s.historyTable(ctx, tx, table)
+			if err != nil {
+				return err
+			}
+			var n int64
+			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlBackfillRemainingHistory, ident), t.SourceID, t.FromRevision, *t.BackfillRevision).Scan(&n); err != nil {
+				return err
+			}
+			total += n
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: count backfill rows of %s: %w", t.Generation, err)
+	}
+	return total, nil
+}

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type space struct {
+	id   string
+	url  string
+	pool *pgxpool.Pool
+	w    *sdkfixture.Writer
+}
+
+// harness runs the job against real PostgreSQL databases, a pstest Pub/Sub
+// server (as PUBSUB_EMULATOR_HOST) and an in-test BigQuery server.
+type harness struct {
+	t      *testing.T
+	ctx    context.Context
+	pubsub *pstest.Server
+	bq     *bqserver.Server
+	mu     sync.Mutex
+	ddl    []string
+	spaces map[string]*space
+	env    map[string]string
+}
+
+// newHarness makes one workspace per template (w1, w2, …).
+func newHarness(t *testing.T, templates ...*pgtest.Template) *harness {
+	t.Helper()
+	h := &harness{t: t, ctx: context.Background(), spaces: map[string]*space{}, env: map[string]string{}}
+	h.pubsub = pstest.NewServer()
+	t.Cleanup(func() { _ = h.pubsub.Close() })
+	h.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+		if strings.HasPrefix(q.SQL, "CREATE OR REPLACE VIEW") {
+			h.mu.Lock()
+			h.ddl = append(h.ddl, q.SQL)
+			h.mu.Unlock()
+			return bqserver.Result{}, nil
+		}
+		return h.landed(q), nil
+	})
+	bqHTTP := httptest.NewServer(h.bq)
+	t.Cleanup(bqHTTP.Close)
+	var entries []string
+	for i, tpl := range templates {
+		id := fmt.Sprintf("w%d", i+1)
+		s := &space{id: id, url: pgtest.NewDatabase(t, tpl)}
+		var err error
+		s.pool, err = pgxpool.New(h.ctx, s.url)
+		require.NoError(t, err)
+		t.Cleanup(s.pool.Close)
+		s.w = sdkfixture.NewWriter(s.pool, sdkfixture.Demo)
+		_, err = h.pubsub.GServer.CreateTopic(h.ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events-" + id})
+		require.NoError(t, err)
+		h.spaces[id] = s
+		entries = append(entries, fmt.Sprintf(`{"id": %q, "database": {"url": %q}, "pubsub": {"project": "p1", "topic": "events-%s"},
+			"bigquery": {"project": "p1", "location": "EU", "endpoint": %q}}`, id, s.url, id, bqHTTP.URL))
+	}
+	h.env["REPLICATION_WORKSPACES"] = `{"workspaces": [` + strings.Join(entries, ",") + `]}`
+	h.env["PUBSUB_EMULATOR_HOST"] = h.pubsub.Addr
+	return h
+}
+
+// start starts a generation in a workspace.
+func (h *harness) start(id string) sdkfixture.Generation {
+	g, err := sdkfixture.StartGeneration(h.ctx, h.spaces[id].pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	require.NoError(h.t, err)
+	return g
+}
+
+// run runs the job with the harness's environment.
+func (h *harness) run(ctx context.Context, args ...string) (string, string, error) {
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, args, func(k string) string { return h.env[k] }, &stdout, &stderr)
+	return stdout.String(), stderr.String(), err
+}
+
+func (h *harness) mustRun(args ...string) string {
+	h.t.Helper()
+	out, logs, err := h.run(h.ctx, args...)
+	require.NoError(h.t, err, "job %v failed; logs:\n%s", args, logs)
+	return out
+}
+
+// published returns the event ids in a workspace's topic with their counts.
+func (h *harness) published(id string) map[string]int {
+	out := map[string]int{}
+	for _, m := range h.pubsub.Messages() {
+		if m.Topic != "projects/p1/topics/events-"+id {
+			continue
+		}
+		var e event.Event
+		require.NoError(h.t, json.Unmarshal(m.Data, &e))
+		out[e.EventID]++
+	}
+	return out
+}
+
+// landed answers lookups with what Pub/Sub holds.
+func (h *harness) landed(q bqserver.Query) bqserver.Result {
+	held := map[string]bool{}
+	for _, m := range h.pubsub.Messages() {
+		var e event.Event
+		if json.Unmarshal(m.Data, &e) == nil {
+			held[e.EventID] = true
+		}
+	}
+	var present []string
+	for _, id := range q.Params["ids"].Values {
+		if held[id] {
+			present = append(present, id)
+		}
+	}
+	return bqserver.Strings("event_id", present)
+}
+
+func (h *harness) count(id, query string, args ...any) int64 {
+	h.t.Helper()
+	var n int64
+	require.NoError(h.t, h.spaces[id].pool.QueryRow(h.ctx, query, args...).Scan(&n))
+	return n
+}
+
+func (h *harness) products(id string, n int) {
+	require.NoError(h.t, sdkfixture.BulkCreate(h.ctx, h.spaces[id].pool, sdkfixture.Demo, "product", "title", n, 1000))
+}
+
+// snapshot is a database's replication state, for comparing runs.
+func (h *harness) snapshot(id string) string {
+	h.t.Helper()
+	var out string
+	err := h.spaces[id].pool.QueryRow(h.ctx, `SELECT concat_ws(E'\n',
+		(SELECT string_agg(concat_ws(' ', event_id, history_table, revision, is_baseline, accepted_at IS NOT NULL, verified_at IS NOT NULL), E'\n' ORDER BY event_id)
+		   FROM _ontology_replication_delivery),
+		(SELECT string_agg(concat_ws(' ', event_id, verified_at IS NOT NULL), E'\n' ORDER BY event_id) FROM _ontology_replication_receipts),
+		(SELECT string_agg(concat_ws(' ', generation, backfill_complete, backfill_cursor, replay_complete, verified_count), E'\n') FROM _ontology_replication_targets))`).Scan(&out)
+	require.NoError(h.t, err)
+	return out
+}

@@ -1,0 +1,340 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// upgradedTemplate is a protocol-3 database with 2,500 history events, half
+// acknowledged and 500 verified, upgraded to protocol 4: its target needs a
+// backfill of three pages of product history.
+var upgradedTemplate = pgtest.Template{Name: "job_upgraded", Build: func(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if err := sdkfixture.Install(ctx, conn, sdkfixture.Demo, 3); err != nil {
+		return err
+	}
+	if err := sdkfixture.BulkCreate(ctx, conn, sdkfixture.Demo, "product", "title", 20, 20); err != nil { // baseline
+		return err
+	}
+	g, err := sdkfixture.StartGeneration(ctx, conn, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	if err != nil {
+		return err
+	}
+	if err := sdkfixture.BulkCreate(ctx, conn, sdkfixture.Demo, "product", "title", 2500, 500); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at, verified_at)
+		SELECT $1::uuid, id, now(), CASE WHEN row_number() OVER (ORDER BY id) <= 500 THEN now() END
+		FROM (SELECT id FROM product_history WHERE replication IS NOT NULL ORDER BY id LIMIT 1250) h`, g.Generation); err != nil {
+		return err
+	}
+	return sdkfixture.Upgrade(ctx, conn, sdkfixture.Demo)
+}}
+
+func statusOf(t *testing.T, h *harness, args ...string) []workspaceStatus {
+	t.Helper()
+	var out []workspaceStatus
+	require.NoError(t, json.Unmarshal([]byte(h.mustRun(append([]string{"status", "--json"}, args...)...)), &out))
+	return out
+}
+
+func TestCommandsOnProtocol4(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.products("w1", 5)
+	g := h.start("w1")
+	h.products("w1", 250)
+
+	s := statusOf(t, h)[0]
+	require.Equal(t, workspaceStatus{Workspace: "w1", Protocol: 4, Generation: g.Generation, Enabled: true,
+		BaselineComplete: true, BackfillComplete: true, ReplayComplete: true, Total: 255, Pending: 255,
+		OldestPending: s.OldestPending, OldestPendingAge: s.OldestPendingAge}, s, "fresh")
+
+	h.mustRun("drain")
+	require.Len(t, h.published("w1"), 255)
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+
+	h.mustRun("verify", "--workspace", "w1")
+	s = statusOf(t, h, "--workspace", "w1")[0]
+	require.Equal(t, int64(255), s.Verified)
+	require.True(t, s.InitiallyReady, "ready")
+
+	out := h.mustRun("views")
+	require.Equal(t, "w1\tp1.ontology_internal.customer\nw1\tp1.ontology_internal.product\nw1\tp1.ontology_internal.order\nw1\tp1.ontology_internal.order_products\n", out)
+	require.Len(t, h.ddl, 4)
+	require.Contains(t, h.ddl[1], "entity_id = 'ent_product'")
+
+	table := h.mustRun("status")
+	require.Contains(t, table, "WORKSPACE")
+	require.Contains(t, table, g.Generation)
+
+	// Replay: every event back to pending, then published again.
+	h.mustRun("replay", "--workspace", "w1")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+	for id, n := range h.published("w1") {
+		require.Equal(t, 2, n, "event %s published once more by the replay", id)
+	}
+	s = statusOf(t, h)[0]
+	require.True(t, s.ReplayComplete)
+	require.False(t, s.InitiallyReady, "replayed events are not verified yet")
+	h.mustRun("verify")
+	require.True(t, statusOf(t, h)[0].InitiallyReady)
+}
+
+func TestStatusStates(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &upgradedTemplate, &sdkfixture.V4Template)
+	s := statusOf(t, h, "--workspace", "w1")[0]
+	require.False(t, s.BackfillComplete, "backfilling")
+	require.False(t, s.InitiallyReady)
+	require.Equal(t, int64(0), s.Total, "nothing is queued before the backfill")
+
+	h.start("w2")
+	h.products("w2", 3)
+	_, err := h.spaces["w2"].pool.Exec(h.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb(repeat('x', 10000001)))
+		WHERE id = (SELECT min(id::text)::uuid FROM product_history)`)
+	require.NoError(t, err)
+	s = statusOf(t, h, "--workspace", "w2")[0]
+	require.Equal(t, int64(1), s.HeldBack, "an event too large for Pub/Sub is held back")
+	h.mustRun("drain", "--workspace", "w2")
+	s = statusOf(t, h, "--workspace", "w2")[0]
+	require.Equal(t, int64(1), s.Pending, "it stays pending, visible")
+	require.Equal(t, int64(1), s.HeldBack)
+
+	// Replaying: initialised, not advanced.
+	st, err := store.New(h.spaces["w2"].pool, store.Config{})
+	require.NoError(t, err)
+	_, tg, err := st.ActiveTarget(h.ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.InitReplay(h.ctx, tg))
+	s = statusOf(t, h, "--workspace", "w2")[0]
+	require.False(t, s.ReplayComplete, "replaying")
+}
+
+func TestBackfillUpgradedDatabase(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &upgradedTemplate)
+	_, logs, err := h.run(h.ctx, "backfill", "--workspace", "w1")
+	require.NoError(t, err)
+	require.Contains(t, logs, `"message":"backfill done"`)
+	require.Contains(t, logs, `"rows":2520`)
+	require.EqualValues(t, 2520, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery"))
+	require.EqualValues(t, 500, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
+	require.Len(t, h.published("w1"), 2520-1250, "only what was never acknowledged is drained")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+}
+
+func TestBackfillRefusesIncompleteBaseline(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &upgradedTemplate)
+	_, err := h.spaces["w1"].pool.Exec(h.ctx, "UPDATE _ontology_replication_targets SET baseline_complete = false")
+	require.NoError(t, err)
+	for _, cmd := range []string{"backfill", "replay"} {
+		_, _, err = h.run(h.ctx, cmd)
+		require.ErrorContains(t, err, "baseline is incomplete (the SDK advances it)")
+	}
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery"))
+}
+
+// TestKillAndResume interrupts a backfill at several points and runs it
+// again: the final state equals an uninterrupted run's.
+func TestKillAndResume(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &upgradedTemplate, &upgradedTemplate, &upgradedTemplate, &upgradedTemplate)
+	h.mustRun("backfill", "--workspace", "w1")
+	want := h.snapshot("w1")
+	wantPublished := h.published("w1")
+
+	cut := func(id string, when func() bool, kill func(cancel context.CancelFunc)) {
+		ctx, cancel := context.WithCancel(h.ctx)
+		defer cancel()
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if when() {
+					kill(cancel)
+					return
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+		_, _, err := h.run(ctx, "backfill", "--workspace", id)
+		close(stop)
+		wg.Wait()
+		require.Error(t, err, "%s: the run was cut", id)
+		h.mustRun("backfill", "--workspace", id)
+	}
+	// Between pages: a signal.
+	cut("w2", func() bool { return h.count("w2", "SELECT count(*) FROM _ontology_replication_delivery") >= 1000 },
+		func(cancel context.CancelFunc) { cancel() })
+	// Inside a page: the database connection dies mid-transaction.
+	cut("w3", func() bool { return h.count("w3", "SELECT count(*) FROM _ontology_replication_delivery") >= 1000 },
+		func(context.CancelFunc) { terminate(t, h, "w3") })
+	// During the drain.
+	cut("w4", func() bool { return len(h.published("w4")) >= 300 }, func(cancel context.CancelFunc) { cancel() })
+
+	for _, id := range []string{"w2", "w3", "w4"} {
+		require.Equal(t, normalise(want), normalise(h.snapshot(id)), "%s ends as an uninterrupted run", id)
+		got := h.published(id)
+		require.Len(t, got, len(wantPublished), "%s: every event published", id)
+	}
+}
+
+// normalise drops nothing: the template gives every copy the same ids.
+func normalise(s string) string { return s }
+
+func terminate(t *testing.T, h *harness, id string) {
+	conn, err := pgx.Connect(context.Background(), pgtest.Shared(t).AdminURL())
+	if !assert.NoError(t, err) {
+		return
+	}
+	defer conn.Close(context.Background())
+	var db string
+	_ = h.spaces[id].pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db)
+	_, err = conn.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'ontology-replication' AND datname = $1`, db)
+	assert.NoError(t, err)
+}
+
+func TestReplayWhileWritersCommit(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 3000)
+	h.mustRun("drain")
+	h.mustRun("verify")
+
+	ctx, cancel := context.WithCancel(h.ctx)
+	var writes atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			if _, err := h.spaces["w1"].w.Create(h.ctx, "product", map[string]any{"title": "during the replay"}); !assert.NoError(t, err) {
+				return
+			}
+			writes.Add(1)
+		}
+	})
+	h.mustRun("replay")
+	cancel()
+	wg.Wait()
+	require.Positive(t, writes.Load())
+
+	var fence int64
+	require.NoError(t, h.spaces["w1"].pool.QueryRow(h.ctx, "SELECT initial_revision FROM _ontology_replication_targets").Scan(&fence))
+	atOrBelow := h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE revision <= $1", fence)
+	require.GreaterOrEqual(t, atOrBelow, int64(3000), "the fence covers everything written before the replay began")
+	h.mustRun("drain")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "all rows end published")
+	pub := h.published("w1")
+	require.Len(t, pub, 3000+int(writes.Load()))
+	// Rows after the fence were left alone by the replay: each published once.
+	rows, err := h.spaces["w1"].pool.Query(h.ctx, `SELECT d.event_id::text, t.source_id::text, t.generation::text
+		FROM _ontology_replication_delivery d JOIN _ontology_replication_targets t USING (generation) WHERE d.revision > $1`, fence)
+	require.NoError(t, err)
+	after, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var id, src, gen string
+		err := r.Scan(&id, &src, &gen)
+		return event.ID(src, id, gen), err
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, int64(len(pub))-atOrBelow, len(after))
+	for _, id := range after {
+		require.Equal(t, 1, pub[id], "an event written after the fence is published once")
+	}
+	twice := 0
+	for _, n := range pub {
+		if n >= 2 {
+			twice++
+		}
+	}
+	require.GreaterOrEqual(t, twice, 3000, "every row delivered before the replay was published again")
+	h.mustRun("verify")
+	require.EqualValues(t, 3000+writes.Load(), h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
+}
+
+func TestTaskSharding(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template, &sdkfixture.V4Template, &sdkfixture.V4Template)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		h.start(id)
+		h.products(id, 10)
+	}
+	h.env["CLOUD_RUN_TASK_COUNT"] = "2"
+	for _, index := range []string{"0", "1"} {
+		h.env["CLOUD_RUN_TASK_INDEX"] = index
+		h.mustRun("drain")
+	}
+	for _, id := range []string{"w1", "w2", "w3"} {
+		pub := h.published(id)
+		require.Len(t, pub, 10, "%s drained", id)
+		for _, n := range pub {
+			require.Equal(t, 1, n, "%s processed by exactly one task", id)
+		}
+	}
+	h.env["CLOUD_RUN_TASK_INDEX"] = "2"
+	_, _, err := h.run(h.ctx, "drain")
+	require.ErrorContains(t, err, "CLOUD_RUN_TASK_INDEX")
+}
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 3)
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"no command", nil, nil, "no command given"},
+		{"unknown command", []string{"publish"}, nil, `unknown command "publish"`},
+		{"unknown workspace", []string{"drain", "--workspace", "w9"}, nil, `unknown workspace "w9"`},
+		{"unknown generation", []string{"replay", "--workspace", "w1", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "unknown replication generation"},
+		{"malformed generation", []string{"status", "--workspace", "w1", "--generation", "nope"}, nil, "status failed for w1"},
+		{"generation without workspace", []string{"replay", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "--generation needs --workspace"},
+		{"unknown flag", []string{"drain", "--everything"}, nil, "flag provided but not defined"},
+		{"missing registry", []string{"drain"}, map[string]string{"REPLICATION_WORKSPACES": ""}, "no workspace registry"},
+		{"bad registry", []string{"drain"}, map[string]string{"REPLICATION_WORKSPACES": `{"workspaces": [{"id": "w1"}]}`}, "workspaces[0] (w1).database"},
+	}
+	for _, c := range cases {
+		saved := map[string]string{}
+		for k, v := range c.env {
+			saved[k] = h.env[k]
+			h.env[k] = v
+		}
+		_, _, err := h.run(h.ctx, c.args...)
+		require.ErrorContains(t, err, c.want, c.name)
+		require.NotContains(t, strings.TrimSpace(err.Error()), "\n", "%s: a one-line cause", c.name)
+		for k, v := range saved {
+			h.env[k] = v
+		}
+	}
+	require.Empty(t, h.pubsub.Messages(), "nothing changed")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+}
