@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
@@ -39,24 +41,42 @@ var Env = []string{registry.EnvInline, registry.EnvFile, delivery.EnvEmulatorHos
 // app is the functions' one instance, built from the environment when the
 // package is loaded, as the functions framework requires registration in
 // init. A configuration error is kept and reported by Check and by every
-// request, never as a nil dereference.
-var app = newServerFromEnv()
+// request, never as a nil dereference. Configure replaces it (the local
+// mode serves the functions with a registry of its own).
+var app atomic.Pointer[server]
 
 func init() {
-	functions.HTTP("Drain", app.serveDrain)
-	functions.HTTP("Verify", app.serveVerify)
+	app.Store(newServerFromEnv())
+	functions.HTTP("Drain", serveDrain)
+	functions.HTTP("Verify", serveVerify)
 	// Without FUNCTION_TARGET (the local runner) the framework serves each
 	// function only at /<Name>; the drain's own path is served too, so the
 	// local runner answers the URL the SDK calls.
-	if err := funcframework.RegisterHTTPFunctionContext(context.Background(), drainPrefix, app.serveDrain); err != nil {
+	if err := funcframework.RegisterHTTPFunctionContext(context.Background(), drainPrefix, serveDrain); err != nil {
 		panic(fmt.Sprintf("functions: register %s: %v", drainPrefix, err))
 	}
+}
+
+func serveDrain(w http.ResponseWriter, r *http.Request)  { app.Load().serveDrain(w, r) }
+func serveVerify(w http.ResponseWriter, r *http.Request) { app.Load().serveVerify(w, r) }
+
+// Configure rebuilds the functions from getenv instead of the process
+// environment, with the publisher given (nil: the production one). The local
+// mode calls it before serving the functions.
+func Configure(ctx context.Context, getenv func(string) string, publisher delivery.Publisher) error {
+	s, err := newServer(ctx, getenv, dependencies{publisher: publisher})
+	if err != nil {
+		return err
+	}
+	app.Store(s)
+	return nil
 }
 
 // Check reports a configuration error, naming the field, so that the server
 // can refuse to start rather than answer every request with an error. The
 // target is the function to be served (FUNCTION_TARGET; empty for all).
 func Check(target string) error {
+	app := app.Load()
 	if app.err != nil {
 		return app.err
 	}

@@ -80,30 +80,33 @@ var bigQueryTypes = map[string]string{
 	"integer": "INT64", "number": "FLOAT64", "boolean": "BOOL", "date": "DATE", "timestamp": "TIMESTAMP",
 }
 
-// Views builds the latest-state views of a target, as the SDK's
-// replicationViews (replication/bigquery.js, seed 001) does: per selected
-// entity the latest row per record_key (by revision, then event_id) with
-// tombstones removed and each selected field typed (SAFE_CAST, JSON_QUERY
-// for json), and per selected relationship its edges. table is the events
-// table's `project.dataset.table` (the seed's is always
-// <project>.ontology_internal.events).
-func Views(project, table string, t store.Target) ([]View, error) {
-	if _, err := identifier(project); err != nil {
-		return nil, err
-	}
+// ViewSpec is one latest-state view, independent of SQL dialect: the
+// latest row per record_key of one entity and record kind, tombstones
+// removed, and its columns.
+type ViewSpec struct {
+	Name     string
+	EntityID string
+	Kind     string // "entity" or "edge:<relationship>"
+	Columns  []ViewColumn
+}
+
+// ViewColumn is one column of a view: a payload field and its storage.
+type ViewColumn struct {
+	Name    string
+	Storage string // string, integer, number, boolean, date, timestamp or json
+}
+
+// ViewSpecs builds the view model of a target as the SDK's replicationViews
+// (replication/bigquery.js, seed 001) does: per selected entity, id and its
+// selected fields in query-field order; per selected relationship, its
+// edges' source_id and target_id. Field names are validated as identifiers;
+// names that collide, ignoring case, are an error.
+func ViewSpecs(t store.Target) ([]ViewSpec, error) {
 	var m manifest
 	if err := json.Unmarshal(t.Manifest, &m); err != nil {
 		return nil, fmt.Errorf("target %s: manifest: %w", t.Generation, err)
 	}
-	latest := func(entity, kind, columns string) string {
-		return `SELECT ` + columns + ` FROM (
-      SELECT *, ROW_NUMBER() OVER (PARTITION BY record_key ORDER BY revision DESC, event_id DESC) AS position
-      FROM ` + table + `
-      WHERE generation = ` + literal(t.Generation) + ` AND source_id = ` + literal(t.SourceID) + `
-        AND entity_id = ` + literal(entity) + ` AND record_kind = ` + literal(kind) + `
-    ) WHERE position = 1 AND NOT deleted`
-	}
-	var views []View
+	var specs []ViewSpec
 	for _, sel := range t.Selection {
 		i := -1
 		for j, e := range m.Entities {
@@ -119,38 +122,75 @@ func Views(project, table string, t store.Target) ([]View, error) {
 		for _, f := range sel.Fields {
 			selected[f] = true
 		}
-		var columns []string
+		spec := ViewSpec{Name: entity.Name, EntityID: entity.ID, Kind: "entity"}
 		for _, f := range queryFields(entity.Properties, entity.Relationships) {
 			if f.name != "id" && !selected[f.name] {
 				continue
 			}
-			path := literal("$." + f.name)
-			value := "JSON_VALUE(payload, " + path + ")"
-			if f.storage == "json" {
-				value = "JSON_QUERY(payload, " + path + ")"
-			}
-			if typ, ok := bigQueryTypes[f.storage]; ok {
-				value = "SAFE_CAST(" + value + " AS " + typ + ")"
-			}
-			name, err := identifier(f.name)
-			if err != nil {
+			if _, err := identifier(f.name); err != nil {
 				return nil, err
 			}
-			columns = append(columns, value+" AS "+name)
+			spec.Columns = append(spec.Columns, ViewColumn{Name: f.name, Storage: f.storage})
 		}
-		views = append(views, View{Name: entity.Name, Query: latest(entity.ID, "entity", strings.Join(columns, ", "))})
+		specs = append(specs, spec)
 		for _, rel := range sel.Relationships {
-			views = append(views, View{Name: entity.Name + "_" + rel, Query: latest(entity.ID, "edge:"+rel,
-				"JSON_VALUE(payload, '$.source_id') AS source_id, JSON_VALUE(payload, '$.target_id') AS target_id")})
+			specs = append(specs, ViewSpec{Name: entity.Name + "_" + rel, EntityID: entity.ID, Kind: "edge:" + rel,
+				Columns: []ViewColumn{{Name: "source_id", Storage: "string"}, {Name: "target_id", Storage: "string"}}})
 		}
 	}
 	seen := map[string]bool{}
-	for _, v := range views {
+	for _, v := range specs {
 		key := strings.ToLower(v.Name)
 		if seen[key] {
 			return nil, fmt.Errorf("%w: %q", ErrViewCollision, v.Name)
 		}
 		seen[key] = true
+	}
+	return specs, nil
+}
+
+// BigQuery renders the view's query in BigQuery SQL, as replicationViews:
+// JSON_VALUE (JSON_QUERY for json fields), SAFE_CAST for typed fields, and
+// ROW_NUMBER() by revision then event_id, first rank, then tombstones.
+func (v ViewSpec) BigQuery(table string, t store.Target) string {
+	var columns []string
+	for _, c := range v.Columns {
+		path := literal("$." + c.Name)
+		if v.Kind != "entity" {
+			columns = append(columns, "JSON_VALUE(payload, "+path+") AS "+c.Name)
+			continue
+		}
+		value := "JSON_VALUE(payload, " + path + ")"
+		if c.Storage == "json" {
+			value = "JSON_QUERY(payload, " + path + ")"
+		}
+		if typ, ok := bigQueryTypes[c.Storage]; ok {
+			value = "SAFE_CAST(" + value + " AS " + typ + ")"
+		}
+		columns = append(columns, value+" AS `"+c.Name+"`")
+	}
+	return `SELECT ` + strings.Join(columns, ", ") + ` FROM (
+      SELECT *, ROW_NUMBER() OVER (PARTITION BY record_key ORDER BY revision DESC, event_id DESC) AS position
+      FROM ` + table + `
+      WHERE generation = ` + literal(t.Generation) + ` AND source_id = ` + literal(t.SourceID) + `
+        AND entity_id = ` + literal(v.EntityID) + ` AND record_kind = ` + literal(v.Kind) + `
+    ) WHERE position = 1 AND NOT deleted`
+}
+
+// Views builds the BigQuery latest-state views of a target (replicationViews
+// of seed 001). table is the events table's `project.dataset.table` (the
+// seed's is always <project>.ontology_internal.events).
+func Views(project, table string, t store.Target) ([]View, error) {
+	if _, err := identifier(project); err != nil {
+		return nil, err
+	}
+	specs, err := ViewSpecs(t)
+	if err != nil {
+		return nil, err
+	}
+	views := make([]View, len(specs))
+	for i, s := range specs {
+		views[i] = View{Name: s.Name, Query: s.BigQuery(table, t)}
 	}
 	return views, nil
 }

@@ -1,0 +1,239 @@
+package warehouse
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/segmentstream/ontology-replication/shared/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// Local is the local mode's stand-in for BigQuery: a PostgreSQL database
+// holding the events table with the columns of the SDK's table schema,
+// written the way a BigQuery subscription with use_table_schema writes
+// (message JSON fields onto columns, payload's string into a JSON column,
+// revision's string into NUMERIC, unknown fields dropped, a message that
+// does not fit refused), with the same latest-state views.
+type Local struct {
+	pool *pgxpool.Pool
+}
+
+// The local events table: the table schema's columns, with PostgreSQL types
+// for BigQuery's (STRING text, NUMERIC numeric, BOOLEAN boolean, JSON jsonb)
+// and NOT NULL for REQUIRED; ingested_at stands in for BigQuery's ingestion
+// time. The functions are SAFE_CAST's: NULL instead of a cast error.
+const sqlLocalSchema = `
+CREATE TABLE IF NOT EXISTS events (
+  event_id text NOT NULL, source_id text NOT NULL, generation text NOT NULL, entity_id text NOT NULL,
+  record_key text NOT NULL, record_kind text NOT NULL, schema_hash text NOT NULL,
+  revision numeric NOT NULL, deleted boolean NOT NULL, payload jsonb NOT NULL,
+  ingested_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS events_lookup ON events (generation, event_id);
+CREATE OR REPLACE FUNCTION safe_bigint(v text) RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS
+  $$ BEGIN RETURN v::bigint; EXCEPTION WHEN OTHERS THEN RETURN NULL; END $$;
+CREATE OR REPLACE FUNCTION safe_float(v text) RETURNS double precision LANGUAGE plpgsql IMMUTABLE AS
+  $$ BEGIN RETURN v::double precision; EXCEPTION WHEN OTHERS THEN RETURN NULL; END $$;
+CREATE OR REPLACE FUNCTION safe_boolean(v text) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS
+  $$ BEGIN RETURN v::boolean; EXCEPTION WHEN OTHERS THEN RETURN NULL; END $$;
+CREATE OR REPLACE FUNCTION safe_date(v text) RETURNS date LANGUAGE plpgsql STABLE AS
+  $$ BEGIN RETURN v::date; EXCEPTION WHEN OTHERS THEN RETURN NULL; END $$;
+CREATE OR REPLACE FUNCTION safe_timestamp(v text) RETURNS timestamptz LANGUAGE plpgsql STABLE AS
+  $$ BEGIN RETURN v::timestamptz; EXCEPTION WHEN OTHERS THEN RETURN NULL; END $$;`
+
+// OpenLocal prepares the local warehouse in the database at url.
+func OpenLocal(ctx context.Context, url string) (*Local, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse: local: %w", err)
+	}
+	if _, err := pool.Exec(ctx, sqlLocalSchema); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("warehouse: local: create the events table: %w", err)
+	}
+	return &Local{pool: pool}, nil
+}
+
+// Close closes the warehouse's pool.
+func (l *Local) Close() { l.pool.Close() }
+
+// ErrRejected: a message does not fit the table schema. A BigQuery
+// subscription retries such a message and then dead-letters it.
+var ErrRejected = errors.New("message does not fit the table schema")
+
+// row is one events row decoded from a message.
+type row struct {
+	values map[string]any
+}
+
+// decode maps a message's JSON onto the table schema the way a BigQuery
+// subscription with use_table_schema and drop_unknown_fields does: every
+// REQUIRED field present and of its type (STRING a JSON string, NUMERIC a
+// decimal string or number, BOOLEAN a JSON boolean, JSON a string holding
+// JSON), fields the table lacks dropped.
+func decode(data []byte) (row, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var msg map[string]any
+	if err := dec.Decode(&msg); err != nil {
+		return row{}, fmt.Errorf("%w: not a JSON object: %v", ErrRejected, err)
+	}
+	out := row{values: map[string]any{}}
+	for _, f := range event.TableSchema {
+		v, ok := msg[f.Name]
+		if !ok || v == nil {
+			if f.Mode == "REQUIRED" {
+				return row{}, fmt.Errorf("%w: required field %s is missing", ErrRejected, f.Name)
+			}
+			continue
+		}
+		switch f.Type {
+		case "STRING":
+			s, ok := v.(string)
+			if !ok {
+				return row{}, fmt.Errorf("%w: %s is not a string", ErrRejected, f.Name)
+			}
+			out.values[f.Name] = s
+		case "NUMERIC":
+			var text string
+			switch n := v.(type) {
+			case string:
+				text = n
+			case json.Number:
+				text = n.String()
+			default:
+				return row{}, fmt.Errorf("%w: %s is not a number", ErrRejected, f.Name)
+			}
+			if _, ok := new(big.Rat).SetString(text); !ok {
+				return row{}, fmt.Errorf("%w: %s %q is not a number", ErrRejected, f.Name, text)
+			}
+			out.values[f.Name] = text
+		case "BOOLEAN":
+			b, ok := v.(bool)
+			if !ok {
+				return row{}, fmt.Errorf("%w: %s is not a boolean", ErrRejected, f.Name)
+			}
+			out.values[f.Name] = b
+		case "JSON":
+			s, ok := v.(string)
+			if !ok || !json.Valid([]byte(s)) {
+				return row{}, fmt.Errorf("%w: %s is not a string holding JSON", ErrRejected, f.Name)
+			}
+			out.values[f.Name] = s
+		}
+	}
+	return out, nil
+}
+
+// sqlLocalInsert writes one decoded message.
+const sqlLocalInsert = `INSERT INTO events (event_id, source_id, generation, entity_id, record_key, record_kind, schema_hash, revision, deleted, payload)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8::numeric, $9, $10::jsonb)`
+
+// Ingest writes messages as a BigQuery subscription would, all or none. It
+// returns ErrRejected (wrapped, naming the message) for the first message
+// that does not fit; nothing is written then.
+func (l *Local) Ingest(ctx context.Context, messages [][]byte) error {
+	rows := make([]row, len(messages))
+	for i, m := range messages {
+		r, err := decode(m)
+		if err != nil {
+			return fmt.Errorf("message %d: %w", i, err)
+		}
+		rows[i] = r
+	}
+	batch := &pgx.Batch{}
+	for _, r := range rows {
+		v := r.values
+		batch.Queue(sqlLocalInsert, v["event_id"], v["source_id"], v["generation"], v["entity_id"], v["record_key"],
+			v["record_kind"], v["schema_hash"], v["revision"], v["deleted"], v["payload"])
+	}
+	return pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		return tx.SendBatch(ctx, batch).Close()
+	})
+}
+
+// sqlLocalLookup is the verifier's lookup against the local table.
+const sqlLocalLookup = `SELECT DISTINCT event_id FROM events WHERE generation = $1 AND event_id = ANY($2::text[])`
+
+// QueryHandler answers the BigQuery verifier lookup (generation and ids
+// parameters) from the local table, so that the real BigQuery client path
+// runs against a bqserver backed by it. Other queries (view DDL) are
+// accepted and answered with no rows: the local views are PostgreSQL views
+// created by CreateViews.
+func (l *Local) QueryHandler() bqserver.Handler {
+	return func(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
+		ids, ok := q.Params["ids"]
+		if !ok {
+			return bqserver.Result{Columns: []string{"event_id"}}, nil
+		}
+		rows, err := l.pool.Query(ctx, sqlLocalLookup, q.Params["generation"].Value, ids.Values)
+		if err != nil {
+			return bqserver.Result{}, err
+		}
+		present, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return bqserver.Result{}, err
+		}
+		return bqserver.Strings("event_id", present), nil
+	}
+}
+
+var postgresCasts = map[string]string{
+	"integer": "safe_bigint", "number": "safe_float", "boolean": "safe_boolean", "date": "safe_date", "timestamp": "safe_timestamp",
+}
+
+func pgLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// PostgreSQL renders the view's query for the local warehouse: the same
+// ranking, tombstones and typed columns as the BigQuery view, in
+// PostgreSQL's JSON operators and safe_* casts.
+func (v ViewSpec) PostgreSQL(t store.Target) string {
+	var columns []string
+	for _, c := range v.Columns {
+		value := "payload->>" + pgLiteral(c.Name)
+		if c.Storage == "json" && v.Kind == "entity" {
+			value = "payload->" + pgLiteral(c.Name)
+		} else if fn, ok := postgresCasts[c.Storage]; ok && v.Kind == "entity" {
+			value = fn + "(" + value + ")"
+		}
+		columns = append(columns, value+" AS "+pgx.Identifier{c.Name}.Sanitize())
+	}
+	return `SELECT ` + strings.Join(columns, ", ") + ` FROM (
+      SELECT *, row_number() OVER (PARTITION BY record_key ORDER BY revision DESC, event_id DESC) AS position
+      FROM events
+      WHERE generation = ` + pgLiteral(t.Generation) + ` AND source_id = ` + pgLiteral(t.SourceID) + `
+        AND entity_id = ` + pgLiteral(v.EntityID) + ` AND record_kind = ` + pgLiteral(v.Kind) + `
+    ) latest WHERE position = 1 AND NOT deleted`
+}
+
+// CreateViews creates or replaces the target's latest-state views in the
+// local warehouse and returns their names.
+func (l *Local) CreateViews(ctx context.Context, t store.Target) ([]string, error) {
+	specs, err := ViewSpecs(t)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, s := range specs {
+		if _, err := l.pool.Exec(ctx, "DROP VIEW IF EXISTS "+pgx.Identifier{s.Name}.Sanitize()); err != nil {
+			return names, err
+		}
+		if _, err := l.pool.Exec(ctx, "CREATE VIEW "+pgx.Identifier{s.Name}.Sanitize()+" AS "+s.PostgreSQL(t)); err != nil {
+			return names, fmt.Errorf("warehouse: local view %s: %w", s.Name, err)
+		}
+		names = append(names, s.Name)
+	}
+	return names, nil
+}
+
+// Pool is the warehouse's connection pool, for reading its tables and views.
+func (l *Local) Pool() *pgxpool.Pool { return l.pool }
