@@ -61,10 +61,10 @@ func serveDrain(w http.ResponseWriter, r *http.Request)  { app.Load().serveDrain
 func serveVerify(w http.ResponseWriter, r *http.Request) { app.Load().serveVerify(w, r) }
 
 // Configure rebuilds the functions from getenv instead of the process
-// environment, with the publisher given (nil: the production one). The local
-// mode calls it before serving the functions.
-func Configure(ctx context.Context, getenv func(string) string, publisher delivery.Publisher) error {
-	s, err := newServer(ctx, getenv, dependencies{publisher: publisher})
+// environment, with the publisher and logger given (nil: the production
+// ones). The local mode calls it before serving the functions.
+func Configure(ctx context.Context, getenv func(string) string, publisher delivery.Publisher, log *slog.Logger) error {
+	s, err := newServer(ctx, getenv, dependencies{publisher: publisher, logger: log})
 	if err != nil {
 		return err
 	}

@@ -3,9 +3,340 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/segmentstream/ontology-replication/functions"
+	"github.com/segmentstream/ontology-replication/shared/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/identity"
+	"github.com/segmentstream/ontology-replication/shared/logging"
+	"github.com/segmentstream/ontology-replication/shared/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
+// localConfig is the local command's flags.
+type localConfig struct {
+	records       int
+	writers       int
+	keep          bool
+	json          bool
+	verifyEvery   time.Duration
+	verifyTimeout time.Duration
+}
+
+// The local deployment's fixed names.
+const (
+	localWorkspace    = "demo"
+	localOrganization = "org-demo"
+	localSubject      = "runtime-demo"
+	localAudience     = "replication"
+	localProject      = "local-project"
+	localTopic        = "projects/" + localProject + "/topics/ontology-replication"
+	localDeadTopic    = "projects/" + localProject + "/topics/ontology-replication-dead-letter"
+	localSubscription = "projects/" + localProject + "/subscriptions/bigquery"
+	localDeadSub      = "projects/" + localProject + "/subscriptions/dead-letter"
+	// localMaxDeliveries is the BigQuery subscription's dead-letter policy.
+	localMaxDeliveries = 5
+)
+
+// local is one local run: every part, started and stopped together.
+type local struct {
+	cfg      localConfig
+	log      *slog.Logger
+	logLevel string
+	out      io.Writer
+	cleanup  []func()
+
+	cluster   *pgtest.Cluster
+	ontology  *pgxpool.Pool
+	st        *store.Store
+	gen       sdkfixture.Generation
+	writer    *sdkfixture.Writer
+	pubsub    *pstest.Server
+	client    *pubsub.Client
+	faults    *faultSwitch
+	wh        *warehouse.Local
+	feeder    *warehouse.Feeder
+	issuer    *identity.Issuer
+	urls      localURLs
+	registry  string
+	deadCount atomic.Int64
+	// deadHistory is the history id of the event sent to the dead letter.
+	deadHistory atomic.Pointer[string]
+}
+
+type localURLs struct {
+	functions, drain, verify, jwks, bigquery, ontologyDB, warehouseDB string
+}
+
+func (l *local) close() {
+	for i := len(l.cleanup) - 1; i >= 0; i-- {
+		l.cleanup[i]()
+	}
+}
+
+// faultSwitch makes Pub/Sub's Publish fail while on: the injected outage.
+type faultSwitch struct{ on atomic.Bool }
+
+func (f *faultSwitch) React(any) (bool, any, error) {
+	if f.on.Load() {
+		return true, nil, status.Error(codes.Unavailable, "injected Pub/Sub outage")
+	}
+	return false, nil, nil
+}
+
 func runLocal(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	return errors.New("local: not built yet")
+	fs := flag.NewFlagSet("local", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var cfg localConfig
+	fs.IntVar(&cfg.records, "records", 3000, "how many changes the workload commits")
+	fs.IntVar(&cfg.writers, "writers", 4, "concurrent writers")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")
+	fs.BoolVar(&cfg.json, "json", false, "print the summary as JSON")
+	fs.DurationVar(&cfg.verifyEvery, "verify-every", 2*time.Second, "how often the verifier runs")
+	fs.DurationVar(&cfg.verifyTimeout, "timeout", 3*time.Minute, "how long to wait for full verification after the workload")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	if cfg.records < 20 || cfg.writers < 1 || cfg.writers > 32 {
+		return errors.New("local: --records must be at least 20 and --writers between 1 and 32")
+	}
+	// Quiet by default: the summary says what happened (the injected outage
+	// alone makes a hundred 503s). LOG_LEVEL=INFO shows every invocation.
+	level := slog.LevelError + 4
+	if raw := getenv("LOG_LEVEL"); raw != "" {
+		if err := level.UnmarshalText([]byte(raw)); err != nil {
+			return fmt.Errorf("local: LOG_LEVEL %q: want DEBUG, INFO, WARN or ERROR", raw)
+		}
+	}
+	l := &local{cfg: cfg, log: logging.New(stderr, level), out: stdout, logLevel: level.String()}
+	defer l.close()
+	if err := l.start(ctx); err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	sum, err := l.runWorkload(ctx)
+	if err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	if err := sum.print(stdout, cfg.json); err != nil {
+		return err
+	}
+	if cfg.keep {
+		l.printKeep(stdout)
+		<-ctx.Done()
+		fmt.Fprintln(stdout, "stopping and cleaning up")
+	}
+	return sum.failure()
+}
+
+// start starts every part: PostgreSQL, the SDK database, Pub/Sub, the
+// warehouse, the token issuer and the functions.
+func (l *local) start(ctx context.Context) error {
+	cluster, err := pgtest.Start(ctx, pgtest.Config{})
+	if err != nil {
+		return err
+	}
+	l.cluster = cluster
+	l.cleanup = append(l.cleanup, func() { _ = cluster.Stop() })
+	ontologyURL, err := cluster.CreateDatabase(ctx, "ontology", "")
+	if err != nil {
+		return err
+	}
+	warehouseURL, err := cluster.CreateDatabase(ctx, "warehouse", "")
+	if err != nil {
+		return err
+	}
+	l.urls.ontologyDB, l.urls.warehouseDB = ontologyURL, warehouseURL
+	if l.ontology, err = pgxpool.New(ctx, ontologyURL); err != nil {
+		return err
+	}
+	l.cleanup = append(l.cleanup, l.ontology.Close)
+	if err := sdkfixture.Install(ctx, l.ontology, sdkfixture.Demo, store.ProtocolDelivery); err != nil {
+		return err
+	}
+	if l.gen, err = sdkfixture.StartGeneration(ctx, l.ontology, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true); err != nil {
+		return err
+	}
+	l.writer = sdkfixture.NewWriter(l.ontology, sdkfixture.Demo)
+	if l.st, err = store.New(l.ontology, store.Config{}); err != nil {
+		return err
+	}
+
+	// Pub/Sub: the topic, the BigQuery subscription with its dead-letter
+	// policy, and the dead-letter topic with a subscription that keeps them.
+	l.faults = &faultSwitch{}
+	l.pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: l.faults})
+	l.cleanup = append(l.cleanup, func() { _ = l.pubsub.Close() })
+	l.client, err = pubsub.NewClient(ctx, localProject, option.WithEndpoint(l.pubsub.Addr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		return err
+	}
+	l.cleanup = append(l.cleanup, func() { _ = l.client.Close() })
+	for _, topic := range []string{localTopic, localDeadTopic} {
+		if _, err := l.client.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: topic}); err != nil {
+			return err
+		}
+	}
+	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localSubscription, Topic: localTopic,
+		AckDeadlineSeconds: 10, DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: localDeadTopic, MaxDeliveryAttempts: localMaxDeliveries}}); err != nil {
+		return err
+	}
+	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: localDeadTopic}); err != nil {
+		return err
+	}
+
+	// The warehouse, fed from the subscription, and a BigQuery REST server
+	// backed by it for the verifier's lookups.
+	if l.wh, err = warehouse.OpenLocal(ctx, warehouseURL); err != nil {
+		return err
+	}
+	l.cleanup = append(l.cleanup, l.wh.Close)
+	if l.urls.bigquery, err = l.serve(bqserver.New(l.wh.QueryHandler())); err != nil {
+		return err
+	}
+	l.issuer, err = identity.NewIssuer("https://runtime.local", "local-key")
+	if err != nil {
+		return err
+	}
+	if l.urls.jwks, err = l.serve(l.issuer); err != nil {
+		return err
+	}
+
+	// The functions, through the functions framework, with a registry of
+	// this run's parts.
+	l.registry = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
+  "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": {"url": %q},
+    "pubsub": {"project": %q, "topic": "ontology-replication"},
+    "bigquery": {"project": %q, "dataset": "ontology_internal", "table": "events", "location": "local", "endpoint": %q}}]}`,
+		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, ontologyURL, localProject, localProject, l.urls.bigquery)
+	env := map[string]string{"REPLICATION_WORKSPACES": l.registry, "PUBSUB_EMULATOR_HOST": l.pubsub.Addr, "VERIFY_TIME_BUDGET": "10s",
+		"LOG_LEVEL": l.logLevel}
+	if err := functions.Configure(ctx, func(k string) string { return env[k] }, nil, l.log); err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := funcframework.StartHostPort("127.0.0.1", strconv.Itoa(port)); err != nil {
+			l.log.Error("functions server stopped", slog.Any("error", err))
+		}
+	}()
+	l.urls.functions = fmt.Sprintf("http://127.0.0.1:%d", port)
+	l.urls.drain = l.urls.functions + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
+	l.urls.verify = l.urls.functions + "/Verify"
+	return waitHTTP(ctx, l.urls.functions+"/Drain")
+}
+
+// serve serves h on a free loopback port until the run ends.
+func (l *local) serve(h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	l.cleanup = append(l.cleanup, func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String(), nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitHTTP waits until a server answers at url.
+func waitHTTP(ctx context.Context, url string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the functions server did not start: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// wake calls the drain as the ontology service does after a commit: POST
+// with the runtime token and organisation, 5 s, body ignored, a non-2xx
+// only logged (the SDK logs it as deferred).
+func (l *local) wake(ctx context.Context, token string) int {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, l.urls.drain, nil)
+	req.Header.Set("x-segmentstream-runtime-identity", token)
+	req.Header.Set("x-segmentstream-organization-id", localOrganization)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		l.log.Warn("ontology.replication.deferred", slog.Any("error", err))
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		l.log.Info("ontology.replication.deferred", slog.Int("status", resp.StatusCode))
+	}
+	return resp.StatusCode
+}
+
+func (l *local) printKeep(w io.Writer) {
+	token, _ := l.issuer.Token(localSubject, localAudience, 24*time.Hour)
+	fmt.Fprintf(w, `
+Everything keeps running until Ctrl-C:
+  ontology database   psql '%s'
+  warehouse database  psql '%s'   (table events, views customer, product, order, order_products)
+  drain               curl -X POST -H 'x-segmentstream-runtime-identity: %s' -H 'x-segmentstream-organization-id: %s' %s
+  verifier            curl -X POST %s
+  BigQuery (REST)     %s
+  Pub/Sub emulator    PUBSUB_EMULATOR_HOST=%s
+  registry            REPLICATION_WORKSPACES='%s'
+`, l.urls.ontologyDB, l.urls.warehouseDB, token, localOrganization, l.urls.drain, l.urls.verify, l.urls.bigquery, l.pubsub.Addr, compact(l.registry))
+}
+
+func compact(s string) string {
+	out := make([]byte, 0, len(s))
+	space := false
+	for _, c := range []byte(s) {
+		if c == '\n' || c == ' ' {
+			if !space {
+				out = append(out, ' ')
+			}
+			space = true
+			continue
+		}
+		space = false
+		out = append(out, c)
+	}
+	return string(out)
 }

@@ -237,3 +237,34 @@ func (l *Local) CreateViews(ctx context.Context, t store.Target) ([]string, erro
 
 // Pool is the warehouse's connection pool, for reading its tables and views.
 func (l *Local) Pool() *pgxpool.Pool { return l.pool }
+
+// ViewKeys returns the record keys a local view holds: each entity row's id,
+// or each edge's "<source_id>:<target_id>".
+func (l *Local) ViewKeys(ctx context.Context, spec ViewSpec) (map[string]bool, error) {
+	query := `SELECT id FROM ` + pgx.Identifier{spec.Name}.Sanitize()
+	if spec.Kind != "entity" {
+		query = `SELECT source_id || ':' || target_id FROM ` + pgx.Identifier{spec.Name}.Sanitize()
+	}
+	rows, err := l.pool.Query(ctx, query)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse: local view %s: %w", spec.Name, err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		out[k] = true
+	}
+	return out, nil
+}
+
+// sqlLocalCounts counts the table's rows and distinct events.
+const sqlLocalCounts = `SELECT count(*), count(DISTINCT event_id) FROM events`
+
+// Counts returns how many rows landed and how many distinct events they are.
+func (l *Local) Counts(ctx context.Context) (rows, distinct int64, err error) {
+	err = l.pool.QueryRow(ctx, sqlLocalCounts).Scan(&rows, &distinct)
+	return rows, distinct, err
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestLocalRun runs the whole pipeline on embedded parts with a small
+// workload and checks the summary's invariants.
+func TestLocalRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole local pipeline")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"local", "--records", "300", "--writers", "3", "--json", "--timeout", "150s"},
+		func(string) string { return "" }, &stdout, &stderr)
+	require.NoError(t, err, "logs:\n%s", stderr.String())
+	var sum summary
+	raw := stdout.Bytes()
+	raw = raw[bytes.IndexByte(raw, '{'):] // after the functions framework's "Serving function" lines
+	require.NoError(t, json.Unmarshal(raw, &sum), stdout.String())
+
+	require.Equal(t, 300, sum.Commits)
+	require.True(t, sum.FullyVerified, "every event verified")
+	require.Equal(t, sum.EventsWritten, sum.Verified)
+	require.Zero(t, sum.Pending)
+	require.GreaterOrEqual(t, int64(sum.Published), sum.EventsWritten, "at least once")
+	require.GreaterOrEqual(t, sum.Landed, sum.EventsWritten)
+	require.Equal(t, sum.Landed-sum.DuplicatesAbsorbed, sum.EventsWritten, "each event landed, duplicates aside")
+	require.Positive(t, sum.Replayed, "the replay in the middle sent events back")
+	require.Positive(t, sum.OutageRefusals, "the injected outage refused wake-ups")
+	require.EqualValues(t, 1, sum.DeadLettered)
+	require.True(t, sum.DeadLetterVerified, "the dropped message was retried and verified")
+	require.Positive(t, sum.Requeued)
+	require.Len(t, sum.Views, 4)
+	for _, v := range sum.Views {
+		require.True(t, v.Match, "view %s: %d rows, source %d", v.View, v.Rows, v.Source)
+		require.Equal(t, v.Source, v.Rows)
+	}
+}

@@ -1,0 +1,494 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
+)
+
+// summary is what a local run did and found.
+type summary struct {
+	Commits            int            `json:"commits"`
+	Changes            map[string]int `json:"changes"`
+	EventsWritten      int64          `json:"events_written"`
+	Published          int            `json:"published"`
+	Landed             int64          `json:"landed"`
+	DuplicatesAbsorbed int64          `json:"duplicates_absorbed"`
+	Verified           int64          `json:"verified"`
+	Pending            int64          `json:"pending"`
+	Retried            int            `json:"retried"`
+	Requeued           int            `json:"requeued"`
+	Replayed           int            `json:"replayed"`
+	OutageRefusals     int64          `json:"outage_refusals"`
+	DeadLettered       int64          `json:"dead_lettered"`
+	DeadLetterEvent    string         `json:"dead_letter_event"`
+	DeadLetterVerified bool           `json:"dead_letter_verified"`
+	FullyVerified      bool           `json:"fully_verified"`
+	WorkloadSeconds    float64        `json:"workload_seconds"`
+	VerifiedAfterSecs  float64        `json:"verified_after_last_commit_seconds"`
+	Views              []viewCheck    `json:"views"`
+}
+
+// viewCheck compares one view with the source table it replicates.
+type viewCheck struct {
+	View   string `json:"view"`
+	Source int    `json:"source_rows"`
+	Rows   int    `json:"view_rows"`
+	Match  bool   `json:"match"`
+}
+
+func (s *summary) failure() error {
+	var problems []string
+	if !s.FullyVerified {
+		problems = append(problems, fmt.Sprintf("%d of %d events verified", s.Verified, s.EventsWritten))
+	}
+	if !s.DeadLetterVerified {
+		problems = append(problems, "the dead-lettered event was not retried and verified")
+	}
+	for _, v := range s.Views {
+		if !v.Match {
+			problems = append(problems, fmt.Sprintf("view %s has %d rows where the source has %d", v.View, v.Rows, v.Source))
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New("local: " + strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func (s *summary) print(w io.Writer, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	changes := []string{}
+	for _, k := range []string{"create", "update", "delete", "link", "unlink"} {
+		changes = append(changes, fmt.Sprintf("%d %ss", s.Changes[k], k))
+	}
+	fmt.Fprintf(tw, "written\t%d commits: %s\n", s.Commits, strings.Join(changes, ", "))
+	fmt.Fprintf(tw, "events\t%d captured (history and baseline), in %.1fs of workload\n", s.EventsWritten, s.WorkloadSeconds)
+	fmt.Fprintf(tw, "published\t%d messages (replays, retries and duplicates included)\n", s.Published)
+	fmt.Fprintf(tw, "landed\t%d rows in the local warehouse; %d duplicates absorbed by the views\n", s.Landed, s.DuplicatesAbsorbed)
+	fmt.Fprintf(tw, "verified\t%d of %d\n", s.Verified, s.EventsWritten)
+	fmt.Fprintf(tw, "replay\t%d events sent back to pending mid-run and published again\n", s.Replayed)
+	fmt.Fprintf(tw, "outage\t%d wake-ups answered 503 during the injected Pub/Sub outage\n", s.OutageRefusals)
+	fmt.Fprintf(tw, "dead letter\t%d message dead-lettered (event %.12s…), retried: %s\n", s.DeadLettered, s.DeadLetterEvent, yes(s.DeadLetterVerified))
+	fmt.Fprintf(tw, "retried\t%d absent events looked for again, %d sent back to pending\n", s.Retried, s.Requeued)
+	fmt.Fprintf(tw, "time to full verification\t%.1fs after the last commit\n", s.VerifiedAfterSecs)
+	for _, v := range s.Views {
+		mark := "ok"
+		if !v.Match {
+			mark = "MISMATCH"
+		}
+		fmt.Fprintf(tw, "view %s\t%d rows, source table %d: %s\n", v.View, v.Rows, v.Source, mark)
+	}
+	return tw.Flush()
+}
+
+// runWorkload writes the workload, with a replay, an outage and a dead
+// letter along the way, waits for full verification and checks the views.
+func (l *local) runWorkload(ctx context.Context) (*summary, error) {
+	sum := &summary{Changes: map[string]int{}}
+	runCtx, stopBackground := context.WithCancel(ctx)
+	var background sync.WaitGroup
+	defer func() {
+		stopBackground()
+		background.Wait()
+	}()
+
+	// The dead-letter event: one customer's creation, which the warehouse
+	// refuses (it carries deadLetterMarker) until the dead-letter topic
+	// holds it.
+	var deadDone atomic.Bool
+	l.feeder = &warehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
+		Refuse: func(data []byte) bool { return !deadDone.Load() && bytes.Contains(data, []byte(deadLetterMarker)) }}
+	background.Go(func() { _ = l.feeder.Run(runCtx) })
+	background.Go(func() { l.watchDeadLetters(runCtx, &deadDone) })
+
+	var verifyMu sync.Mutex
+	verifyNow := func() {
+		res := l.callVerify(runCtx)
+		verifyMu.Lock()
+		defer verifyMu.Unlock()
+		for _, r := range res {
+			sum.Retried += r.Retried
+			sum.Requeued += r.Requeued
+		}
+	}
+	background.Go(func() {
+		t := time.NewTicker(l.cfg.verifyEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+				verifyNow()
+			}
+		}
+	})
+
+	token, err := l.issuer.Token(localSubject, localAudience, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	var commits atomic.Int64
+	var outage, replayOnce, deadOnce sync.Once
+	var changesMu sync.Mutex
+	var replayed atomic.Int64
+	var outageRefusals atomic.Int64
+	var outageActive atomic.Bool
+	started := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, l.cfg.writers)
+	per := l.cfg.records / l.cfg.writers
+	for w := range l.cfg.writers {
+		n := per
+		if w == 0 {
+			n += l.cfg.records % l.cfg.writers
+		}
+		wg.Go(func() {
+			wk := &localWriter{l: l, rng: rand.New(rand.NewPCG(uint64(w)+1, 42))}
+			for i := range n {
+				if ctx.Err() != nil {
+					return
+				}
+				done := commits.Add(1)
+				total := int64(l.cfg.records)
+				switch {
+				case done == total/3:
+					outage.Do(func() {
+						outageActive.Store(true)
+						l.faults.on.Store(true)
+						time.AfterFunc(300*time.Millisecond, func() { l.faults.on.Store(false); outageActive.Store(false) })
+					})
+				case done == total/2:
+					replayOnce.Do(func() {
+						background.Go(func() {
+							n, err := l.replay(runCtx)
+							if err != nil {
+								l.log.Error("local replay failed", slog.Any("error", err))
+							}
+							replayed.Store(int64(n))
+						})
+					})
+				}
+				kind := ""
+				var err error
+				if w == 0 && i == n*3/4 {
+					deadOnce.Do(func() {
+						var id string
+						kind, id, err = wk.createDeadLetterTarget(ctx)
+						sum.DeadLetterEvent = id
+					})
+				} else {
+					kind, err = wk.step(ctx)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("workload: %w", err)
+					return
+				}
+				changesMu.Lock()
+				sum.Changes[kind]++
+				changesMu.Unlock()
+				if code := l.wake(ctx, token); code == http.StatusServiceUnavailable && outageActive.Load() {
+					outageRefusals.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	lastCommit := time.Now()
+	sum.Commits = int(commits.Load())
+	sum.WorkloadSeconds = lastCommit.Sub(started).Seconds()
+
+	// Wait for every event to be verified, the dead-lettered one included.
+	_, target, err := l.st.ActiveTarget(ctx)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(l.cfg.verifyTimeout)
+	for {
+		st, err := l.st.Status(ctx, target)
+		if err != nil {
+			return nil, err
+		}
+		sum.EventsWritten, sum.Verified, sum.Pending = st.Total, st.Verified, st.Pending
+		if st.Verified == st.Total && st.Pending == 0 && deadDone.Load() {
+			sum.FullyVerified = true
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sum.VerifiedAfterSecs = time.Since(lastCommit).Seconds()
+	sum.DeadLetterVerified = deadDone.Load() && sum.FullyVerified
+	sum.DeadLettered = l.deadCount.Load()
+	sum.Replayed = int(replayed.Load())
+	sum.OutageRefusals = outageRefusals.Load()
+	for _, m := range l.pubsub.Messages() {
+		if m.Topic == localTopic {
+			sum.Published++
+		}
+	}
+	rows, distinct, err := l.wh.Counts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sum.Landed, sum.DuplicatesAbsorbed = rows, rows-distinct
+	sum.Views, err = l.checkViews(ctx, target)
+	return sum, err
+}
+
+// callVerify runs the Verify function once, as Cloud Scheduler does.
+func (l *local) callVerify(ctx context.Context) []delivery.VerifyResult {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, l.urls.verify, strings.NewReader(`{}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Workspaces []delivery.VerifyResult `json:"workspaces"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	return body.Workspaces
+}
+
+// replay replays the active generation in the middle of the workload, as
+// `job replay` does; the wake-ups and the verifier's sweeps publish what
+// it sends back to pending.
+func (l *local) replay(ctx context.Context) (int, error) {
+	_, t, err := l.st.ActiveTarget(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := l.st.InitReplay(ctx, t); err != nil {
+		return 0, err
+	}
+	rows := 0
+	for {
+		page, err := l.st.AdvanceReplay(ctx, t)
+		if err != nil {
+			return rows, err
+		}
+		rows += page.Rows
+		if page.Complete {
+			return rows, nil
+		}
+	}
+}
+
+// deadLetterMarker marks the customer whose creation event the local
+// warehouse refuses until it is dead-lettered.
+const deadLetterMarker = "dead-letter@example.com"
+
+// watchDeadLetters keeps the dead-letter subscription's messages (counted),
+// stops the warehouse refusing the chosen event once it is dead-lettered,
+// and then fast-forwards that event's acceptance by 16 minutes, so that the
+// verifier's 15-minute retry sends it back to pending within the demo.
+func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
+	aged := false
+	seen := map[string]bool{} // the emulator may hand a dead letter out again
+	for ctx.Err() == nil {
+		resp, err := l.client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{Subscription: localDeadSub, MaxMessages: 100, ReturnImmediately: true})
+		if err == nil && len(resp.ReceivedMessages) > 0 {
+			var ack []string
+			for _, m := range resp.ReceivedMessages {
+				ack = append(ack, m.AckId)
+				if seen[m.Message.MessageId] {
+					continue
+				}
+				seen[m.Message.MessageId] = true
+				l.deadCount.Add(1)
+				l.log.Info("message dead-lettered", slog.String("message_id", m.Message.MessageId), slog.Int("bytes", len(m.Message.Data)))
+				if bytes.Contains(m.Message.Data, []byte(deadLetterMarker)) {
+					done.Store(true)
+				}
+			}
+			_ = l.client.SubscriptionAdminClient.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: localDeadSub, AckIds: ack})
+		}
+		if history := l.deadHistory.Load(); done.Load() && !aged && history != nil {
+			if ok, err := sdkfixture.AgeAcceptance(ctx, l.ontology, l.gen.Generation, *history, 16*time.Minute); err == nil && ok {
+				aged = true
+				l.log.Info("fast-forwarded the dead-lettered event's acceptance by 16 minutes so the verifier retries it now")
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// checkViews creates the local views and compares each with the source
+// table it replicates: the same record ids (or edges).
+func (l *local) checkViews(ctx context.Context, t store.Target) ([]viewCheck, error) {
+	if _, err := l.wh.CreateViews(ctx, t); err != nil {
+		return nil, err
+	}
+	specs, err := warehouse.ViewSpecs(t)
+	if err != nil {
+		return nil, err
+	}
+	var out []viewCheck
+	for _, spec := range specs {
+		entity, rel := spec.Name, ""
+		if spec.Kind != "entity" {
+			rel = strings.TrimPrefix(spec.Kind, "edge:")
+			entity = strings.TrimSuffix(spec.Name, "_"+rel)
+		}
+		source, err := sdkfixture.Records(ctx, l.ontology, sdkfixture.Demo, entity, rel)
+		if err != nil {
+			return nil, err
+		}
+		view, err := l.wh.ViewKeys(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		match := len(source) == len(view)
+		for k := range source {
+			if !view[k] {
+				match = false
+				break
+			}
+		}
+		out = append(out, viewCheck{View: spec.Name, Source: len(source), Rows: len(view), Match: match})
+	}
+	return out, nil
+}
+
+// localWriter is one workload writer: it owns its records, so writers never
+// touch each other's.
+type localWriter struct {
+	l         *local
+	rng       *rand.Rand
+	customers []string
+	products  []string
+	orders    []string
+	edges     [][2]string
+}
+
+func (w *localWriter) pick(ids []string) string { return ids[w.rng.IntN(len(ids))] }
+
+func remove(ids []string, id string) []string {
+	if i := slices.Index(ids, id); i >= 0 {
+		return slices.Delete(ids, i, i+1)
+	}
+	return ids
+}
+
+// step commits one random change and returns its kind.
+func (w *localWriter) step(ctx context.Context) (string, error) {
+	ww := w.l.writer
+	roll := w.rng.IntN(100)
+	switch {
+	case roll < 15 && len(w.orders) > 0 && len(w.products) > 0:
+		o, p := w.pick(w.orders), w.pick(w.products)
+		for _, e := range w.edges {
+			if e == [2]string{o, p} {
+				return w.create(ctx)
+			}
+		}
+		w.edges = append(w.edges, [2]string{o, p})
+		return "link", ww.Link(ctx, "order", "products", o, p)
+	case roll < 22 && len(w.edges) > 0:
+		i := w.rng.IntN(len(w.edges))
+		e := w.edges[i]
+		w.edges = slices.Delete(w.edges, i, i+1)
+		return "unlink", ww.Unlink(ctx, "order", "products", e[0], e[1])
+	case roll < 47 && len(w.products)+len(w.customers)+len(w.orders) > 3:
+		switch w.rng.IntN(3) {
+		case 0:
+			if len(w.customers) > 0 {
+				return "update", ww.Update(ctx, "customer", w.pick(w.customers), map[string]any{"score": w.rng.Float64() * 100, "active": w.rng.IntN(2) == 0, "age": w.rng.IntN(90)})
+			}
+		case 1:
+			if len(w.products) > 0 {
+				return "update", ww.Update(ctx, "product", w.pick(w.products), map[string]any{"price": float64(w.rng.IntN(10000)) / 100, "stock": w.rng.IntN(500)})
+			}
+		default:
+			if len(w.orders) > 0 {
+				return "update", ww.Update(ctx, "order", w.pick(w.orders), map[string]any{"paid": true, "placed_at": time.Now().UTC()})
+			}
+		}
+		return w.create(ctx)
+	case roll < 57 && len(w.products) > 2:
+		p := w.pick(w.products)
+		w.products = remove(w.products, p)
+		w.edges = slices.DeleteFunc(w.edges, func(e [2]string) bool { return e[1] == p })
+		return "delete", ww.Delete(ctx, "product", p)
+	}
+	return w.create(ctx)
+}
+
+func (w *localWriter) create(ctx context.Context) (string, error) {
+	ww := w.l.writer
+	switch w.rng.IntN(3) {
+	case 0:
+		id, err := ww.Create(ctx, "customer", map[string]any{"name": fmt.Sprintf("Customer %d", w.rng.IntN(1e6)),
+			"email": fmt.Sprintf("c%d@example.com", w.rng.IntN(1e6)), "age": 18 + w.rng.IntN(60), "score": w.rng.Float64(),
+			"active": true, "birthday": "1990-01-02", "signed_up_at": time.Now().UTC(), "attributes": map[string]any{"tier": w.rng.IntN(3)}})
+		w.customers = append(w.customers, id)
+		return "create", err
+	case 1:
+		id, err := ww.Create(ctx, "product", map[string]any{"title": fmt.Sprintf("Product %d", w.rng.IntN(1e6)),
+			"price": float64(w.rng.IntN(10000)) / 100, "stock": w.rng.IntN(100)})
+		w.products = append(w.products, id)
+		return "create", err
+	default:
+		values := map[string]any{"reference": fmt.Sprintf("O-%d", w.rng.IntN(1e6)), "total": float64(w.rng.IntN(100000)) / 100,
+			"quantity": 1 + w.rng.IntN(5), "paid": false, "details": map[string]any{"channel": "web"}}
+		if len(w.customers) > 0 {
+			values["customer_id"] = w.pick(w.customers)
+		}
+		id, err := ww.Create(ctx, "order", values)
+		w.orders = append(w.orders, id)
+		return "create", err
+	}
+}
+
+// createDeadLetterTarget creates the customer whose event the warehouse
+// will refuse until it is dead-lettered; it returns the event id.
+func (w *localWriter) createDeadLetterTarget(ctx context.Context) (string, string, error) {
+	// Not added to the writer's customers: later updates would carry the
+	// marker too.
+	id, err := w.l.writer.Create(ctx, "customer", map[string]any{"name": "Dead Letter", "email": deadLetterMarker})
+	if err != nil {
+		return "", "", err
+	}
+	history, err := sdkfixture.HistoryID(ctx, w.l.ontology, sdkfixture.Demo, "customer", id, "create")
+	if err != nil {
+		return "", "", err
+	}
+	w.l.deadHistory.Store(&history)
+	return "create", event.ID(w.l.gen.SourceID, history, w.l.gen.Generation), nil
+}

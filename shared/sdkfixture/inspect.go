@@ -1,0 +1,83 @@
+package sdkfixture
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier runs a query: a connection, a pool or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// HistoryID returns the id of the history row a change wrote (kind create,
+// update or delete) for a record: the event's history id.
+func HistoryID(ctx context.Context, db Querier, m Manifest, entity, recordID, kind string) (string, error) {
+	if _, ok := m.Entity(entity); !ok {
+		return "", fmt.Errorf("sdkfixture: unknown entity %q", entity)
+	}
+	var id string
+	err := db.QueryRow(ctx, `SELECT id::text FROM `+qi(historyTable(entity))+` WHERE record_id = $1::uuid AND kind = $2 ORDER BY at DESC LIMIT 1`,
+		recordID, kind).Scan(&id)
+	if err != nil {
+		return "", fmt.Errorf("sdkfixture: history of %s %s: %w", entity, recordID, err)
+	}
+	return id, nil
+}
+
+// Records returns the ids of an entity's records, or for a many-relationship
+// the "<source>:<target>" keys of its edges: what the latest-state views
+// must show.
+func Records(ctx context.Context, db Querier, m Manifest, entity, relationship string) (map[string]bool, error) {
+	e, ok := m.Entity(entity)
+	if !ok {
+		return nil, fmt.Errorf("sdkfixture: unknown entity %q", entity)
+	}
+	query := `SELECT id::text FROM ` + qi(tableName(e.Name))
+	if relationship != "" {
+		var rel *Relationship
+		for i, r := range e.Relationships {
+			if r.Name == relationship && r.Cardinality == "many" {
+				rel = &e.Relationships[i]
+			}
+		}
+		if rel == nil {
+			return nil, fmt.Errorf("sdkfixture: %s has no many-relationship %q", entity, relationship)
+		}
+		src, dst := joinColumns(e.Name, *rel)
+		query = `SELECT ` + qi(src) + `::text || ':' || ` + qi(dst) + `::text FROM ` + qi(joinTable(e.Name, rel.Name))
+	}
+	rows, err := db.Query(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		out[k] = true
+	}
+	return out, nil
+}
+
+// AgeAcceptance moves an accepted event's times (acceptance, last and next
+// check) back by d, standing in for the passage of time: the local mode uses it so that the verifier's
+// 15-minute retry of an event that never landed happens within a demo.
+func AgeAcceptance(ctx context.Context, db Querier, generation, historyID string, d time.Duration) (bool, error) {
+	tag, err := db.Exec(ctx, `UPDATE _ontology_replication_delivery SET accepted_at = accepted_at - make_interval(secs => $3),
+		next_verify_at = next_verify_at - make_interval(secs => $3), last_checked_at = last_checked_at - make_interval(secs => $3)
+		WHERE generation = $1::uuid AND event_id = $2::uuid AND accepted_at IS NOT NULL AND verified_at IS NULL`,
+		generation, historyID, d.Seconds())
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
