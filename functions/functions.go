@@ -35,6 +35,10 @@ const (
 	EnvSweepBatches = "VERIFY_SWEEP_BATCHES"
 )
 
+// Targets are the functions this package registers, the values
+// FUNCTION_TARGET may take.
+var Targets = []string{"Drain", "Verify"}
+
 // Env lists every environment variable the functions read.
 var Env = []string{registry.EnvInline, registry.EnvFile, delivery.EnvEmulatorHost, EnvLogLevel, EnvVerifyBudget, EnvSweepBatches}
 

@@ -36,6 +36,10 @@ flags (backfill, replay, drain, verify, status, views):
 
 The registry comes from REPLICATION_WORKSPACES or REPLICATION_WORKSPACES_FILE.`
 
+// jobEnv lists every environment variable the job reads (Cloud Run sets the
+// task variables itself).
+var jobEnv = []string{registry.EnvInline, registry.EnvFile, delivery.EnvEmulatorHost, "LOG_LEVEL", "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT"}
+
 // env is what a command runs with.
 type env struct {
 	ctx      context.Context
@@ -110,7 +114,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	log := logging.New(stderr, slog.LevelInfo)
+	level := slog.LevelInfo
+	if raw := getenv("LOG_LEVEL"); raw != "" {
+		if err := level.UnmarshalText([]byte(raw)); err != nil {
+			return fmt.Errorf("LOG_LEVEL %q: want DEBUG, INFO, WARN or ERROR", raw)
+		}
+	}
+	log := logging.New(stderr, level)
 	svc, err := delivery.Open(ctx, reg, getenv, delivery.Parts{Logger: log})
 	if err != nil {
 		return err

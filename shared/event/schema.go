@@ -1,3 +1,5 @@
+//go:generate go run ./schemagen -out ../../terraform/modules/workspace/events_schema.json
+
 package event
 
 // Field is one column of the BigQuery events table.

@@ -1,0 +1,120 @@
+data "google_project" "pubsub" {
+  project_id = var.pubsub_project
+}
+
+locals {
+  # Pub/Sub's service agent writes to BigQuery and moves dead letters.
+  pubsub_agent = "serviceAccount:service-${data.google_project.pubsub.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+}
+
+resource "google_pubsub_topic" "events" {
+  project = var.pubsub_project
+  name    = var.topic_id
+}
+
+resource "google_pubsub_topic" "dead_letter" {
+  project = var.pubsub_project
+  name    = "${var.topic_id}-dead-letter"
+}
+
+# Keeps dead letters, so they can be counted and inspected.
+resource "google_pubsub_subscription" "dead_letter" {
+  project                    = var.pubsub_project
+  name                       = "${var.topic_id}-dead-letter"
+  topic                      = google_pubsub_topic.dead_letter.id
+  message_retention_duration = "604800s"
+  ack_deadline_seconds       = 60
+  expiration_policy {
+    ttl = ""
+  }
+}
+
+resource "google_bigquery_dataset" "internal" {
+  project    = var.bigquery_project
+  dataset_id = var.dataset_id
+  location   = var.location
+}
+
+# The events table: the SDK's REPLICATION_TABLE_SCHEMA (generated from
+# event.TableSchema by go generate). Partitioned by ingestion time (the
+# schema has no timestamp), so the verifier's lookup, bounded by the
+# events' acceptance time, prunes old partitions; clustered on generation
+# and event_id, which the lookup filters on.
+resource "google_bigquery_table" "events" {
+  project             = var.bigquery_project
+  dataset_id          = google_bigquery_dataset.internal.dataset_id
+  table_id            = var.table_id
+  schema              = file("${path.module}/events_schema.json")
+  clustering          = ["generation", "event_id"]
+  deletion_protection = true
+  time_partitioning {
+    type = "DAY"
+  }
+}
+
+resource "google_bigquery_dataset_iam_member" "pubsub_agent" {
+  for_each   = toset(["roles/bigquery.dataEditor", "roles/bigquery.metadataViewer"])
+  project    = var.bigquery_project
+  dataset_id = google_bigquery_dataset.internal.dataset_id
+  role       = each.value
+  member     = local.pubsub_agent
+}
+
+resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
+  project = var.pubsub_project
+  topic   = google_pubsub_topic.dead_letter.name
+  role    = "roles/pubsub.publisher"
+  member  = local.pubsub_agent
+}
+
+resource "google_pubsub_subscription" "bigquery" {
+  project = var.pubsub_project
+  name    = "${var.topic_id}-bigquery"
+  topic   = google_pubsub_topic.events.id
+
+  bigquery_config {
+    table               = "${google_bigquery_table.events.project}.${google_bigquery_table.events.dataset_id}.${google_bigquery_table.events.table_id}"
+    use_table_schema    = true
+    drop_unknown_fields = true
+  }
+
+  dead_letter_policy {
+    dead_letter_topic     = google_pubsub_topic.dead_letter.id
+    max_delivery_attempts = var.dead_letter_max_delivery_attempts
+  }
+
+  expiration_policy {
+    ttl = ""
+  }
+
+  depends_on = [google_bigquery_dataset_iam_member.pubsub_agent]
+}
+
+resource "google_pubsub_subscription_iam_member" "agent_subscriber" {
+  project      = var.pubsub_project
+  subscription = google_pubsub_subscription.bigquery.name
+  role         = "roles/pubsub.subscriber"
+  member       = local.pubsub_agent
+}
+
+resource "google_pubsub_topic_iam_member" "publishers" {
+  for_each = toset(var.publishers)
+  project  = var.pubsub_project
+  topic    = google_pubsub_topic.events.name
+  role     = "roles/pubsub.publisher"
+  member   = each.value
+}
+
+resource "google_bigquery_dataset_iam_member" "verifier" {
+  project    = var.bigquery_project
+  dataset_id = google_bigquery_dataset.internal.dataset_id
+  role       = "roles/bigquery.dataViewer"
+  member     = var.verifier
+}
+
+resource "google_bigquery_dataset_iam_member" "job" {
+  project    = var.bigquery_project
+  dataset_id = google_bigquery_dataset.internal.dataset_id
+  role       = "roles/bigquery.dataEditor"
+  member     = var.job
+}

@@ -1,0 +1,54 @@
+variable "workspace_id" {
+  description = "Workspace id, used in resource names."
+  type        = string
+}
+
+variable "pubsub_project" {
+  description = "Project of the workspace's topics and subscriptions."
+  type        = string
+}
+
+variable "topic_id" {
+  description = "Id of the events topic."
+  type        = string
+}
+
+variable "bigquery_project" {
+  description = "Project of the workspace's dataset."
+  type        = string
+}
+
+variable "dataset_id" {
+  description = "Dataset of the events table (the SDK's views expect ontology_internal)."
+  type        = string
+}
+
+variable "table_id" {
+  description = "Events table id."
+  type        = string
+}
+
+variable "location" {
+  description = "BigQuery dataset location."
+  type        = string
+}
+
+variable "dead_letter_max_delivery_attempts" {
+  description = "Delivery attempts before a message is dead-lettered."
+  type        = number
+}
+
+variable "publishers" {
+  description = "Members allowed to publish to the events topic (the drain, the verifier's sweep, the job)."
+  type        = list(string)
+}
+
+variable "verifier" {
+  description = "The verifier's member: reads the dataset."
+  type        = string
+}
+
+variable "job" {
+  description = "The job's member: creates the views in the dataset."
+  type        = string
+}
