@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/cloudsqlconn"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/segmentstream/ontology-replication/shared/registry"
@@ -23,6 +24,9 @@ type Config struct {
 	// DialerOptions are extra cloudsqlconn options (tests). IAM login and
 	// lazy refresh are always on.
 	DialerOptions []cloudsqlconn.Option
+	// Tracer, when set, traces every query of every pool (benchmarks count
+	// round trips with it).
+	Tracer pgx.QueryTracer
 }
 
 // Pools keeps one small pgx pool per workspace database, created on first
@@ -80,6 +84,9 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	cfg.HealthCheckPeriod = time.Minute
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	if p.cfg.Tracer != nil {
+		cfg.ConnConfig.Tracer = p.cfg.Tracer
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = p.cfg.ApplicationName

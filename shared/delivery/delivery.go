@@ -54,7 +54,7 @@ type Service struct {
 
 	mu     sync.Mutex
 	stores map[string]*store.Store
-	held   map[string]map[string]bool // workspace/generation → held-back history ids
+	held   map[string]map[string]bool // workspace → held-back history ids
 }
 
 // New returns a Service.

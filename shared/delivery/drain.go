@@ -50,7 +50,7 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 	if err != nil {
 		return DrainResult{Workspace: ws.ID}, err
 	}
-	state, target, err := st.ActiveTarget(ctx)
+	state, target, claim, err := st.ClaimActive(ctx, s.heldBack(ws.ID))
 	res := DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}
 	switch {
 	case errors.Is(err, store.ErrNoActiveTarget):
@@ -62,16 +62,13 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 		res.State = StateDisabled
 		return res, nil
 	}
-	return s.drainTarget(ctx, ws, st, target)
+	return s.publishClaim(ctx, ws, target, claim)
 }
 
-// drainTarget publishes one batch of the target's pending events.
-func (s *Service) drainTarget(ctx context.Context, ws registry.Workspace, st *store.Store, target store.Target) (DrainResult, error) {
+// publishClaim publishes a claimed batch and acknowledges what Pub/Sub
+// accepted.
+func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim) (DrainResult, error) {
 	res := DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}
-	claim, err := st.Claim(ctx, target, s.heldBack(ws.ID, target.Generation))
-	if err != nil {
-		return res, err
-	}
 	defer claim.Release(ctx)
 	if len(claim.Events) == 0 {
 		return res, nil
@@ -159,7 +156,7 @@ func payloads(batch []store.Pending) [][]byte {
 	return data
 }
 
-// maxHeldBack bounds the held-back ids kept per workspace generation.
+// maxHeldBack bounds the held-back ids kept per workspace.
 const maxHeldBack = 1000
 
 // holdBack remembers an event that can never be published, so that this
@@ -172,20 +169,21 @@ func (s *Service) holdBack(ws registry.Workspace, target store.Target, p store.P
 		slog.String("event_id", p.Event.EventID), slog.Int("bytes", len(p.JSON)), slog.Any("error", cause))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := ws.ID + "/" + target.Generation
-	if s.held[key] == nil {
-		s.held[key] = map[string]bool{}
+	if s.held[ws.ID] == nil {
+		s.held[ws.ID] = map[string]bool{}
 	}
-	if len(s.held[key]) < maxHeldBack {
-		s.held[key][p.HistoryID] = true
+	if len(s.held[ws.ID]) < maxHeldBack {
+		s.held[ws.ID][p.HistoryID] = true
 	}
 }
 
-func (s *Service) heldBack(workspace, generation string) []string {
+// heldBack returns the workspace's held-back history ids (uuids, unique
+// across generations).
+func (s *Service) heldBack(workspace string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []string
-	for id := range s.held[workspace+"/"+generation] {
+	for id := range s.held[workspace] {
 		ids = append(ids, id)
 	}
 	return ids

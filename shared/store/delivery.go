@@ -391,3 +391,112 @@ func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64,
 	}
 	return n, nil
 }
+
+// ClaimActive reads the replication state and, when replication is enabled
+// and has an active target, claims the next batch of its pending events, as
+// State, ActiveTarget and Claim would in turn, but in one transaction of
+// fewer round trips: the shared lifecycle lock comes first, as in Claim,
+// then the state, then the target and the claimed references together. The
+// claim is nil when the state says there is nothing to drain (disabled, or
+// no active target: the error is ErrNoActiveTarget); on a legacy database it
+// falls back to ActiveTarget and Claim.
+func (s *Store) ClaimActive(ctx context.Context, exclude []string) (State, Target, *Claim, error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	fail := func(err error) (State, Target, *Claim, error) {
+		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
+	}
+	// The lock first, then the state (the schema check guards the read).
+	first := &pgx.Batch{}
+	first.Queue(sqlBeginClaim, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
+	first.Queue(sqlSchemaPresent)
+	first.Queue(sqlState)
+	results := tx.SendBatch(ctx, first)
+	if _, err := results.Exec(); err != nil {
+		_ = results.Close()
+		return fail(err)
+	}
+	var present bool
+	if err := results.QueryRow().Scan(&present); err != nil {
+		_ = results.Close()
+		return fail(err)
+	}
+	if !present {
+		_ = results.Close() // the state read failed: no table
+		return fail(ErrNoSchema)
+	}
+	st, err := readStateRow(results.QueryRow())
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if st.Version < ProtocolDelivery {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		state, t, err := s.ActiveTarget(ctx)
+		if err != nil || !state.Enabled {
+			return state, t, nil, err
+		}
+		c, err := s.Claim(ctx, t, exclude)
+		return state, t, c, err
+	}
+	if st.ActiveGeneration == "" {
+		return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+	}
+	if exclude == nil {
+		exclude = []string{}
+	}
+	second := &pgx.Batch{}
+	second.Queue(sqlTargetV4, st.ActiveGeneration)
+	if st.Enabled {
+		second.Queue(sqlClaimReferences, st.ActiveGeneration, exclude)
+	}
+	results = tx.SendBatch(ctx, second)
+	t, err := scanTarget(results.QueryRow())
+	if err != nil {
+		_ = results.Close()
+		if err == pgx.ErrNoRows {
+			return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+		}
+		return fail(err)
+	}
+	if !st.Enabled {
+		_ = results.Close()
+		return st, t, nil, nil
+	}
+	rows, err := results.Query()
+	if err != nil {
+		_ = results.Close()
+		return fail(err)
+	}
+	refs := make([]reference, 0, event.MaxBatchEvents)
+	var r reference
+	if _, err := pgx.ForEachRow(rows, []any{&r.id, &r.table}, func() error {
+		refs = append(refs, r)
+		return nil
+	}); err != nil {
+		_ = results.Close()
+		return fail(err)
+	}
+	if err := results.Close(); err != nil {
+		return fail(err)
+	}
+	b, err := s.buildBatch(ctx, tx, t, refs, aloneBound)
+	if err != nil {
+		return st, t, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+	}
+	if len(b.Events) == 0 {
+		return st, t, &Claim{Batch: b, store: s, target: t}, nil
+	}
+	keep = true
+	return st, t, &Claim{Batch: b, store: s, target: t, tx: tx}, nil
+}

@@ -133,9 +133,14 @@ func readState(ctx context.Context, tx pgx.Tx) (State, error) {
 	if !present {
 		return State{}, ErrNoSchema
 	}
+	return readStateRow(tx.QueryRow(ctx, sqlState))
+}
+
+// readStateRow scans and checks the singleton.
+func readStateRow(row pgx.Row) (State, error) {
 	var st State
 	var active *string
-	err := tx.QueryRow(ctx, sqlState).Scan(&st.Version, &st.Enabled, &st.SourceID, &active)
+	err := row.Scan(&st.Version, &st.Enabled, &st.SourceID, &active)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return State{}, ErrNoSchema
 	}
