@@ -98,6 +98,7 @@ func (l *local) close() {
 // faultSwitch makes Pub/Sub's Publish fail while on: the injected outage.
 type faultSwitch struct{ on atomic.Bool }
 
+// React implements pstest.Reactor: it fails Publish while the switch is on.
 func (f *faultSwitch) React(any) (bool, any, error) {
 	if f.on.Load() {
 		return true, nil, status.Error(codes.Unavailable, "injected Pub/Sub outage")

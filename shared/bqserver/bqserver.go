@@ -50,6 +50,7 @@ type Error struct {
 	Message string
 }
 
+// Error implements error.
 func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Reason, e.Message) }
 
 // Handler answers queries.

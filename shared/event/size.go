@@ -86,6 +86,7 @@ type OversizeError struct {
 	Bytes     int    // MessageBytes of the event
 }
 
+// Error implements error.
 func (e *OversizeError) Error() string {
 	return fmt.Sprintf("replication event %s (row %s) needs %d bytes, more than the %d-byte publish bound", e.EventID, e.HistoryID, e.Bytes, MaxBatchBytes)
 }
