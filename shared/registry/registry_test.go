@@ -111,3 +111,24 @@ func TestLoad(t *testing.T) {
 	_, err = registry.Load(env(map[string]string{registry.EnvInline: `{"workspaces": []}`}))
 	require.ErrorContains(t, err, "REPLICATION_WORKSPACES: workspaces")
 }
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(valid))
+	f.Add([]byte(`{"workspaces": [{"id": "w1", "database": {"url": "postgres://x@y/z"}, "pubsub": {"project": "p1", "topic": "t1x"}}]}`))
+	f.Add([]byte(`{`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		r, err := registry.Parse(raw)
+		if err != nil {
+			return
+		}
+		// Whatever parses is valid, and stays valid.
+		if err := r.Validate(); err != nil {
+			t.Fatalf("Parse accepted a registry Validate refuses: %v", err)
+		}
+		for _, w := range r.Workspaces {
+			if _, ok := r.Workspace(w.ID); !ok {
+				t.Fatalf("workspace %q not found", w.ID)
+			}
+		}
+	})
+}
