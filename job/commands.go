@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,23 +100,13 @@ func runBackfill(e *env) error {
 		if err != nil {
 			return err
 		}
-		p := e.progress.start("backfill", ws.ID, "rows", total)
-		for complete := t.BackfillComplete; !complete; {
-			if e.ctx.Err() != nil {
-				p.done()
-				return interrupted("backfill", ws.ID, p.pages)
-			}
-			ctx, cancel := e.page()
+		err = e.pages("backfill", ws, total, t.BackfillComplete, func(ctx context.Context) (int, bool, error) {
 			page, err := st.AdvanceBackfill(ctx, t)
-			cancel()
-			if err != nil {
-				p.done()
-				return fmt.Errorf("workspace %s: %w", ws.ID, err)
-			}
-			p.add(page.Rows)
-			complete = page.Complete
+			return page.Rows, page.Complete, err
+		})
+		if err != nil {
+			return err
 		}
-		p.done()
 		if t.Generation != e.activeGeneration(st) {
 			return nil // only the active generation is drained
 		}
@@ -124,6 +115,28 @@ func runBackfill(e *env) error {
 		d.done()
 		return err
 	})
+}
+
+// pages runs page until it reports completion, each page its own
+// transaction under its own deadline, showing progress; an interrupt stops
+// it between pages.
+func (e *env) pages(operation string, ws registry.Workspace, total int64, complete bool, page func(ctx context.Context) (rows int, complete bool, err error)) error {
+	p := e.progress.start(operation, ws.ID, "rows", total)
+	defer p.done()
+	for !complete {
+		if e.ctx.Err() != nil {
+			return interrupted(operation, ws.ID, p.pages)
+		}
+		ctx, cancel := e.page()
+		rows, done, err := page(ctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("workspace %s: %w", ws.ID, err)
+		}
+		p.add(rows)
+		complete = done
+	}
+	return nil
 }
 
 func (e *env) activeGeneration(st *store.Store) string {
@@ -168,32 +181,19 @@ func runReplay(e *env) error {
 			return err
 		}
 		draining := t.Generation == e.activeGeneration(st)
-		p := e.progress.start("replay", ws.ID, "rows", total)
-		for complete := false; !complete; {
-			if e.ctx.Err() != nil {
-				p.done()
-				return interrupted("replay", ws.ID, p.pages)
-			}
-			ctx, cancel := e.page()
+		err = e.pages("replay", ws, total, false, func(ctx context.Context) (int, bool, error) {
 			page, err := st.AdvanceReplay(ctx, t)
-			cancel()
-			if err != nil {
-				p.done()
-				return fmt.Errorf("workspace %s: %w", ws.ID, err)
+			if err != nil || page.Complete || !draining {
+				return page.Rows, page.Complete, err
 			}
-			p.add(page.Rows)
-			complete = page.Complete
-			if draining && !complete {
-				ctx, cancel := e.page()
-				_, err := e.svc.Sweep(ctx, ws.ID, drainBatchesPerReplayPage)
-				cancel()
-				if err != nil {
-					p.done()
-					return fmt.Errorf("workspace %s: drain during replay: %w", ws.ID, err)
-				}
+			if _, err := e.svc.Sweep(ctx, ws.ID, drainBatchesPerReplayPage); err != nil {
+				return page.Rows, false, fmt.Errorf("drain during replay: %w", err)
 			}
+			return page.Rows, false, nil
+		})
+		if err != nil {
+			return err
 		}
-		p.done()
 		if !draining {
 			return nil
 		}
