@@ -40,7 +40,7 @@ func templateFor(protocol int) *pgtest.Template {
 
 // historyEnv is a database at the protocol with an active generation and n
 // retained, delivered and verified history rows.
-func historyEnv(b *testing.B, protocol, n int) (*env, store.Target) {
+func historyEnv(b testing.TB, protocol, n int) (*env, store.Target) {
 	b.Helper()
 	e := newEnv(b, templateFor(protocol))
 	tg := e.start(b)
