@@ -88,7 +88,7 @@ const (
         ON CONFLICT DO NOTHING RETURNING verified_at IS NOT NULL`
 	sqlBackfillBaselineEvents = `SELECT id, event FROM _ontology_replication_baselines WHERE generation = $1::uuid`
 	sqlBackfillHistoryEvents  = `SELECT id, replication AS event FROM %s`
-	sqlBackfillCursor = `UPDATE _ontology_replication_targets SET backfill_cursor = $2::jsonb, backfill_complete = $3,
+	sqlBackfillCursor         = `UPDATE _ontology_replication_targets SET backfill_cursor = $2::jsonb, backfill_complete = $3,
        verified_count = verified_count + $4::bigint WHERE generation = $1::uuid`
 )
 
