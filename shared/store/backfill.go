@@ -79,6 +79,18 @@ const (
 	// cursor (the seed updates the row twice a page; every version left
 	// behind slows the next checks until vacuum). %s is the page's event
 	// source: sqlBackfillBaselineEvents or sqlBackfillHistoryEvents.
+	sqlBackfillInsertSeed = `WITH inserted AS (
+        INSERT INTO _ontology_replication_delivery
+          (generation, event_id, history_table, revision, is_baseline, accepted_at, verified_at, next_verify_at)
+        SELECT $1::uuid, e.id, $3::text, (e.event->>'revision')::bigint, $4::boolean,
+          r.accepted_at, r.verified_at, now() FROM (%s) e
+        LEFT JOIN _ontology_replication_receipts r ON r.generation = $1::uuid AND r.event_id = e.id
+        WHERE e.id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+        ON CONFLICT DO NOTHING RETURNING verified_at
+      ) UPDATE _ontology_replication_targets SET verified_count = verified_count +
+        (SELECT count(verified_at) FROM inserted) WHERE generation = $1::uuid`
+	sqlBackfillCursorSeed = `UPDATE _ontology_replication_targets SET backfill_cursor = $2::jsonb, backfill_complete = $3
+       WHERE generation = $1::uuid`
 	sqlBackfillInsert = `INSERT INTO _ontology_replication_delivery
           (generation, event_id, history_table, revision, is_baseline, accepted_at, verified_at, next_verify_at)
         SELECT $1::uuid, e.id, $3::text, (e.event->>'revision')::bigint, $4::boolean,

@@ -9,4 +9,7 @@ var (
 	BackfillBaselinePages    = [2]string{sqlBackfillBaselineFirstPage, sqlBackfillBaselineNextPage}
 	BackfillHistoryPages     = [2]string{sqlBackfillHistoryFirstPage, sqlBackfillHistoryNextPage}
 	ReplayPages              = [2]string{sqlReplayFirstPage, sqlReplayNextPage}
+	SeedBackfillInsert       = sqlBackfillInsertSeed
+	SeedBackfillCursor       = sqlBackfillCursorSeed
+	SeedBackfillEvents       = [2]string{sqlBackfillBaselineEvents, sqlBackfillHistoryEvents}
 )

@@ -1,12 +1,16 @@
 package store_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
@@ -77,4 +81,103 @@ func TestPageReadsMatchTheSeeds(t *testing.T) {
 	ours = walk(t, e, store.ReplayPages[0], store.ReplayPages[1], replay)
 	require.Len(t, seed, 1500+2500+5, "baselines, backfilled history and five later events at or below the fence")
 	require.Equal(t, seed, ours)
+}
+
+// upgradedTemplate is a protocol-3 database with baselines, history and
+// receipts (some verified), upgraded to 4: a target waiting for backfill.
+var upgradedTemplate = pgtest.Template{Name: "store_upgraded", Build: func(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if err := sdkfixture.Install(ctx, conn, sdkfixture.Demo, 3); err != nil {
+		return err
+	}
+	if err := sdkfixture.BulkCreate(ctx, conn, sdkfixture.Demo, "product", "title", 1200, 1200); err != nil {
+		return err
+	}
+	g, err := sdkfixture.StartGeneration(ctx, conn, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	if err != nil {
+		return err
+	}
+	if err := sdkfixture.BulkCreate(ctx, conn, sdkfixture.Demo, "product", "title", 2300, 1000); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at, verified_at)
+		SELECT $1::uuid, id, now(), CASE WHEN random() < 0.5 THEN now() END FROM (
+		  SELECT id FROM product_history WHERE replication IS NOT NULL
+		  UNION ALL SELECT id FROM _ontology_replication_baselines) e WHERE random() < 0.7`, g.Generation); err != nil {
+		return err
+	}
+	return sdkfixture.Upgrade(ctx, conn, sdkfixture.Demo)
+}}
+
+// TestBackfillMatchesTheSeed runs a whole backfill with the seed's
+// statements on one copy of a database and with the store on another: the
+// delivery queue and the target end the same.
+func TestBackfillMatchesTheSeed(t *testing.T) {
+	t.Parallel()
+	seedEnv, ours := newEnv(t, &upgradedTemplate), newEnv(t, &upgradedTemplate)
+	tg := seedEnv.target(t)
+	var backfillRevision int64
+	require.NoError(t, seedEnv.pool.QueryRow(seedEnv.ctx, "SELECT backfill_revision FROM _ontology_replication_targets").Scan(&backfillRevision))
+
+	// The seed's advanceReplicationBackfill, statement for statement.
+	tables := []string{"", "customer_history", "product_history", "order_history"}
+	for position := 0; position < len(tables); position++ {
+		var cursor *string
+		for {
+			table := tables[position]
+			var rows pgx.Rows
+			var err error
+			var events string
+			if table == "" {
+				rows, err = seedEnv.pool.Query(seedEnv.ctx, store.SeedBackfillBaselinePage, tg.Generation, cursor)
+				events = store.SeedBackfillEvents[0]
+			} else {
+				ident := pgx.Identifier{table}.Sanitize()
+				rows, err = seedEnv.pool.Query(seedEnv.ctx, fmt.Sprintf(store.SeedBackfillHistoryPage, ident), tg.Generation, cursor, tg.SourceID, tg.FromRevision, backfillRevision)
+				events = fmt.Sprintf(store.SeedBackfillEvents[1], ident)
+			}
+			require.NoError(t, err)
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			raw, _ := json.Marshal(ids)
+			var historyTable *string
+			if table != "" {
+				historyTable = &table
+			}
+			seedEnv.exec(t, fmt.Sprintf(store.SeedBackfillInsert, events), tg.Generation, string(raw), historyTable, table == "")
+			finished := len(ids) < 1000
+			next := map[string]any{"table": position}
+			if finished {
+				next = map[string]any{"table": position + 1}
+			} else {
+				next["id"] = ids[len(ids)-1]
+			}
+			rawNext, _ := json.Marshal(next)
+			seedEnv.exec(t, store.SeedBackfillCursor, tg.Generation, string(rawNext), finished && position+1 >= len(tables))
+			if finished {
+				break
+			}
+			cursor = &ids[len(ids)-1]
+		}
+	}
+	for page := (store.BackfillPage{}); !page.Complete; {
+		var err error
+		page, err = ours.store.AdvanceBackfill(ours.ctx, tg)
+		require.NoError(t, err)
+	}
+	snapshot := func(e *env) string {
+		var out string
+		require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT concat_ws(E'\n',
+			(SELECT string_agg(concat_ws(' ', event_id, history_table, revision, is_baseline, accepted_at, verified_at), E'\n' ORDER BY event_id)
+			   FROM _ontology_replication_delivery),
+			(SELECT concat_ws(' ', backfill_complete, backfill_cursor, verified_count) FROM _ontology_replication_targets))`).Scan(&out))
+		return out
+	}
+	want, got := snapshot(seedEnv), snapshot(ours)
+	require.Equal(t, 1200+2300, strings.Count(want, "\n"), "every event queued")
+	require.Equal(t, want, got)
 }
