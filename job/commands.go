@@ -64,7 +64,10 @@ func (e *env) drainWorkspace(ws registry.Workspace, p *progress) error {
 			return fmt.Errorf("workspace %s: drain: %w", ws.ID, err)
 		}
 		if res.State != delivery.StateActive {
-			return fmt.Errorf("workspace %s: replication is %s: nothing can be drained", ws.ID, strings.ReplaceAll(res.State, "_", " "))
+			// Paused (an SDK migration or a new generation) or never started:
+			// nothing may be published now; the next run will.
+			e.log.Warn("workspace skipped: replication is "+strings.ReplaceAll(res.State, "_", " "), "workspace", ws.ID)
+			return nil
 		}
 		if res.Published > 0 || res.HeldBack > 0 {
 			p.add(res.Published)
