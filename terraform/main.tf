@@ -83,6 +83,9 @@ resource "google_cloud_run_v2_service" "drain" {
   template {
     service_account = google_service_account.component["drain"].email
     timeout         = "60s"
+    # Each instance keeps at most 4 connections per workspace database; more
+    # concurrent drains per instance would only queue for them.
+    max_instance_request_concurrency = 8
     scaling {
       max_instance_count = 20
     }
