@@ -18,7 +18,7 @@ const BackfillPageSize = 1000
 // receipts' accepted and verified state. Static pre-upgrade histories get no
 // new inserts: protocol-4 writers enqueue new history themselves.
 const (
-	sqlBackfillTarget = `SELECT ` + sqlTargetFieldsV4 + `, backfill_cursor, backfill_revision
+	sqlBackfillTarget = `SELECT ` + sqlTargetFieldsV4 + `
        FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE`
 	// The seed's page reads: `($2::uuid IS NULL OR id > $2::uuid)` for the
 	// cursor, and ORDER BY id, where id is the output column id::text.
@@ -140,14 +140,7 @@ func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, er
 		if _, err := tx.Exec(ctx, sqlBackfillPlan); err != nil {
 			return err
 		}
-		var cur Target
-		var rawCursor []byte
-		var backfillRevision *int64
-		var selection []byte
-		err := tx.QueryRow(ctx, sqlBackfillTarget, t.Generation).Scan(&cur.Generation, &cur.SourceID, &cur.FromRevision, &cur.Manifest, &selection,
-			&cur.Protocol, &cur.BaselineComplete, &cur.BackfillComplete, &cur.InitialRevision, &cur.ReplayComplete, &cur.DeliveryVersion,
-			&cur.BaselineCursor, &cur.BackfillCursor, &cur.BackfillRevision, &cur.ReplayCursor, &cur.VerifiedCount,
-			&rawCursor, &backfillRevision)
+		cur, err := scanTarget(tx.QueryRow(ctx, sqlBackfillTarget, t.Generation))
 		if err == pgx.ErrNoRows {
 			return ErrUnknownGeneration
 		}
@@ -158,9 +151,7 @@ func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, er
 			page.Complete = true
 			return nil
 		}
-		if err := json.Unmarshal(selection, &cur.Selection); err != nil {
-			return fmt.Errorf("selection: %w", err)
-		}
+		rawCursor := cur.BackfillCursor
 		var cursor backfillCursor
 		if err := json.Unmarshal(rawCursor, &cursor); err != nil {
 			return fmt.Errorf("backfill_cursor %s: %w", rawCursor, err)
@@ -205,7 +196,7 @@ func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, er
 			if cursor.ID != nil {
 				query = sqlBackfillHistoryNextPage
 			}
-			rows, err = tx.Query(ctx, fmt.Sprintf(query, ident), t.Generation, cursor.ID, cur.SourceID, cur.FromRevision, backfillRevision)
+			rows, err = tx.Query(ctx, fmt.Sprintf(query, ident), t.Generation, cursor.ID, cur.SourceID, cur.FromRevision, cur.BackfillRevision)
 			events = fmt.Sprintf(sqlBackfillHistoryEvents, ident)
 		}
 		if err != nil {

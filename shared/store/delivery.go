@@ -136,9 +136,14 @@ func queryReferences(ctx context.Context, tx pgx.Tx, query string, args ...any) 
 	if err != nil {
 		return nil, err
 	}
+	return collectReferences(rows)
+}
+
+// collectReferences reads (event_id, history_table) rows.
+func collectReferences(rows pgx.Rows) ([]reference, error) {
 	refs := make([]reference, 0, event.MaxBatchEvents)
 	var r reference
-	_, err = pgx.ForEachRow(rows, []any{&r.id, &r.table}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&r.id, &r.table}, func() error {
 		refs = append(refs, r)
 		return nil
 	})
@@ -478,12 +483,8 @@ func (s *Store) ClaimActive(ctx context.Context, exclude []string) (State, Targe
 		_ = results.Close()
 		return fail(err)
 	}
-	refs := make([]reference, 0, event.MaxBatchEvents)
-	var r reference
-	if _, err := pgx.ForEachRow(rows, []any{&r.id, &r.table}, func() error {
-		refs = append(refs, r)
-		return nil
-	}); err != nil {
+	refs, err := collectReferences(rows)
+	if err != nil {
 		_ = results.Close()
 		return fail(err)
 	}
