@@ -5,11 +5,10 @@ package store
 var (
 	SeedBackfillBaselinePage = sqlBackfillBaselinePageSeed
 	SeedBackfillHistoryPage  = sqlBackfillHistoryPageSeed
-	SeedReplayPage           = sqlReplayPageSeed
+	SeedReplay               = [4]string{sqlReplayPageSeed, sqlReplayResetSeed, sqlReplayReceiptsSeed, sqlReplayCursorSeed}
 	BackfillBaselinePages    = [2]string{sqlBackfillBaselineFirstPage, sqlBackfillBaselineNextPage}
 	BackfillHistoryPages     = [2]string{sqlBackfillHistoryFirstPage, sqlBackfillHistoryNextPage}
-	ReplayPages              = [2]string{sqlReplayFirstPage, sqlReplayNextPage}
 	SeedBackfillInsert       = sqlBackfillInsertSeed
 	SeedBackfillCursor       = sqlBackfillCursorSeed
-	SeedBackfillEvents       = [2]string{sqlBackfillBaselineEvents, sqlBackfillHistoryEvents}
+	SeedBackfillEvents       = [2]string{sqlBackfillBaselineEventsSeed, sqlBackfillHistoryEventsSeed}
 )

@@ -30,7 +30,17 @@ func walk(t *testing.T, e *env, first, next string, args func(cursor *string) []
 		require.NoError(t, err)
 		ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
 			vals, err := r.Values()
-			return vals[0].(string), err
+			if err != nil {
+				return "", err
+			}
+			switch id := vals[0].(type) {
+			case string: // the seeds' reads return id::text
+				return id, nil
+			case [16]byte: // the store's return the uuid with its event
+				return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16]), nil
+			default:
+				return "", fmt.Errorf("unexpected id %T", id)
+			}
 		})
 		require.NoError(t, err)
 		all = append(all, ids...)
@@ -69,18 +79,6 @@ func TestPageReadsMatchTheSeeds(t *testing.T) {
 	require.Len(t, seed, 2500)
 	require.Equal(t, seed, ours)
 
-	tg = e.target(t)
-	for page := (store.BackfillPage{}); !page.Complete; {
-		var err error
-		page, err = e.store.AdvanceBackfill(e.ctx, tg)
-		require.NoError(t, err)
-	}
-	fence := int64(2500 + 5) // history revisions 1–2,500, then 2,501–2,510 after the upgrade
-	replay := func(c *string) []any { return []any{tg.Generation, c, fence} }
-	seed = walk(t, e, store.SeedReplayPage, store.SeedReplayPage, replay)
-	ours = walk(t, e, store.ReplayPages[0], store.ReplayPages[1], replay)
-	require.Len(t, seed, 1500+2500+5, "baselines, backfilled history and five later events at or below the fence")
-	require.Equal(t, seed, ours)
 }
 
 // upgradedTemplate is a protocol-3 database with baselines, history and
@@ -180,4 +178,140 @@ func TestBackfillMatchesTheSeed(t *testing.T) {
 	want, got := snapshot(seedEnv), snapshot(ours)
 	require.Equal(t, 1200+2300, strings.Count(want, "\n"), "every event queued")
 	require.Equal(t, want, got)
+}
+
+// replayingTemplate is a protocol-4 database whose replay was just
+// initialised: baselines and history rows in every delivery state (pending,
+// accepted, verified, with receipts), then rows written after the fence.
+var replayingTemplate = pgtest.Template{Name: "store_replaying", Build: func(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if err := sdkfixture.Install(ctx, conn, sdkfixture.Demo, 4); err != nil {
+		return err
+	}
+	if err := sdkfixture.BulkCreate(ctx, conn, sdkfixture.Demo, "product", "title", 300, 300); err != nil {
+		return err
+	}
+	g, err := sdkfixture.StartGeneration(ctx, conn, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	if err != nil {
+		return err
+	}
+	if err := sdkfixture.BulkCreate(ctx, conn, sdkfixture.Demo, "product", "title", 2200, 1000); err != nil {
+		return err
+	}
+	// A fixed mix of states: every fifth row pending, every second of the
+	// rest verified, the others accepted and waiting for verification.
+	state := `UPDATE _ontology_replication_delivery d SET
+	    accepted_at = CASE WHEN s.n %% 5 <> 0 THEN timestamptz '2026-01-01' END,
+	    verified_at = CASE WHEN s.n %% 5 <> 0 AND s.n %% 2 = 0 THEN timestamptz '2026-01-02' END
+	  FROM (SELECT event_id, row_number() OVER (ORDER BY event_id) AS n FROM _ontology_replication_delivery %s) s
+	  WHERE d.event_id = s.event_id`
+	receipts := `INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at, verified_at)
+	  SELECT generation, event_id, accepted_at, verified_at FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL
+	  ON CONFLICT DO NOTHING`
+	for _, q := range []string{fmt.Sprintf(state, ""), receipts,
+		`UPDATE _ontology_replication_targets SET verified_count = (SELECT count(verified_at) FROM _ontology_replication_delivery)`} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	st, err := store.New(conn, store.Config{})
+	if err != nil {
+		return err
+	}
+	tg, err := st.Target(ctx, g.Generation)
+	if err != nil {
+		return err
+	}
+	if err := st.InitReplay(ctx, tg); err != nil {
+		return err
+	}
+	var fence int64
+	if err := conn.QueryRow(ctx, "SELECT initial_revision FROM _ontology_replication_targets").Scan(&fence); err != nil {
+		return err
+	}
+	if err := sdkfixture.BulkCreate(ctx, conn, sdkfixture.Demo, "product", "title", 60, 60); err != nil {
+		return err
+	}
+	for _, q := range []string{fmt.Sprintf(state, fmt.Sprintf("WHERE revision > %d", fence)), receipts} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}}
+
+// TestReplayMatchesTheSeed runs a whole replay with the seed's statements on
+// one copy of a database and with the store on another: the delivery queue,
+// the receipts and the target end the same.
+func TestReplayMatchesTheSeed(t *testing.T) {
+	t.Parallel()
+	seedEnv, ours := newEnv(t, &replayingTemplate), newEnv(t, &replayingTemplate)
+	tg := seedEnv.target(t)
+
+	// The seed's advanceReplicationReplay, statement for statement.
+	var seedPages []store.ReplayPage
+	for {
+		var complete bool
+		var cursor *string
+		var fence int64
+		require.NoError(t, seedEnv.pool.QueryRow(seedEnv.ctx, "SELECT replay_complete, replay_cursor::text, initial_revision FROM _ontology_replication_targets").
+			Scan(&complete, &cursor, &fence))
+		if complete {
+			break
+		}
+		rows, err := seedEnv.pool.Query(seedEnv.ctx, store.SeedReplay[0], tg.Generation, cursor, fence)
+		require.NoError(t, err)
+		var ids []string
+		var page store.ReplayPage
+		var id string
+		var verified bool
+		_, err = pgx.ForEachRow(rows, []any{&id, &verified}, func() error {
+			ids = append(ids, id)
+			if verified {
+				page.Verified++
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		raw, _ := json.Marshal(ids)
+		seedEnv.exec(t, store.SeedReplay[1], tg.Generation, string(raw))
+		seedEnv.exec(t, store.SeedReplay[2], tg.Generation, string(raw))
+		page.Rows, page.Complete = len(ids), len(ids) < 1000
+		if len(ids) > 0 {
+			cursor = &ids[len(ids)-1]
+		}
+		seedEnv.exec(t, store.SeedReplay[3], tg.Generation, cursor, page.Complete, page.Verified)
+		seedPages = append(seedPages, page)
+	}
+	var ourPages []store.ReplayPage
+	for {
+		page, err := ours.store.AdvanceReplay(ours.ctx, tg)
+		require.NoError(t, err)
+		ourPages = append(ourPages, page)
+		if page.Complete {
+			break
+		}
+	}
+	require.Equal(t, seedPages, ourPages)
+	require.Len(t, ourPages, 3, "2,500 rows at or below the fence")
+
+	snapshot := func(e *env) string {
+		var out string
+		require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT concat_ws(E'\n',
+			(SELECT string_agg(concat_ws(' ', event_id, revision, is_baseline, accepted_at, verified_at, next_verify_at > now() - interval '1 hour'), E'\n' ORDER BY event_id)
+			   FROM _ontology_replication_delivery),
+			(SELECT string_agg(concat_ws(' ', event_id, accepted_at, verified_at), E'\n' ORDER BY event_id) FROM _ontology_replication_receipts),
+			(SELECT concat_ws(' ', replay_complete, replay_cursor, initial_revision, verified_count) FROM _ontology_replication_targets))`).Scan(&out))
+		return out
+	}
+	want, got := snapshot(seedEnv), snapshot(ours)
+	require.Equal(t, want, got)
+	require.EqualValues(t, 0, ours.count(t, `SELECT count(*) FROM _ontology_replication_delivery d, _ontology_replication_targets t
+		WHERE (d.is_baseline OR d.revision <= t.initial_revision) AND d.accepted_at IS NOT NULL`), "every fenced row is pending")
+	require.EqualValues(t, 48, ours.count(t, `SELECT count(*) FROM _ontology_replication_delivery d, _ontology_replication_targets t
+		WHERE d.revision > t.initial_revision AND d.accepted_at IS NOT NULL`), "rows after the fence keep their state")
 }
