@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
@@ -51,39 +50,9 @@ func (e *env) eachWorkspace(fn func(ws registry.Workspace) error) error {
 	return nil
 }
 
-// drainWorkspace publishes batches until nothing (publishable) is pending.
-func (e *env) drainWorkspace(ws registry.Workspace, p *progress) error {
-	for {
-		if e.ctx.Err() != nil {
-			return interrupted("drain", ws.ID, p.pages)
-		}
-		ctx, cancel := e.page()
-		res, err := e.svc.Drain(ctx, ws.ID)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("workspace %s: drain: %w", ws.ID, err)
-		}
-		if res.State != delivery.StateActive {
-			// Paused (an SDK migration or a new generation) or never started:
-			// nothing may be published now; the next run will.
-			e.log.Warn("workspace skipped: replication is "+strings.ReplaceAll(res.State, "_", " "), "workspace", ws.ID)
-			return nil
-		}
-		if res.Published > 0 || res.HeldBack > 0 {
-			p.add(res.Published)
-		}
-		if !res.More || res.Published == 0 && res.HeldBack == 0 {
-			return nil
-		}
-	}
-}
-
 func runDrain(e *env) error {
 	return e.eachWorkspace(func(ws registry.Workspace) error {
-		p := e.progress.start("drain", ws.ID, "events", 0)
-		err := e.drainWorkspace(ws, p)
-		p.done()
-		return err
+		return e.drainWhile(ws, nil)
 	})
 }
 
@@ -103,20 +72,17 @@ func runBackfill(e *env) error {
 		if err != nil {
 			return err
 		}
-		err = e.pages("backfill", ws, total, t.BackfillComplete, func(ctx context.Context) (int, bool, error) {
-			page, err := st.AdvanceBackfill(ctx, t)
-			return page.Rows, page.Complete, err
-		})
-		if err != nil {
-			return err
+		pages := func() error {
+			return e.pages("backfill", ws, total, t.BackfillComplete, func(ctx context.Context) (int, bool, error) {
+				page, err := st.AdvanceBackfill(ctx, t)
+				return page.Rows, page.Complete, err
+			})
 		}
 		if t.Generation != e.activeGeneration(st) {
-			return nil // only the active generation is drained
+			return pages() // only the active generation is drained
 		}
-		d := e.progress.start("drain", ws.ID, "events", 0)
-		err = e.drainWorkspace(ws, d)
-		d.done()
-		return err
+		// Events without a receipt are queued pending: drained as the pages go.
+		return e.drainWhile(ws, pages)
 	})
 }
 
@@ -150,10 +116,6 @@ func (e *env) activeGeneration(st *store.Store) string {
 	return state.ActiveGeneration
 }
 
-// drainBatchesPerReplayPage is how many batches the replay publishes after
-// each page: a page resets up to 1,000 events, ten batches of 100.
-const drainBatchesPerReplayPage = 10
-
 func runReplay(e *env) error {
 	return e.eachWorkspace(func(ws registry.Workspace) error {
 		st, _, t, err := e.target(ws)
@@ -183,27 +145,16 @@ func runReplay(e *env) error {
 		if err != nil {
 			return err
 		}
-		draining := t.Generation == e.activeGeneration(st)
-		err = e.pages("replay", ws, total, false, func(ctx context.Context) (int, bool, error) {
-			page, err := st.AdvanceReplay(ctx, t)
-			if err != nil || page.Complete || !draining {
+		pages := func() error {
+			return e.pages("replay", ws, total, false, func(ctx context.Context) (int, bool, error) {
+				page, err := st.AdvanceReplay(ctx, t)
 				return page.Rows, page.Complete, err
-			}
-			if _, err := e.svc.Sweep(ctx, ws.ID, drainBatchesPerReplayPage); err != nil {
-				return page.Rows, false, fmt.Errorf("drain during replay: %w", err)
-			}
-			return page.Rows, false, nil
-		})
-		if err != nil {
-			return err
+			})
 		}
-		if !draining {
-			return nil
+		if t.Generation != e.activeGeneration(st) {
+			return pages() // only the active generation is drained
 		}
-		d := e.progress.start("drain", ws.ID, "events", 0)
-		err = e.drainWorkspace(ws, d)
-		d.done()
-		return err
+		return e.drainWhile(ws, pages)
 	})
 }
 

@@ -33,7 +33,7 @@ type space struct {
 // harness runs the job against real PostgreSQL databases, a pstest Pub/Sub
 // server (as PUBSUB_EMULATOR_HOST) and an in-test BigQuery server.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	pubsub *pstest.Server
 	bq     *bqserver.Server
@@ -44,7 +44,7 @@ type harness struct {
 }
 
 // newHarness makes one workspace per template (w1, w2, …).
-func newHarness(t *testing.T, templates ...*pgtest.Template) *harness {
+func newHarness(t testing.TB, templates ...*pgtest.Template) *harness {
 	t.Helper()
 	h := &harness{t: t, ctx: context.Background(), spaces: map[string]*space{}, env: map[string]string{}}
 	h.pubsub = pstest.NewServer()

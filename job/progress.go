@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -31,8 +32,11 @@ func newProgressOutput(w io.Writer, log *slog.Logger) *progressOutput {
 // output is not a terminal.
 const logEvery = 10
 
-// progress tracks one long operation on one workspace.
+// progress tracks one long operation on one workspace. Its methods may be
+// called from several goroutines.
 type progress struct {
+	mu        sync.Mutex
+	muted     bool
 	out       *progressOutput
 	operation string
 	workspace string
@@ -48,10 +52,29 @@ func (o *progressOutput) start(operation, workspace, unit string, total int64) *
 	return &progress{out: o, operation: operation, workspace: workspace, unit: unit, total: total, started: o.now()}
 }
 
+// mute makes add count without showing anything, while another operation
+// shows its progress; unmute shows it again.
+func (p *progress) mute() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.muted = true
+}
+
+func (p *progress) unmute() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.muted = false
+}
+
 // add records a finished page of n rows.
 func (p *progress) add(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.rows += int64(n)
 	p.pages++
+	if p.muted {
+		return
+	}
 	now := p.out.now()
 	if p.out.tty {
 		if now.Sub(p.printed) >= 100*time.Millisecond {
@@ -67,6 +90,8 @@ func (p *progress) add(n int) {
 
 // done prints the summary.
 func (p *progress) done() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	now := p.out.now()
 	if p.out.tty {
 		fmt.Fprintf(p.out.w, "\r\033[K%s, done\n", p.line(now))
