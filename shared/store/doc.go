@@ -27,8 +27,11 @@
 // and does what that statement does: same predicates, order, locks and
 // limits. Where this package improves on the SDK it says so: Claim locks its
 // batch FOR UPDATE SKIP LOCKED so concurrent drains take disjoint batches,
-// and an event past the SDK's byte bound is published alone instead of
-// failing the read (PendingEvents keeps the SDK's behaviour).
+// an event past the SDK's byte bound is published alone instead of failing
+// the read (PendingEvents keeps the SDK's behaviour), and a backfill or
+// replay page is one statement that walks the primary key from the cursor
+// (the seed's page statements are kept beside them, and tests run both and
+// compare the databases they leave).
 //
 // # A good citizen of a shared database
 //

@@ -12,3 +12,9 @@ var (
 	SeedBackfillCursor       = sqlBackfillCursorSeed
 	SeedBackfillEvents       = [2]string{sqlBackfillBaselineEventsSeed, sqlBackfillHistoryEventsSeed}
 )
+
+// The seed's acknowledge, verify and retry statements and the store's.
+var (
+	SeedStateUpdates = [3]string{sqlAcknowledgeSeed, sqlVerifySeed, sqlRetrySeed}
+	StateUpdates     = [3]string{sqlAcknowledge, sqlVerify, sqlRetry}
+)

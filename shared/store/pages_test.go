@@ -315,3 +315,85 @@ func TestReplayMatchesTheSeed(t *testing.T) {
 	require.EqualValues(t, 48, ours.count(t, `SELECT count(*) FROM _ontology_replication_delivery d, _ontology_replication_targets t
 		WHERE d.revision > t.initial_revision AND d.accepted_at IS NOT NULL`), "rows after the fence keep their state")
 }
+
+// TestStateUpdatesMatchTheSeed runs the seed's acknowledge, verify and retry
+// statements on one copy of a database holding every delivery state and the
+// store's on another, over overlapping id lists: the queue, the receipts and
+// the target end the same.
+func TestStateUpdatesMatchTheSeed(t *testing.T) {
+	t.Parallel()
+	seedEnv, ours := newEnv(t, &replayingTemplate), newEnv(t, &replayingTemplate)
+	tg := seedEnv.target(t)
+	rows, err := seedEnv.pool.Query(seedEnv.ctx, "SELECT event_id::text FROM _ontology_replication_delivery ORDER BY event_id")
+	require.NoError(t, err)
+	all, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	lists := [3][]string{all[:400], all[200:700], all[600:1100]} // acknowledge, verify, retry
+	for i, e := range []*env{seedEnv, ours} {
+		statements := store.SeedStateUpdates
+		if i == 1 {
+			statements = store.StateUpdates
+		}
+		for j, q := range statements {
+			raw, _ := json.Marshal(lists[j])
+			e.exec(t, q, tg.Generation, string(raw))
+		}
+	}
+	snapshot := func(e *env) string {
+		var out string
+		require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT concat_ws(E'\n',
+			(SELECT string_agg(concat_ws(' ', event_id, accepted, verified,
+			   next_verify_at > now() + interval '10 seconds', last_checked_at IS NOT NULL), E'\n' ORDER BY event_id)
+			   FROM (SELECT event_id, next_verify_at, last_checked_at,
+			           CASE WHEN accepted_at IS NULL THEN 'pending' WHEN accepted_at < timestamptz '2026-06-01' THEN accepted_at::text ELSE 'now' END AS accepted,
+			           CASE WHEN verified_at IS NULL THEN 'unverified' WHEN verified_at < timestamptz '2026-06-01' THEN verified_at::text ELSE 'now' END AS verified
+			         FROM _ontology_replication_delivery) d),
+			(SELECT string_agg(concat_ws(' ', event_id, accepted_at IS NOT NULL, verified_at IS NOT NULL), E'\n' ORDER BY event_id) FROM _ontology_replication_receipts),
+			(SELECT verified_count::text FROM _ontology_replication_targets))`).Scan(&out))
+		return out
+	}
+	want, got := snapshot(seedEnv), snapshot(ours)
+	require.True(t, want == got, "the store's statements left another state than the seed's")
+	for _, state := range []string{"pending unverified", "now unverified", "now now", "2026-01-01 00:00:00+00 now", "2026-01-02", " t t"} {
+		require.True(t, strings.Contains(want, state), "no row in the state %q", state)
+	}
+}
+
+// TestStateUpdatesUsePrimaryKey: with statistics taken while the partial
+// indexes were nearly empty and a queue that has since filled them, the
+// store's acknowledge, verify and retry statements find their rows by
+// primary key instead of scanning a partial index.
+func TestStateUpdatesUsePrimaryKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	require.NoError(t, sdkfixture.BulkCreate(e.ctx, e.pool, sdkfixture.Demo, "product", "title", 20_000, 20_000))
+	e.exec(t, `ALTER TABLE _ontology_replication_delivery SET (autovacuum_enabled = false)`)
+	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now(), verified_at = now()`)
+	e.exec(t, `VACUUM ANALYZE _ontology_replication_delivery`)
+	rows, err := e.pool.Query(e.ctx, "SELECT event_id::text FROM _ontology_replication_delivery ORDER BY revision LIMIT 100")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	raw, _ := json.Marshal(ids)
+	plan := func(q string) string {
+		rows, err := e.pool.Query(e.ctx, "EXPLAIN "+q, tg.Generation, string(raw))
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	for i, state := range []string{
+		`accepted_at = NULL, verified_at = NULL`,  // a replay made everything pending
+		`accepted_at = now(), verified_at = NULL`, // then everything was published
+		`accepted_at = now(), verified_at = NULL`, // and waits for verification
+	} {
+		e.exec(t, `UPDATE _ontology_replication_delivery SET `+state)
+		seed, ours := plan(store.SeedStateUpdates[i]), plan(store.StateUpdates[i])
+		t.Logf("the seed's plan:\n%s", seed)
+		require.Contains(t, ours, "Index Scan using _ontology_replication_delivery_pkey", ours)
+		for _, partial := range []string{"_ontology_delivery_pending", "_ontology_delivery_verify", "_ontology_delivery_unverified", "_ontology_delivery_initial"} {
+			require.NotContains(t, ours, partial, ours)
+		}
+	}
+}
