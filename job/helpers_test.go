@@ -41,13 +41,30 @@ type harness struct {
 	ddl    []string
 	spaces map[string]*space
 	env    map[string]string
+	// onPublish, when set, sees every publish request before pstest
+	// handles it (to cut a run at an exact point of its drain).
+	onPublish func(*pubsubpb.PublishRequest)
+}
+
+// publishHook lets a test watch publish requests as pstest receives them.
+type publishHook struct{ h *harness }
+
+// React calls the harness's onPublish and leaves the request to pstest.
+func (p publishHook) React(req any) (bool, any, error) {
+	p.h.mu.Lock()
+	f := p.h.onPublish
+	p.h.mu.Unlock()
+	if r, ok := req.(*pubsubpb.PublishRequest); ok && f != nil {
+		f(r)
+	}
+	return false, nil, nil
 }
 
 // newHarness makes one workspace per template (w1, w2, …).
 func newHarness(t testing.TB, templates ...*pgtest.Template) *harness {
 	t.Helper()
 	h := &harness{t: t, ctx: context.Background(), spaces: map[string]*space{}, env: map[string]string{}}
-	h.pubsub = pstest.NewServer()
+	h.pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: publishHook{h}})
 	t.Cleanup(func() { _ = h.pubsub.Close() })
 	h.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
 		if strings.HasPrefix(q.SQL, "CREATE OR REPLACE VIEW") {

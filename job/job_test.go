@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -194,8 +195,25 @@ func TestKillAndResume(t *testing.T) {
 	// Inside a page: the database connection dies mid-transaction.
 	cut("w3", func() bool { return h.count("w3", "SELECT count(*) FROM _ontology_replication_delivery") >= 1000 },
 		func(context.CancelFunc) { terminate(t, h, "w3") })
-	// During the drain.
-	cut("w4", func() bool { return len(h.published("w4")) >= 300 }, func(cancel context.CancelFunc) { cancel() })
+	// During the drain: the signal arrives while the drain publishes its
+	// fourth batch (the drain runs alongside the pages and may be quick, so
+	// polling what was published could see the run already over).
+	ctx, cancel := context.WithCancel(h.ctx)
+	var sent atomic.Int64
+	h.mu.Lock()
+	h.onPublish = func(r *pubsubpb.PublishRequest) {
+		if r.GetTopic() == "projects/p1/topics/events-w4" && sent.Add(int64(len(r.GetMessages()))) >= 300 {
+			cancel()
+		}
+	}
+	h.mu.Unlock()
+	_, _, err := h.run(ctx, "backfill", "--workspace", "w4")
+	cancel()
+	require.Error(t, err, "w4: the run was cut")
+	h.mu.Lock()
+	h.onPublish = nil
+	h.mu.Unlock()
+	h.mustRun("backfill", "--workspace", "w4")
 
 	for _, id := range []string{"w2", "w3", "w4"} {
 		require.Equal(t, normalise(want), normalise(h.snapshot(id)), "%s ends as an uninterrupted run", id)
