@@ -115,7 +115,11 @@ func (s *Service) Store(ctx context.Context, ws registry.Workspace) (*store.Stor
 	if err != nil {
 		return nil, err
 	}
-	st, err = store.New(pool, s.cfg.Store)
+	cfg := s.cfg.Store
+	if cfg.Logger == nil {
+		cfg.Logger = s.log.With(slog.String("workspace", ws.ID))
+	}
+	st, err = store.New(pool, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -238,5 +238,8 @@ func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, er
 	if err != nil {
 		return BackfillPage{}, fmt.Errorf("store: advance backfill of %s: %w", t.Generation, err)
 	}
+	if page.Rows > 0 {
+		s.targetRowUpdated(ctx)
+	}
 	return page, nil
 }

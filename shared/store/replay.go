@@ -165,5 +165,8 @@ func (s *Store) AdvanceReplay(ctx context.Context, t Target) (ReplayPage, error)
 	if err != nil {
 		return ReplayPage{}, fmt.Errorf("store: advance replay of %s: %w", t.Generation, err)
 	}
+	if page.Rows > 0 {
+		s.targetRowUpdated(ctx)
+	}
 	return page, nil
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,9 +15,11 @@ import (
 )
 
 // DB is what the store runs its transactions on: a *pgxpool.Pool in
-// production, a *pgx.Conn in some tests.
+// production, a *pgx.Conn in some tests. Exec runs the one statement that
+// cannot run in a transaction: the periodic VACUUM of the target table.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // Config configures a Store.
@@ -30,12 +34,18 @@ type Config struct {
 	// idle (while its batch is published) before the server ends it and
 	// releases its row locks. Default: 60s.
 	ClaimIdleTimeout time.Duration
+	// Logger receives the store's warnings: a failed VACUUM of the target
+	// table (see TargetVacuumEvery). Default: slog.Default().
+	Logger *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
 	c.ClaimIdleTimeout = cmp.Or(c.ClaimIdleTimeout, 60*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	return c
 }
 
@@ -60,6 +70,10 @@ type Store struct {
 
 	mu      sync.Mutex
 	capture *captureTables // cached; reloaded when a table is not found
+
+	// targetUpdates counts backfill and replay pages, each of which
+	// updates a target row (see TargetVacuumEvery).
+	targetUpdates atomic.Int64
 }
 
 // New returns a Store over db.
