@@ -92,7 +92,7 @@ func BenchmarkJobBackfill(b *testing.B) {
 				b.StopTimer()
 				for _, q := range []string{`DELETE FROM _ontology_replication_delivery`,
 					`UPDATE _ontology_replication_targets SET backfill_complete = false, backfill_cursor = '{}', verified_count = 0`,
-					`VACUUM ANALYZE`} {
+					`VACUUM ANALYZE`, `CHECKPOINT`} {
 					_, err := s.pool.Exec(h.ctx, q)
 					require.NoError(b, err)
 				}
@@ -129,7 +129,7 @@ func BenchmarkJobReplay(b *testing.B) {
 					`INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at, verified_at)
 					 SELECT generation, event_id, accepted_at, verified_at FROM _ontology_replication_delivery ON CONFLICT DO NOTHING`,
 					`UPDATE _ontology_replication_targets SET verified_count = (SELECT count(*) FROM _ontology_replication_delivery)`,
-					`VACUUM ANALYZE`} {
+					`VACUUM ANALYZE`, `CHECKPOINT`} {
 					_, err := s.pool.Exec(h.ctx, q)
 					require.NoError(b, err)
 				}

@@ -19,9 +19,9 @@ import (
 const usage = `usage: job <command> [flags]
 
 commands:
-  backfill  enqueue the events of a target created before protocol 4, then drain them
+  backfill  enqueue the events of a target created before protocol 4, draining as it goes
   replay    send a generation's events back to pending, page by page, draining as it goes
-  drain     publish batches until nothing is pending
+  drain     publish batches until nothing is pending (one drain per pool connection)
   verify    one verifier pass: look accepted events up in BigQuery, then sweep
   status    per workspace: protocol, generation, completion, counts, readiness
   views     create or replace the BigQuery latest-state views of the active target

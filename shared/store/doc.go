@@ -42,5 +42,7 @@
 // names: a delivery row's history_table is checked against the tables that
 // carry the SDK's capture trigger, and an entity's history table is the one
 // whose trigger runs its capture function, so the database role needs no
-// access to business tables.
+// access to business tables. Backfill and replay pages vacuum the target
+// table every TargetVacuumEvery pages (SKIP_LOCKED, so never waiting on
+// autovacuum), because each page leaves a version of its target row behind.
 package store
