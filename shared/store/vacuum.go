@@ -17,7 +17,7 @@ import (
 // foreign-key checks then walks every entry left behind, until autovacuum
 // (at most once a minute per database) comes by: at 10⁶ rows backfill fell
 // from 53,000 to 30,000 rows/s over the run, 38,000 rows/s overall. With the
-// table vacuumed every 20 pages it holds 61,000 rows/s to the end.
+// table vacuumed every 20 pages it holds 55,000–64,000 rows/s to the end.
 //
 // This is housekeeping the SDK does not do; it changes no row. VACUUM needs
 // the table's owner (or, from PostgreSQL 16, the MAINTAIN privilege); for

@@ -12,7 +12,7 @@ import (
 
 // TestPagesVacuumTheTargetTable advances TargetVacuumEvery replay pages and
 // finds the target table vacuumed by the store (pg_stat_user_tables counts
-// manual VACUUMs apart from autovacuum's), its row unchanged.
+// manual VACUUMs apart from autovacuum's), and the replay still completes.
 func TestPagesVacuumTheTargetTable(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
