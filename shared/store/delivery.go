@@ -70,14 +70,24 @@ const sqlClaimReferences = `SELECT event_id::text AS id, history_table FROM _ont
        WHERE generation = $1::uuid AND accepted_at IS NULL AND event_id <> ALL($2::uuid[])
        ORDER BY revision, event_id LIMIT 100 FOR UPDATE SKIP LOCKED`
 
-// sqlBaselineEvents and sqlHistoryEvents are the per-table reads of
+// sqlBaselineEventsSeed and sqlHistoryEventsSeed are the per-table reads of
 // pendingReplicationEvents (seed 000). %s is a history table's quoted
 // identifier, checked against the capture-trigger tables.
 const (
-	sqlBaselineEvents = `SELECT id::text, event FROM _ontology_replication_baselines
+	sqlBaselineEventsSeed = `SELECT id::text, event FROM _ontology_replication_baselines
              WHERE generation = $1::uuid AND id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`
-	sqlHistoryEvents = `SELECT id::text, replication AS event FROM %s
+	sqlHistoryEventsSeed = `SELECT id::text, replication AS event FROM %s
              WHERE $1::uuid IS NOT NULL AND id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`
+)
+
+// sqlBaselineEvents and sqlHistoryEvents are the seed's reads with the id
+// list as a uuid[] parameter instead of a JSON array (see idList): the same
+// rows, found by primary key.
+const (
+	sqlBaselineEvents = `SELECT id::text, event FROM _ontology_replication_baselines
+             WHERE generation = $1::uuid AND id = ANY ($2::uuid[])`
+	sqlHistoryEvents = `SELECT id::text, replication AS event FROM %s
+             WHERE $1::uuid IS NOT NULL AND id = ANY ($2::uuid[])`
 )
 
 // sqlAcknowledgeSeed is acknowledgeReplicationV4 (seed 000), run after
@@ -94,12 +104,12 @@ const sqlAcknowledgeSeed = `WITH accepted AS (
           SELECT $1::uuid, event_id, accepted_at FROM accepted ON CONFLICT DO NOTHING`
 
 // sqlAcknowledge is sqlAcknowledgeSeed with its state predicate written as
-// byKey(accepted_at IS NULL), so that PostgreSQL finds the batch's rows by
-// primary key; see byKey.
+// byKey(accepted_at IS NULL) and its id list as a uuid[] (see idList), so
+// that PostgreSQL finds the batch's rows by primary key.
 const sqlAcknowledge = `WITH accepted AS (
           UPDATE _ontology_replication_delivery SET accepted_at = now(), next_verify_at = now()
           WHERE generation = $1::uuid AND (CASE WHEN accepted_at IS NULL THEN true END)
-            AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+            AND event_id = ANY ($2::uuid[])
           RETURNING event_id, accepted_at
         ) INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at)
           SELECT $1::uuid, event_id, accepted_at FROM accepted ON CONFLICT DO NOTHING`
@@ -126,6 +136,18 @@ const sqlAcknowledge = `WITH accepted AS (
 // drain that died while publishing.
 const sqlBeginClaim = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
   set_config('idle_in_transaction_session_timeout', $3, true), pg_advisory_xact_lock_shared(hashtextextended($4, 0))`
+
+// idList: the seed sends a list of ids as a JSON array and expands it with
+// `IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`. The
+// store's own statements take the list as a uuid[] parameter and match it
+// with `= ANY ($2::uuid[])`: the same rows (set membership either way), but
+// the planner sees an index condition on the primary key rather than a join
+// with a function whose size it guesses. Measured on an acknowledgement of
+// 100 (EXPLAIN ANALYZE): with the JSON list, 5.5 ms at 20,000 delivery rows,
+// where PostgreSQL hash-joined a sequential scan of the whole table, and
+// 2.5 ms at 100,000 (a loop over the list); with the array, 2.0 ms. The
+// seed's form stays in the *Seed constants, which the tests run beside the
+// store's (TestStateUpdatesMatchTheSeed, TestEventReadsMatchTheSeed).
 
 func idsJSON(ids []string) string {
 	raw, _ := json.Marshal(ids)
@@ -202,7 +224,7 @@ func (s *Store) buildBatch(ctx context.Context, tx pgx.Tx, t Target, refs []refe
 			}
 			query = fmt.Sprintf(sqlHistoryEvents, ident)
 		}
-		rows, err := tx.Query(ctx, query, t.Generation, idsJSON(groups[table]))
+		rows, err := tx.Query(ctx, query, t.Generation, groups[table])
 		if err != nil {
 			return Batch{}, fmt.Errorf("read events from %s: %w", cmpOr(table, "baselines"), err)
 		}
@@ -381,7 +403,7 @@ func (c *Claim) AcknowledgeIDs(ctx context.Context, ids []string) (int64, error)
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := tx.Exec(ctx, sqlAcknowledge, c.target.Generation, idsJSON(ids))
+	tag, err := tx.Exec(ctx, sqlAcknowledge, c.target.Generation, ids)
 	if err == nil {
 		err = tx.Commit(ctx)
 	}
@@ -407,14 +429,14 @@ func (c *Claim) Release(ctx context.Context) {
 func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64, error) {
 	var n int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		query := sqlLegacyAcknowledge
+		query, list := sqlLegacyAcknowledge, any(idsJSON(ids))
 		if t.DeliveryVersion >= ProtocolDelivery {
 			if _, err := tx.Exec(ctx, sqlShareLifecycle, LifecycleLock); err != nil {
 				return err
 			}
-			query = sqlAcknowledge
+			query, list = sqlAcknowledge, ids
 		}
-		tag, err := tx.Exec(ctx, query, t.Generation, idsJSON(ids))
+		tag, err := tx.Exec(ctx, query, t.Generation, list)
 		n = tag.RowsAffected()
 		return err
 	})

@@ -1,5 +1,7 @@
 package store
 
+import "fmt"
+
 // The seeds' page reads, which the store improves on, and the store's own,
 // for the test that both select the same rows.
 var (
@@ -11,6 +13,14 @@ var (
 	SeedBackfillInsert       = sqlBackfillInsertSeed
 	SeedBackfillCursor       = sqlBackfillCursorSeed
 	SeedBackfillEvents       = [2]string{sqlBackfillBaselineEventsSeed, sqlBackfillHistoryEventsSeed}
+	ReplayNextPage           = fmt.Sprintf(sqlReplayPage, sqlReplayAfter)
+)
+
+// The seed's reads of a batch's events (baselines, a history table: %s) and
+// the store's.
+var (
+	SeedEventReads = [2]string{sqlBaselineEventsSeed, sqlHistoryEventsSeed}
+	EventReads     = [2]string{sqlBaselineEvents, sqlHistoryEvents}
 )
 
 // The seed's acknowledge, verify and retry statements and the store's.

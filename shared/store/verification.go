@@ -63,14 +63,15 @@ const sqlRetrySeed = `WITH checked AS (
       WHERE r.generation = $1::uuid AND r.event_id = c.event_id AND c.accepted_at IS NULL`
 
 // sqlVerify and sqlRetry are sqlVerifySeed and sqlRetrySeed with their state
-// predicate written so that the rows are found by primary key (see byKey).
+// predicate and id list written so that the rows are found by primary key
+// (see byKey and idList).
 const (
 	sqlVerify = `WITH locked AS MATERIALIZED (
       SELECT generation FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE
     ), verified AS (
       UPDATE _ontology_replication_delivery SET verified_at = now(), last_checked_at = now()
       WHERE generation = (SELECT generation FROM locked) AND (CASE WHEN accepted_at IS NOT NULL AND verified_at IS NULL THEN true END)
-        AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+        AND event_id = ANY ($2::uuid[])
       RETURNING event_id, verified_at
     ), receipts AS (
       UPDATE _ontology_replication_receipts r SET verified_at = v.verified_at FROM verified v
@@ -81,7 +82,7 @@ const (
       UPDATE _ontology_replication_delivery SET last_checked_at = now(), next_verify_at = now() + interval '30 seconds',
         accepted_at = CASE WHEN accepted_at < now() - interval '15 minutes' THEN NULL ELSE accepted_at END
       WHERE generation = $1::uuid AND (CASE WHEN accepted_at IS NOT NULL AND verified_at IS NULL THEN true END)
-        AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+        AND event_id = ANY ($2::uuid[])
       RETURNING event_id, accepted_at
     ) DELETE FROM _ontology_replication_receipts r USING checked c
       WHERE r.generation = $1::uuid AND r.event_id = c.event_id AND c.accepted_at IS NULL`
@@ -129,7 +130,7 @@ func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int6
 			n = tag.RowsAffected()
 			return err
 		}
-		err := tx.QueryRow(ctx, sqlVerify, t.Generation, idsJSON(historyIDs)).Scan(&n)
+		err := tx.QueryRow(ctx, sqlVerify, t.Generation, historyIDs).Scan(&n)
 		if err == pgx.ErrNoRows {
 			return ErrUnknownGeneration
 		}
@@ -150,13 +151,13 @@ func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string)
 	if len(missingHistoryIDs) == 0 {
 		return 0, nil
 	}
-	query := sqlLegacyRetry
+	query, list := sqlLegacyRetry, any(idsJSON(missingHistoryIDs))
 	if t.DeliveryVersion >= ProtocolDelivery {
-		query = sqlRetry
+		query, list = sqlRetry, missingHistoryIDs
 	}
 	var n int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, query, t.Generation, idsJSON(missingHistoryIDs))
+		tag, err := tx.Exec(ctx, query, t.Generation, list)
 		n = tag.RowsAffected()
 		return err
 	})
