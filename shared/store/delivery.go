@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
 )
@@ -149,6 +151,56 @@ const sqlBeginClaim = `SELECT set_config('statement_timeout', $1, true), set_con
 // seed's form stays in the *Seed constants, which the tests run beside the
 // store's (TestStateUpdatesMatchTheSeed, TestEventReadsMatchTheSeed).
 
+// uuids converts ids in their text form to the uuid[] parameter of the
+// store's statements, which pgx sends as 16 bytes each.
+func uuids(ids []string) ([]pgtype.UUID, error) {
+	out := make([]pgtype.UUID, len(ids))
+	for i, id := range ids {
+		if b, ok := parseCanonicalUUID(id); ok {
+			out[i] = pgtype.UUID{Bytes: b, Valid: true}
+			continue
+		}
+		// Other spellings PostgreSQL accepts (upper case, braces, no
+		// hyphens) take pgx's slower parse.
+		if err := out[i].Scan(id); err != nil {
+			return nil, fmt.Errorf("id %q is not a uuid: %w", id, err)
+		}
+	}
+	return out, nil
+}
+
+// parseCanonicalUUID parses PostgreSQL's text form of a uuid (lower-case
+// hex, hyphens after 8, 12, 16 and 20 digits), which is how the store reads
+// ids, without allocating.
+func parseCanonicalUUID(s string) (u [16]byte, ok bool) {
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+		return u, false
+	}
+	j := 0
+	for i := 0; i < len(s); i += 2 {
+		if s[i] == '-' {
+			i++
+		}
+		hi, lo := unhex(s[i]), unhex(s[i+1])
+		if hi > 15 || lo > 15 {
+			return u, false
+		}
+		u[j] = hi<<4 | lo
+		j++
+	}
+	return u, true
+}
+
+func unhex(c byte) byte {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0'
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10
+	}
+	return 255
+}
+
 func idsJSON(ids []string) string {
 	raw, _ := json.Marshal(ids)
 	return string(raw)
@@ -224,7 +276,11 @@ func (s *Store) buildBatch(ctx context.Context, tx pgx.Tx, t Target, refs []refe
 			}
 			query = fmt.Sprintf(sqlHistoryEvents, ident)
 		}
-		rows, err := tx.Query(ctx, query, t.Generation, groups[table])
+		ids, err := uuids(groups[table])
+		if err != nil {
+			return Batch{}, err
+		}
+		rows, err := tx.Query(ctx, query, t.Generation, ids)
 		if err != nil {
 			return Batch{}, fmt.Errorf("read events from %s: %w", cmpOr(table, "baselines"), err)
 		}
@@ -403,14 +459,20 @@ func (c *Claim) AcknowledgeIDs(ctx context.Context, ids []string) (int64, error)
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := tx.Exec(ctx, sqlAcknowledge, c.target.Generation, ids)
+	var n int64
+	list, err := uuids(ids)
+	if err == nil {
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, sqlAcknowledge, c.target.Generation, list)
+		n = tag.RowsAffected()
+	}
 	if err == nil {
 		err = tx.Commit(ctx)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), c.target.Generation, err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // Release ends the claim without acknowledging anything: the events stay
@@ -427,21 +489,31 @@ func (c *Claim) Release(ctx context.Context) {
 // their receipts, under the shared lifecycle lock; on the legacy path the
 // receipts. ids are history ids. It returns the number of receipts written.
 func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64, error) {
+	fail := func(err error) (int64, error) {
+		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), t.Generation, err)
+	}
+	delivery := t.DeliveryVersion >= ProtocolDelivery
+	query, list := sqlLegacyAcknowledge, any(idsJSON(ids))
+	if delivery {
+		uu, err := uuids(ids)
+		if err != nil {
+			return fail(err)
+		}
+		query, list = sqlAcknowledge, uu
+	}
 	var n int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		query, list := sqlLegacyAcknowledge, any(idsJSON(ids))
-		if t.DeliveryVersion >= ProtocolDelivery {
+		if delivery {
 			if _, err := tx.Exec(ctx, sqlShareLifecycle, LifecycleLock); err != nil {
 				return err
 			}
-			query, list = sqlAcknowledge, ids
 		}
 		tag, err := tx.Exec(ctx, query, t.Generation, list)
 		n = tag.RowsAffected()
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), t.Generation, err)
+		return fail(err)
 	}
 	return n, nil
 }

@@ -130,7 +130,11 @@ func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int6
 			n = tag.RowsAffected()
 			return err
 		}
-		err := tx.QueryRow(ctx, sqlVerify, t.Generation, historyIDs).Scan(&n)
+		list, err := uuids(historyIDs)
+		if err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx, sqlVerify, t.Generation, list).Scan(&n)
 		if err == pgx.ErrNoRows {
 			return ErrUnknownGeneration
 		}
@@ -153,7 +157,11 @@ func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string)
 	}
 	query, list := sqlLegacyRetry, any(idsJSON(missingHistoryIDs))
 	if t.DeliveryVersion >= ProtocolDelivery {
-		query, list = sqlRetry, missingHistoryIDs
+		ids, err := uuids(missingHistoryIDs)
+		if err != nil {
+			return 0, fmt.Errorf("store: retry absent events of %s: %w", t.Generation, err)
+		}
+		query, list = sqlRetry, ids
 	}
 	var n int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
