@@ -160,8 +160,8 @@ func uuids(ids []string) ([]pgtype.UUID, error) {
 			out[i] = pgtype.UUID{Bytes: b, Valid: true}
 			continue
 		}
-		// Other spellings PostgreSQL accepts (upper case, braces, no
-		// hyphens) take pgx's slower parse.
+		// Upper case and the form without hyphens take pgx's slower
+		// parse.
 		if err := out[i].Scan(id); err != nil {
 			return nil, fmt.Errorf("id %q is not a uuid: %w", id, err)
 		}

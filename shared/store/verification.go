@@ -159,7 +159,7 @@ func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string)
 	if t.DeliveryVersion >= ProtocolDelivery {
 		ids, err := uuids(missingHistoryIDs)
 		if err != nil {
-			return 0, fmt.Errorf("store: retry absent events of %s: %w", t.Generation, err)
+			return 0, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
 		}
 		query, list = sqlRetry, ids
 	}
