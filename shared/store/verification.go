@@ -71,7 +71,7 @@ const (
     ), verified AS (
       UPDATE _ontology_replication_delivery SET verified_at = now(), last_checked_at = now()
       WHERE generation = (SELECT generation FROM locked) AND (CASE WHEN accepted_at IS NOT NULL AND verified_at IS NULL THEN true END)
-        AND event_id = ANY ($2::uuid[])
+        AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
       RETURNING event_id, verified_at
     ), receipts AS (
       UPDATE _ontology_replication_receipts r SET verified_at = v.verified_at FROM verified v
@@ -82,7 +82,7 @@ const (
       UPDATE _ontology_replication_delivery SET last_checked_at = now(), next_verify_at = now() + interval '30 seconds',
         accepted_at = CASE WHEN accepted_at < now() - interval '15 minutes' THEN NULL ELSE accepted_at END
       WHERE generation = $1::uuid AND (CASE WHEN accepted_at IS NOT NULL AND verified_at IS NULL THEN true END)
-        AND event_id = ANY ($2::uuid[])
+        AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
       RETURNING event_id, accepted_at
     ) DELETE FROM _ontology_replication_receipts r USING checked c
       WHERE r.generation = $1::uuid AND r.event_id = c.event_id AND c.accepted_at IS NULL`
