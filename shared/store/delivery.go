@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
@@ -464,20 +463,21 @@ func (c *Claim) AcknowledgeIDs(ctx context.Context, ids []string) (int64, error)
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	var n int64
-	list, err := uuids(ids)
-	if err == nil {
-		var tag pgconn.CommandTag
-		tag, err = tx.Exec(ctx, sqlAcknowledge, c.target.Generation, list)
-		n = tag.RowsAffected()
+	fail := func(err error) (int64, error) {
+		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), c.target.Generation, err)
 	}
+	list, err := uuids(ids)
+	if err != nil {
+		return fail(err)
+	}
+	tag, err := tx.Exec(ctx, sqlAcknowledge, c.target.Generation, list)
 	if err == nil {
 		err = tx.Commit(ctx)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), c.target.Generation, err)
+		return fail(err)
 	}
-	return n, nil
+	return tag.RowsAffected(), nil
 }
 
 // Release ends the claim without acknowledging anything: the events stay
@@ -498,13 +498,15 @@ func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64,
 		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), t.Generation, err)
 	}
 	delivery := t.DeliveryVersion >= ProtocolDelivery
-	query, list := sqlLegacyAcknowledge, any(idsJSON(ids))
+	query, list := sqlLegacyAcknowledge, any(nil)
 	if delivery {
 		uu, err := uuids(ids)
 		if err != nil {
 			return fail(err)
 		}
 		query, list = sqlAcknowledge, uu
+	} else {
+		list = idsJSON(ids)
 	}
 	var n int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {

@@ -155,13 +155,15 @@ func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string)
 	if len(missingHistoryIDs) == 0 {
 		return 0, nil
 	}
-	query, list := sqlLegacyRetry, any(idsJSON(missingHistoryIDs))
+	query, list := sqlLegacyRetry, any(nil)
 	if t.DeliveryVersion >= ProtocolDelivery {
 		ids, err := uuids(missingHistoryIDs)
 		if err != nil {
 			return 0, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
 		}
 		query, list = sqlRetry, ids
+	} else {
+		list = idsJSON(missingHistoryIDs)
 	}
 	var n int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
