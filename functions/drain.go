@@ -82,8 +82,8 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	res, err := s.svc.Drain(ctx, ws.ID)
 	out.fields = append(out.fields, slog.String("generation", res.Generation), slog.Int("count", res.Published),
 		slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State))
-	if res.HeldBack > 0 {
-		out.fields = append(out.fields, slog.Int("held_back", res.HeldBack))
+	if res.SetAside > 0 {
+		out.fields = append(out.fields, slog.Int("set_aside", res.SetAside))
 	}
 	if err != nil {
 		if delivery.Transient(err) {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -30,6 +31,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/identity"
 	"github.com/segmentstream/ontology-replication/shared/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
 )
 
 func TestDrainPublishesOneBatchOfTheOldestEvents(t *testing.T) {
@@ -295,33 +297,169 @@ func TestConcurrentWakeUpsTakeDisjointBatches(t *testing.T) {
 	require.EqualValues(t, 1000, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
 }
 
-func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: reactorFunc(func(req any) (bool, any, error) {
-		for _, m := range req.(*pubsubpb.PublishRequest).Messages {
-			if strings.Contains(string(m.Data), "POISON") {
+// publishCounter is a pstest reactor that counts Publish requests and
+// refuses (INVALID_ARGUMENT, as Pub/Sub does for a message it can never
+// take) every request holding a message that contains one of its marks.
+type publishCounter struct {
+	requests atomic.Int64
+	refusing atomic.Bool
+	marks    []string
+}
+
+func (p *publishCounter) React(req any) (bool, any, error) {
+	p.requests.Add(1)
+	if !p.refusing.Load() {
+		return false, nil, nil
+	}
+	for _, m := range req.(*pubsubpb.PublishRequest).Messages {
+		for _, mark := range p.marks {
+			if strings.Contains(string(m.Data), mark) {
 				return true, nil, status.Error(codes.InvalidArgument, "message rejected")
 			}
 		}
-		return false, nil, nil
-	})}))
+	}
+	return false, nil, nil
+}
+
+// backoffPasses moves every set-aside event's backoff into the past, as the
+// passing of time would.
+func (h *harness) backoffPasses(workspace string) {
+	_, err := h.spaces[workspace].pool.Exec(h.ctx, `UPDATE _ontology_replication_delivery
+		SET next_verify_at = now() - (next_verify_at - last_checked_at), last_checked_at = now() - 2 * (next_verify_at - last_checked_at)
+		WHERE accepted_at IS NULL AND last_checked_at IS NOT NULL`)
+	require.NoError(h.t, err)
+}
+
+// TestPoisonEventDoesNotBlockTheQueue: one event Pub/Sub refuses, in the
+// middle of a batch: the other 99 are published and acknowledged, finding
+// it costs at most 2 + ⌈log₂ 100⌉ requests, it is logged once, and no
+// drain of this or another instance sends it again until its backoff has
+// passed; then one request, alone, per backoff; once Pub/Sub takes it, it
+// is delivered.
+func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
+	t.Parallel()
+	pub := &publishCounter{marks: []string{"POISON"}}
+	pub.refusing.Store(true)
+	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: pub}))
 	ws := h.spaces["w1"]
-	h.products("w1", 2)
+	h.products("w1", 50)
 	poison, err := ws.w.Create(h.ctx, "product", map[string]any{"title": "POISON"})
 	require.NoError(t, err)
-	h.products("w1", 2)
-	for range 3 {
-		code, body := h.wake("w1")
-		require.Equal(t, http.StatusOK, code, body)
-	}
+	h.products("w1", 49)
+
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 99.0, body["published"])
+	require.Equal(t, 1.0, body["set_aside"])
+	require.LessOrEqual(t, pub.requests.Load(), int64(2+7), "bisection, not one request per event")
 	got := h.published("w1")
-	require.Len(t, got, 4, "the events behind the poison one were published")
+	require.Len(t, got, 99)
 	for _, e := range got {
 		require.NotEqual(t, poison, e.RecordKey)
 	}
+	require.Equal(t, 1, strings.Count(h.logs.String(), "replication events set aside"), "logged once")
+	require.Contains(t, h.logs.String(), `"reason":"rejected"`)
+
+	// No drain, of this instance or another, sends it again within its backoff.
+	other := h.instance()
+	before := pub.requests.Load()
+	for range 3 {
+		code, body = h.wake("w1")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Equal(t, 0.0, body["published"])
+		code, body = h.wakeOn(other, "w1")
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	require.Equal(t, before, pub.requests.Load(), "no request within the backoff")
+	require.Equal(t, 1, strings.Count(h.logs.String(), "replication events set aside"))
 	require.EqualValues(t, 1, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "it stays pending")
-	require.Contains(t, h.logs.String(), "can never be published")
-	require.Contains(t, h.logs.String(), `"event_id":"`)
+
+	// The backoff passes: one request, alone; refused again, its backoff doubles.
+	h.backoffPasses("w1")
+	code, body = h.wakeOn(other, "w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 1.0, body["set_aside"])
+	require.Equal(t, before+1, pub.requests.Load())
+	require.Equal(t, 2, strings.Count(h.logs.String(), "replication events set aside"))
+	require.EqualValues(t, 1, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery
+		WHERE accepted_at IS NULL AND next_verify_at = last_checked_at + interval '2 minutes'`))
+
+	// Pub/Sub takes it now: after the backoff it is delivered.
+	pub.refusing.Store(false)
+	h.backoffPasses("w1")
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 1.0, body["published"])
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+}
+
+// TestDrainPublishesWhatTheSDKWould: a link history row whose changes hold
+// no target (the SDK's trigger then captures "record_key": null) is
+// published as the SDK would publish it, and the events behind it flow.
+func TestDrainPublishesWhatTheSDKWould(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ws := h.spaces["w1"]
+	order, err := ws.w.Create(h.ctx, "order", map[string]any{"reference": "o"})
+	require.NoError(t, err)
+	require.NoError(t, ws.w.Commit(h.ctx, func(c *sdkfixture.Change) error {
+		return c.RawHistory("order", order, "link", map[string]any{"products": map[string]any{}})
+	}))
+	h.products("w1", 3)
+	var raw map[string]any
+	require.NoError(t, ws.pool.QueryRow(h.ctx, `SELECT replication FROM order_history WHERE kind = 'link'`).Scan(&raw))
+	require.Contains(t, raw, "record_key")
+	require.Nil(t, raw["record_key"], "the SDK's trigger captured a null record_key")
+
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 5.0, body["published"])
+	var link map[string]any
+	for _, m := range h.pubsub.Messages() {
+		var ev map[string]any
+		require.NoError(t, json.Unmarshal(m.Data, &ev))
+		if ev["record_kind"] == "edge:products" {
+			link = ev
+		}
+	}
+	require.NotNil(t, link)
+	require.Contains(t, link, "record_key")
+	require.Nil(t, link["record_key"], "published as captured")
+}
+
+// TestDrainSetsAsideWhatItCannotPublish: a missing history row, a delivery
+// row naming a table without a capture trigger, and a message Pub/Sub
+// refuses as too large (the real service answers INVALID_ARGUMENT over
+// 10 MiB; pstest and the emulator take anything, so the reactor refuses
+// it): each is set aside, the others are published, and the answer leaks
+// no detail.
+func TestDrainSetsAsideWhatItCannotPublish(t *testing.T) {
+	t.Parallel()
+	pub := &publishCounter{marks: []string{"LARGE"}}
+	pub.refusing.Store(true)
+	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: pub}))
+	ws := h.spaces["w1"]
+	h.products("w1", 6)
+	_, err := ws.w.Create(h.ctx, "product", map[string]any{"title": "LARGE"})
+	require.NoError(t, err)
+	for _, q := range []string{
+		"DELETE FROM product_history WHERE id = (SELECT event_id FROM _ontology_replication_delivery ORDER BY revision LIMIT 1)",
+		"UPDATE _ontology_replication_delivery SET history_table = 'customer' WHERE event_id = (SELECT event_id FROM _ontology_replication_delivery ORDER BY revision OFFSET 1 LIMIT 1)",
+	} {
+		_, err := ws.pool.Exec(h.ctx, q)
+		require.NoError(t, err)
+	}
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 4.0, body["published"])
+	require.Equal(t, 3.0, body["set_aside"])
+	require.NotContains(t, fmt.Sprint(body), "product_history", "no detail leaked")
+	logs := h.logs.String()
+	for _, reason := range []string{"missing_history", "unknown_table", "rejected"} {
+		require.Contains(t, logs, `"reason":"`+reason+`"`)
+	}
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts r JOIN _ontology_replication_delivery d USING (generation, event_id) WHERE d.accepted_at IS NULL"))
+	require.EqualValues(t, 3, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
 
 type reactorFunc func(any) (bool, any, error)
@@ -344,20 +482,6 @@ func TestDrainStates(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "no_active_target", body["state"])
 	require.Empty(t, h.pubsub.Messages())
-}
-
-func TestDrainProtocolErrorIs500(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t)
-	h.products("w1", 3)
-	_, err := h.spaces["w1"].pool.Exec(h.ctx, "DELETE FROM product_history WHERE id = (SELECT min(id::text)::uuid FROM product_history)")
-	require.NoError(t, err)
-	code, body := h.wake("w1")
-	require.Equal(t, http.StatusInternalServerError, code)
-	require.NotContains(t, body["error"], "product_history", "no detail leaked")
-	require.Contains(t, h.logs.String(), "missing from retained history")
-	require.Empty(t, h.pubsub.Messages())
-	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
 }
 
 func TestMisconfiguredServer(t *testing.T) {

@@ -111,6 +111,9 @@ type server struct {
 	verifier     *identity.Verifier // nil when the registry has no identity
 	verifyBudget time.Duration
 	sweepBatches int
+	// close releases the server's pools and clients (tests; a deployed
+	// instance keeps them until it ends).
+	close func()
 }
 
 func newServerFromEnv() *server {
@@ -162,6 +165,6 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 	if err != nil {
 		return nil, err
 	}
-	s.svc = opened.Service
+	s.svc, s.close = opened.Service, opened.Close
 	return s, nil
 }

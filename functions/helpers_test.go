@@ -74,6 +74,9 @@ type harness struct {
 	spaces  map[string]*workspaceDB
 	logs    *strings.Builder
 	handler http.Handler
+	// instance starts another instance of the functions over the same
+	// workspaces (its own pools and stores), as Cloud Run does.
+	instance func() http.Handler
 }
 
 type option_ func(*harnessConfig)
@@ -170,12 +173,19 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	wh := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 3 * time.Second})
 	t.Cleanup(func() { _ = wh.Close() })
 	log := slog.New(slog.NewJSONHandler(&lockedWriter{b: h.logs}, nil))
-	h.srv, err = newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, warehouse: wh, logger: log})
-	require.NoError(t, err)
-	mux := http.NewServeMux()
-	mux.HandleFunc("/Verify", h.srv.serveVerify)
-	mux.HandleFunc("/", h.srv.serveDrain)
-	h.handler = mux
+	h.instance = func() http.Handler {
+		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, warehouse: wh, logger: log})
+		require.NoError(t, err)
+		t.Cleanup(srv.close)
+		if h.srv == nil {
+			h.srv = srv
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/Verify", srv.serveVerify)
+		mux.HandleFunc("/", srv.serveDrain)
+		return mux
+	}
+	h.handler = h.instance()
 	return h
 }
 
@@ -204,6 +214,16 @@ func (h *harness) wake(workspace string) (int, map[string]any) {
 }
 
 func (h *harness) call(method, path, token, org string) (int, map[string]any) {
+	return h.callOn(h.handler, method, path, token, org)
+}
+
+// wakeOn wakes the drain of another instance.
+func (h *harness) wakeOn(handler http.Handler, workspace string) (int, map[string]any) {
+	ws := h.spaces[workspace]
+	return h.callOn(handler, http.MethodPost, "/api/internal/v1/workspaces/"+workspace+"/ontology/replication/drain", h.token(ws.subject), ws.org)
+}
+
+func (h *harness) callOn(handler http.Handler, method, path, token, org string) (int, map[string]any) {
 	req := httptest.NewRequest(method, path, nil)
 	if token != "" {
 		req.Header.Set(headerIdentity, token)
@@ -212,7 +232,7 @@ func (h *harness) call(method, path, token, org string) (int, map[string]any) {
 		req.Header.Set(headerOrganization, org)
 	}
 	rec := httptest.NewRecorder()
-	h.handler.ServeHTTP(rec, req)
+	handler.ServeHTTP(rec, req)
 	var body map[string]any
 	raw, _ := io.ReadAll(rec.Body)
 	require.NoError(h.t, json.Unmarshal(raw, &body), "body %s", raw)

@@ -208,8 +208,10 @@ type workspaceStatus struct {
 	OldestPending    *time.Time `json:"oldest_pending,omitempty"`
 	OldestPendingAge string     `json:"oldest_pending_age,omitempty"`
 	DueVerifications int64      `json:"due_verifications"`
-	HeldBack         int64      `json:"held_back"`
-	Error            string     `json:"error,omitempty"`
+	// SetAside lists the events set aside because they cannot be
+	// published (with their reasons), seen from any process.
+	SetAside store.SetAsideReport `json:"set_aside"`
+	Error    string               `json:"error,omitempty"`
 }
 
 func rawCursor(raw []byte) any {
@@ -246,7 +248,7 @@ func (e *env) status(ws registry.Workspace) workspaceStatus {
 		out.OldestPending = &oldest
 		out.OldestPendingAge = max(time.Since(oldest), 0).Round(time.Second).String()
 	}
-	if out.HeldBack, err = st.OversizePending(e.ctx, t, publish.MaxMessageBytes); err != nil {
+	if out.SetAside, err = st.SetAside(e.ctx, t, 100, publish.MaxMessageBytes); err != nil {
 		out.Error = err.Error()
 	}
 	return out
@@ -270,7 +272,7 @@ func runStatus(e *env) error {
 		}
 	} else {
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tOLDEST PENDING\tDUE\tHELD BACK")
+		fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tOLDEST PENDING\tDUE\tSET ASIDE")
 		for _, s := range all {
 			if s.Error != "" {
 				fmt.Fprintf(tw, "%s\t%d\t%s\terror: %s\n", s.Workspace, s.Protocol, s.Generation, s.Error)
@@ -279,7 +281,7 @@ func runStatus(e *env) error {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%d\t%d\n", s.Workspace, s.Protocol, s.Generation,
 				yes(s.Enabled), done(s.BaselineComplete, s.BaselineCursor), done(s.BackfillComplete, s.BackfillCursor),
 				done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), s.Pending,
-				cmpOr(s.OldestPendingAge, "-"), s.DueVerifications, s.HeldBack)
+				cmpOr(s.OldestPendingAge, "-"), s.DueVerifications, s.SetAside.Count)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

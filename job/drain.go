@@ -83,7 +83,7 @@ func (e *env) drainWhile(ws registry.Workspace, produce func() error) error {
 					})
 					return
 				}
-				if res.Published > 0 || res.HeldBack > 0 {
+				if res.Published > 0 || res.SetAside > 0 {
 					d.add(res.Published)
 					if res.More {
 						continue

@@ -114,11 +114,13 @@ func TestStatusStates(t *testing.T) {
 		WHERE id = (SELECT min(id::text)::uuid FROM product_history)`)
 	require.NoError(t, err)
 	s = statusOf(t, h, "--workspace", "w2")[0]
-	require.Equal(t, int64(1), s.HeldBack, "an event too large for Pub/Sub is held back")
+	require.Zero(t, s.SetAside.Count, "nothing set aside before a drain met it")
 	h.mustRun("drain", "--workspace", "w2")
 	s = statusOf(t, h, "--workspace", "w2")[0]
 	require.Equal(t, int64(1), s.Pending, "it stays pending, visible")
-	require.Equal(t, int64(1), s.HeldBack)
+	require.EqualValues(t, 1, s.SetAside.Count, "an event too large for Pub/Sub is set aside")
+	require.Len(t, s.SetAside.Events, 1)
+	require.Equal(t, store.ReasonTooLarge, s.SetAside.Events[0].Reason)
 
 	// Replaying: initialised, not advanced.
 	st, err := store.New(h.spaces["w2"].pool, store.Config{})

@@ -54,7 +54,6 @@ type Service struct {
 
 	mu     sync.Mutex
 	stores map[string]*store.Store
-	held   map[string]map[string]bool // workspace → held-back history ids
 }
 
 // New returns a Service.
@@ -67,14 +66,14 @@ func New(cfg Config) (*Service, error) {
 	case cfg.Publisher == nil:
 		return nil, errors.New("delivery: invalid config: Publisher is required")
 	}
-	if _, err := store.New(nil, cfg.Store); err != nil {
-		return nil, fmt.Errorf("delivery: invalid config: Store: %w", err)
+	if err := cfg.Store.Validate(); err != nil {
+		return nil, fmt.Errorf("delivery: invalid config: Store.%w", err)
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{cfg: cfg, log: log, stores: map[string]*store.Store{}, held: map[string]map[string]bool{}}, nil
+	return &Service{cfg: cfg, log: log, stores: map[string]*store.Store{}}, nil
 }
 
 // ErrUnknownWorkspace: the registry has no such workspace.

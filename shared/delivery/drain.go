@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/publish"
@@ -29,18 +30,24 @@ type DrainResult struct {
 	Published int `json:"published"`
 	// More reports that more pending events followed this batch.
 	More bool `json:"more"`
-	// Bytes is the published batch's size as the SDK counts it.
+	// Bytes is the published events' size as the SDK counts a batch.
 	Bytes int `json:"bytes"`
-	// HeldBack is how many events of the batch could never be published and
-	// were held back (they stay pending; the error log names them).
-	HeldBack int `json:"held_back,omitempty"`
+	// SetAside is how many events of the batch could not be published and
+	// were set aside with a backoff (they stay pending; the error log and
+	// `job status` name them).
+	SetAside int `json:"set_aside,omitempty"`
+	// Requests is how many Publish requests the drain sent.
+	Requests int `json:"-"`
+	// PublishTime is the time spent in Publish requests.
+	PublishTime time.Duration `json:"-"`
 }
 
 // Drain publishes at most one batch of a workspace's pending events: claim
-// the oldest pending events (disjoint from concurrent drains), publish them
-// as one Pub/Sub request, acknowledge them only after Pub/Sub accepted the
-// whole batch. When replication is disabled or has no active target it
-// publishes nothing and reports the state.
+// the oldest pending events (disjoint from concurrent drains, holding no lock
+// the SDK waits on), publish them as one Pub/Sub request, acknowledge them
+// only after Pub/Sub accepted them. An event that cannot be published is
+// set aside and the others go on. When replication is disabled or has no
+// active target it publishes nothing and reports the state.
 func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, error) {
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
@@ -50,7 +57,7 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 	if err != nil {
 		return DrainResult{Workspace: ws.ID}, err
 	}
-	state, target, claim, err := st.ClaimActive(ctx, s.heldBack(ws.ID))
+	state, target, claim, err := st.ClaimActive(ctx)
 	res := DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}
 	switch {
 	case errors.Is(err, store.ErrNoActiveTarget):
@@ -62,44 +69,58 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 		res.State = StateDisabled
 		return res, nil
 	}
-	return s.publishClaim(ctx, ws, target, claim)
+	return s.publishClaim(ctx, ws, target, claim, res)
 }
 
-// publishClaim publishes a claimed batch and acknowledges what Pub/Sub
-// accepted.
-func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim) (DrainResult, error) {
-	res := DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}
+// publishClaim publishes a claimed batch, acknowledges what Pub/Sub accepted
+// and sets aside what can never be published.
+func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim, res DrainResult) (DrainResult, error) {
 	defer claim.Release(ctx)
-	if len(claim.Events) == 0 {
+	if len(claim.Events) == 0 && len(claim.Unpublishable) == 0 {
 		return res, nil
 	}
 	res.More = claim.More
 
-	// An event larger than Pub/Sub takes in a request can never be published.
-	var batch []store.Pending
+	aside := append([]store.SetAside(nil), claim.Unpublishable...)
+	// Events set aside before go in a request of their own, so that one
+	// still refused does not make the fresh events' request fail.
+	var fresh, retrying []store.Pending
 	for _, p := range claim.Events {
-		if len(p.JSON) > publish.MaxMessageBytes {
-			s.holdBack(ws, target, p, fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON)))
-			res.HeldBack++
-			continue
-		}
-		batch = append(batch, p)
-	}
-	published, err := s.publish(ctx, ws, target, batch, &res)
-	var ackErr error
-	if len(published) > 0 {
-		ids := make([]string, len(published))
-		bytes := event.BatchOverhead
-		for i, p := range published {
-			ids[i] = p.HistoryID
-			bytes += event.MessageBytes(len(p.JSON))
-		}
-		if _, ackErr = claim.AcknowledgeIDs(ctx, ids); ackErr == nil {
-			res.Published, res.Bytes = len(published), bytes
+		switch {
+		case len(p.JSON) > publish.MaxMessageBytes:
+			aside = append(aside, store.SetAside{HistoryID: p.HistoryID, HistoryTable: p.HistoryTable, EventID: p.EventID, Reason: store.ReasonTooLarge,
+				Cause: fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON))})
+		case p.Backoff > 0:
+			retrying = append(retrying, p)
+		default:
+			fresh = append(fresh, p)
 		}
 	}
-	if err != nil {
-		return res, err
+	out := &publishing{svc: s, topic: ws.PubSub.TopicName()}
+	var pubErr error
+	for _, group := range [][]store.Pending{fresh, retrying} {
+		if pubErr = out.publish(ctx, group); pubErr != nil {
+			break // Pub/Sub is unavailable: what it accepted is acknowledged, the rest stays pending
+		}
+	}
+	aside = append(aside, out.rejected...)
+	res.Requests, res.PublishTime = out.requests, out.elapsed
+	ids := make([]string, len(out.accepted))
+	bytes := event.BatchOverhead
+	for i, p := range out.accepted {
+		ids[i] = p.HistoryID
+		bytes += event.MessageBytes(len(p.JSON))
+	}
+	_, ackErr := claim.Finish(ctx, ids, aside)
+	if ackErr == nil {
+		res.Published, res.SetAside = len(out.accepted), len(aside)
+		if res.Published > 0 {
+			res.Bytes = bytes
+		}
+		s.logSetAside(ctx, ws, target, aside)
+	}
+	if pubErr != nil {
+		return res, pubErr
 	}
 	if ackErr != nil {
 		// Published but not acknowledged: the events stay pending and are
@@ -109,82 +130,95 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	return res, nil
 }
 
-// publish sends the batch as one request. If Pub/Sub rejects the request's
-// content, each event is published alone to find the ones it can never take;
-// those are held back and the others go on. It returns the events Pub/Sub
-// accepted.
-func (s *Service) publish(ctx context.Context, ws registry.Workspace, target store.Target, batch []store.Pending, res *DrainResult) ([]store.Pending, error) {
-	if len(batch) == 0 {
-		return nil, nil
+// publishing is one drain's publishing of its batch.
+type publishing struct {
+	svc      *Service
+	topic    string
+	accepted []store.Pending
+	rejected []store.SetAside
+	requests int
+	elapsed  time.Duration
+}
+
+// send sends events as one Publish request.
+func (p *publishing) send(ctx context.Context, events []store.Pending) error {
+	data := make([][]byte, len(events))
+	for i, e := range events {
+		data[i] = e.JSON
 	}
-	topic := ws.PubSub.TopicName()
-	_, err := s.cfg.Publisher.Publish(ctx, topic, payloads(batch))
+	started := time.Now()
+	_, err := p.svc.cfg.Publisher.Publish(ctx, p.topic, data)
+	p.requests++
+	p.elapsed += time.Since(started)
 	if err == nil {
-		return batch, nil
+		p.accepted = append(p.accepted, events...)
 	}
-	if !publish.Rejected(err) {
-		return nil, fmt.Errorf("%w: %w", errPublish, err)
+	return err
+}
+
+// publish sends a group of events as one request. When Pub/Sub refuses the
+// request's content (INVALID_ARGUMENT), it finds the events it refuses by
+// bisection: it sends the first half of the refused run; if Pub/Sub takes
+// it, the refusal is in the second half, otherwise in the first, whose
+// second half is sent, with every other run not yet tried, in one request
+// once the refused event is found. One refused event among n costs
+// 2 + ⌈log₂ n⌉ requests. Any other failure ends the publishing.
+func (p *publishing) publish(ctx context.Context, events []store.Pending) error {
+	if len(events) == 0 {
+		return nil
 	}
-	if len(batch) == 1 {
-		s.holdBack(ws, target, batch[0], err)
-		res.HeldBack++
-		return nil, nil
+	err := p.send(ctx, events)
+	for {
+		if err == nil {
+			return nil
+		}
+		if !publish.Rejected(err) {
+			return fmt.Errorf("%w: %w", errPublish, err)
+		}
+		// events is refused: find one event it refuses.
+		var untried []store.Pending
+		refused := events
+		for len(refused) > 1 {
+			half := refused[:len(refused)/2]
+			switch herr := p.send(ctx, half); {
+			case herr == nil:
+				refused = refused[len(refused)/2:]
+			case publish.Rejected(herr):
+				untried = append(untried, refused[len(refused)/2:]...)
+				refused, err = half, herr
+			default:
+				return fmt.Errorf("%w: %w", errPublish, herr)
+			}
+		}
+		bad := refused[0]
+		p.rejected = append(p.rejected, store.SetAside{HistoryID: bad.HistoryID, HistoryTable: bad.HistoryTable, EventID: bad.EventID,
+			Reason: store.ReasonRejected, Cause: err})
+		if len(untried) == 0 {
+			return nil
+		}
+		events = untried
+		err = p.send(ctx, events)
 	}
-	s.log.WarnContext(ctx, "Pub/Sub rejected a batch; publishing its events one by one to find the unpublishable ones",
-		slog.String("workspace", ws.ID), slog.Int("events", len(batch)), slog.Any("error", err))
-	var ok []store.Pending
-	for _, p := range batch {
-		_, err := s.cfg.Publisher.Publish(ctx, topic, [][]byte{p.JSON})
-		switch {
-		case err == nil:
-			ok = append(ok, p)
-		case publish.Rejected(err):
-			s.holdBack(ws, target, p, err)
-			res.HeldBack++
-		default:
-			return ok, fmt.Errorf("%w: %w", errPublish, err)
+}
+
+// logSetAside names the events a drain set aside: one error line per drain,
+// and an event is set aside once per backoff period, whichever instance
+// finds it.
+func (s *Service) logSetAside(ctx context.Context, ws registry.Workspace, target store.Target, aside []store.SetAside) {
+	if len(aside) == 0 {
+		return
+	}
+	events := make([]map[string]string, len(aside))
+	for i, a := range aside {
+		events[i] = map[string]string{"history_id": a.HistoryID, "event_id": a.EventID, "reason": string(a.Reason)}
+		if a.HistoryTable != "" {
+			events[i]["history_table"] = a.HistoryTable
+		}
+		if a.Cause != nil {
+			events[i]["cause"] = a.Cause.Error()
 		}
 	}
-	return ok, nil
-}
-
-func payloads(batch []store.Pending) [][]byte {
-	data := make([][]byte, len(batch))
-	for i, p := range batch {
-		data[i] = p.JSON
-	}
-	return data
-}
-
-// maxHeldBack bounds the held-back ids kept per workspace.
-const maxHeldBack = 1000
-
-// holdBack remembers an event that can never be published, so that this
-// instance's later drains skip it instead of failing on it again, and logs
-// it as an error naming it. It stays pending in the database.
-func (s *Service) holdBack(ws registry.Workspace, target store.Target, p store.Pending, cause error) {
-	s.log.Error("replication event can never be published; holding it back (it stays pending)",
-		slog.String("workspace", ws.ID), slog.String("generation", target.Generation),
-		slog.String("history_id", p.HistoryID), slog.String("history_table", p.HistoryTable),
-		slog.String("event_id", p.Event.EventID), slog.Int("bytes", len(p.JSON)), slog.Any("error", cause))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held[ws.ID] == nil {
-		s.held[ws.ID] = map[string]bool{}
-	}
-	if len(s.held[ws.ID]) < maxHeldBack {
-		s.held[ws.ID][p.HistoryID] = true
-	}
-}
-
-// heldBack returns the workspace's held-back history ids (uuids, unique
-// across generations).
-func (s *Service) heldBack(workspace string) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var ids []string
-	for id := range s.held[workspace] {
-		ids = append(ids, id)
-	}
-	return ids
+	s.log.ErrorContext(ctx, "replication events set aside: they cannot be published; the drain retries them after a backoff",
+		slog.String("workspace", ws.ID), slog.String("generation", target.Generation), slog.Int("count", len(aside)),
+		slog.Any("events", events))
 }

@@ -148,7 +148,7 @@ func (s *Service) Sweep(ctx context.Context, workspaceID string, maxBatches int)
 			}
 			return published, err
 		}
-		if !res.More || res.Published == 0 && res.HeldBack == 0 {
+		if !res.More || res.Published == 0 && res.SetAside == 0 {
 			return published, nil
 		}
 	}

@@ -46,76 +46,16 @@ func ID(sourceID, historyID, generation string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// captured is the shape of a history row's replication jsonb or a baseline
-// row's event jsonb, as the SDK's capture trigger and baseline write it.
-type captured struct {
-	SourceID   *string `json:"source_id"`
-	EntityID   *string `json:"entity_id"`
-	RecordKey  *string `json:"record_key"`
-	RecordKind *string `json:"record_kind"`
-	Revision   *string `json:"revision"`
-	Deleted    *bool   `json:"deleted"`
-	SchemaHash *string `json:"schema_hash"`
-	Payload    *string `json:"payload"`
-}
-
-// ErrMalformed reports a captured event that lacks a field or has a field of
-// the wrong type. Retrying cannot fix it.
+// ErrMalformed reports a captured event that no BigQuery subscription could
+// write: not a JSON object, or one without the event's keys. Retrying cannot
+// fix it.
 var ErrMalformed = errors.New("malformed captured event")
 
-// FromCaptured builds the wire event of a captured event (the replication
-// jsonb of a history row or the event jsonb of a baseline row), as the SDK's
-// pendingReplicationEvents does: the captured fields, with generation
-// overridden by the target's and event_id computed from the source, the
-// history (or baseline) row id and the generation.
-func FromCaptured(raw []byte, sourceID, historyID, generation string) (Event, error) {
-	var c captured
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return Event{}, fmt.Errorf("%w: row %s: %v", ErrMalformed, historyID, err)
-	}
-	missing := ""
-	switch {
-	case c.SourceID == nil:
-		missing = "source_id"
-	case c.EntityID == nil:
-		missing = "entity_id"
-	case c.RecordKey == nil:
-		missing = "record_key"
-	case c.RecordKind == nil:
-		missing = "record_kind"
-	case c.Revision == nil:
-		missing = "revision"
-	case c.Deleted == nil:
-		missing = "deleted"
-	case c.SchemaHash == nil:
-		missing = "schema_hash"
-	case c.Payload == nil:
-		missing = "payload"
-	}
-	if missing != "" {
-		return Event{}, fmt.Errorf("%w: row %s has no %s", ErrMalformed, historyID, missing)
-	}
-	if _, err := strconv.ParseInt(*c.Revision, 10, 64); err != nil {
-		return Event{}, fmt.Errorf("%w: row %s: revision %q is not a decimal bigint", ErrMalformed, historyID, *c.Revision)
-	}
-	return Event{
-		EventID:    ID(sourceID, historyID, generation),
-		SourceID:   *c.SourceID,
-		Generation: generation,
-		EntityID:   *c.EntityID,
-		RecordKey:  *c.RecordKey,
-		RecordKind: *c.RecordKind,
-		Revision:   *c.Revision,
-		Deleted:    *c.Deleted,
-		SchemaHash: *c.SchemaHash,
-		Payload:    *c.Payload,
-	}, nil
-}
-
 // AppendJSON appends the event's JSON to dst, byte for byte as JavaScript's
-// JSON.stringify writes the same event, so that the publish-size accounting
-// matches the SDK's exactly. The field order is the BigQuery table's; order
-// does not change the size.
+// JSON.stringify writes an object with these fields in the BigQuery table's
+// order. The drain publishes what AppendMessage builds from the captured
+// event instead (the SDK's order and values); this is for tests and tools
+// that make wire messages from fields.
 func (e *Event) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"event_id":`...)
 	dst = AppendString(dst, e.EventID)

@@ -71,39 +71,6 @@ func TestIDIsSHA256OfSourceHistoryGeneration(t *testing.T) {
 	}
 }
 
-func TestFromCaptured(t *testing.T) {
-	t.Parallel()
-	const source, history, generation = "s", "h", "g"
-	full := `{"source_id":"s","entity_id":"e","record_key":"k","record_kind":"entity","revision":"7","generation":"old","deleted":false,"schema_hash":"x","payload":"{}"}`
-	cases := []struct {
-		name    string
-		raw     string
-		wantErr string
-	}{
-		{"complete", full, ""},
-		{"baseline without generation", strings.Replace(full, `"generation":"old",`, "", 1), ""},
-		{"no payload", strings.Replace(full, `,"payload":"{}"`, "", 1), "no payload"},
-		{"no revision", strings.Replace(full, `"revision":"7",`, "", 1), "no revision"},
-		{"numeric revision", strings.Replace(full, `"7"`, `7`, 1), "revision"},
-		{"bad revision", strings.Replace(full, `"7"`, `"7.5"`, 1), "not a decimal bigint"},
-		{"not json", `{`, "row h"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e, err := event.FromCaptured([]byte(c.raw), source, history, generation)
-			if c.wantErr != "" {
-				require.ErrorIs(t, err, event.ErrMalformed)
-				require.ErrorContains(t, err, c.wantErr)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, generation, e.Generation, "generation is overridden by the target's")
-			require.Equal(t, event.ID(source, history, generation), e.EventID)
-			require.Equal(t, "7", e.Revision)
-		})
-	}
-}
-
 // jsonBytesFor returns a JSON length whose MessageBytes is exactly n, or -1.
 func jsonBytesFor(n int) int {
 	for j := 0; j < 4*n; j++ {
@@ -120,7 +87,7 @@ func jsonBytesFor(n int) int {
 func TestBatchBound(t *testing.T) {
 	t.Parallel()
 	t.Run("100-event cap", func(t *testing.T) {
-		var b event.Batch
+		var b event.SizeBound
 		for range event.MaxBatchEvents {
 			require.Equal(t, event.Added, b.Offer(10))
 		}
@@ -135,14 +102,14 @@ func TestBatchBound(t *testing.T) {
 		rest := event.MaxBatchBytes - event.BatchOverhead - first
 		j2 := jsonBytesFor(rest)
 		require.NotEqual(t, -1, j2)
-		var b event.Batch
+		var b event.SizeBound
 		require.Equal(t, event.Added, b.Offer(j1))
 		require.Equal(t, event.Added, b.Offer(j2))
 		require.Equal(t, event.MaxBatchBytes, b.Bytes())
 		require.Equal(t, event.Full, b.Offer(0), "any further event passes the bound")
 	})
 	t.Run("one byte past the bound", func(t *testing.T) {
-		var b event.Batch
+		var b event.SizeBound
 		first := 499_984
 		require.Equal(t, event.Added, b.Offer(jsonBytesFor(first)))
 		rest := event.MaxBatchBytes - event.BatchOverhead - first + 4 // next possible size
@@ -153,14 +120,14 @@ func TestBatchBound(t *testing.T) {
 		edge := jsonBytesFor(event.MaxBatchBytes - event.BatchOverhead)
 		require.NotEqual(t, -1, edge)
 		require.False(t, event.Oversize(edge))
-		var b event.Batch
+		var b event.SizeBound
 		require.Equal(t, event.Added, b.Offer(edge))
 		over := edge
 		for !event.Oversize(over) {
 			over++
 		}
 		require.Equal(t, event.MaxBatchBytes-event.BatchOverhead+4, event.MessageBytes(over), "the next size past the edge")
-		var c event.Batch
+		var c event.SizeBound
 		require.Equal(t, event.TooLarge, c.Offer(over))
 		require.Equal(t, 0, c.Len())
 	})
@@ -213,7 +180,7 @@ func FuzzEventSize(f *testing.F) {
 		if got, want := event.MessageBytes(len(js)), len(msg)+1; got != want {
 			t.Fatalf("MessageBytes = %d, want %d", got, want)
 		}
-		var b event.Batch
+		var b event.SizeBound
 		fit := b.Offer(len(js))
 		if (fit == event.TooLarge) != event.Oversize(len(js)) {
 			t.Fatalf("Offer = %v, Oversize = %v", fit, event.Oversize(len(js)))

@@ -33,7 +33,7 @@ func Oversize(jsonBytes int) bool {
 	return MessageBytes(jsonBytes)+BatchOverhead > MaxBatchBytes
 }
 
-// Fit is the outcome of offering an event to a Batch.
+// Fit is the outcome of offering an event to a SizeBound.
 type Fit int
 
 const (
@@ -47,17 +47,17 @@ const (
 	TooLarge
 )
 
-// Batch applies the SDK's batch bound to a run of events in delivery order:
-// at most MaxBatchEvents events; the size starts at BatchOverhead and each
-// event adds MessageBytes; the batch ends before the size would pass
-// MaxBatchBytes. The zero value is an empty batch.
-type Batch struct {
+// SizeBound applies the SDK's batch bound to a run of events in delivery
+// order: at most MaxBatchEvents events; the size starts at BatchOverhead and
+// each event adds MessageBytes; the batch ends before the size would pass
+// MaxBatchBytes. It counts sizes only; the zero value counts an empty batch.
+type SizeBound struct {
 	bytes  int
 	events int
 }
 
 // Offer counts an event whose JSON is jsonBytes long if it fits.
-func (b *Batch) Offer(jsonBytes int) Fit {
+func (b *SizeBound) Offer(jsonBytes int) Fit {
 	n := MessageBytes(jsonBytes)
 	switch {
 	case n+BatchOverhead > MaxBatchBytes:
@@ -71,10 +71,10 @@ func (b *Batch) Offer(jsonBytes int) Fit {
 }
 
 // Bytes is the batch's size as the SDK counts it.
-func (b *Batch) Bytes() int { return BatchOverhead + b.bytes }
+func (b *SizeBound) Bytes() int { return BatchOverhead + b.bytes }
 
 // Len is the number of events counted.
-func (b *Batch) Len() int { return b.events }
+func (b *SizeBound) Len() int { return b.events }
 
 // OversizeError reports an event that cannot fit in a batch under the SDK's
 // bound even alone. The SDK fails the whole read on it; this project publishes

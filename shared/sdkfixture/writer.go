@@ -275,3 +275,15 @@ func (c *Change) Unlink(entity, relationship, source, target string) error {
 	}
 	return c.history(e, source, "unlink", map[string]any{r.Name: map[string]any{"before": target, "after": nil}})
 }
+
+// RawHistory writes one history row of a record with the given kind and
+// changes, as the SDK's writer would, without touching business rows: for
+// the history rows the SDK's capture trigger records oddly (a link whose
+// changes name no target captures a null record_key).
+func (c *Change) RawHistory(entity, recordID, kind string, changes map[string]any) error {
+	e, err := c.entity(entity)
+	if err != nil {
+		return err
+	}
+	return c.history(e, recordID, kind, changes)
+}

@@ -20,40 +20,27 @@ const BackfillPageSize = 1000
 const (
 	sqlBackfillTarget = `SELECT ` + sqlTargetFieldsV4 + `
        FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE`
-	// The seed's page reads: `($2::uuid IS NULL OR id > $2::uuid)` for the
-	// cursor, and ORDER BY id, where id is the output column id::text.
-	sqlBackfillBaselinePageSeed = `SELECT id::text FROM _ontology_replication_baselines WHERE generation = $1::uuid
-           AND ($2::uuid IS NULL OR id > $2::uuid) ORDER BY id LIMIT 1000`
-	// %s is the history table's quoted identifier.
-	sqlBackfillHistoryPageSeed = `SELECT id::text FROM %s WHERE replication IS NOT NULL
-           AND replication->>'source_id' = $3 AND (replication->>'revision')::bigint > $4::bigint
-           AND (replication->>'revision')::bigint <= $5::bigint
-           AND ($2::uuid IS NULL OR id > $2::uuid) AND $1::uuid IS NOT NULL ORDER BY id LIMIT 1000`
-
-	// The page reads this store runs select the same rows in the same order
-	// as the seed's, but can walk the primary key from the cursor: the seed's
-	// OR on the cursor keeps PostgreSQL from using id > $2 as an index bound,
-	// and its ORDER BY sorts the text form of the id, which no index holds, so
-	// every page read and sorted every remaining row (at 10⁶ history rows,
-	// 1,762 rows/s). The text and uuid orders are the same (lower-case hex at
-	// fixed positions), the first page simply has no lower bound. The plan of
-	// the seed's history page at 10⁵ rows, half done:
+	// The page reads select the same rows in the same order as the seed's
+	// (seed_test.go), but can walk the primary key from the cursor: the
+	// seed's OR on the cursor, ($2::uuid IS NULL OR id > $2::uuid), keeps
+	// PostgreSQL from using id > $2 as an index bound, and its ORDER BY sorts
+	// the text form of the id, which no index holds, so every page reads and
+	// sorts every remaining row. The text and uuid orders are the same
+	// (lower-case hex at fixed positions); the first page simply has no lower
+	// bound. The plan of the seed's history page at 10⁵ rows, half done:
 	//
 	//	Limit -> Sort (Sort Key: ((id)::text), top-N heapsort)
 	//	  -> Index Scan using _replication_<key>_idx on product_history (actual rows=49999)
 	//	       Filter: ((id > '…'::uuid) AND ((replication ->> 'source_id') = '…'))
-	//	Execution Time: 40 ms
 	//
-	// These let the primary key bound the scan; the transaction also turns
-	// sorting off (sqlBackfillPlan), because PostgreSQL's default selectivity
-	// for replication->>'source_id' = $3 makes it still prefer the revision
-	// index and a sort: with it off, the plan is Limit -> Index Scan using
-	// product_history_pkey (Index Cond: id > '…'), 1,000 rows read. At 10⁶
-	// rows PostgreSQL then plans that scan in parallel (Gather Merge, two
-	// workers), whose start-up cost 30 of the page's 38 ms; a page reads
-	// 1,000 rows, so parallel workers are turned off too, and so is JIT
-	// compilation, which the disabled sort's cost would otherwise trigger
-	// (190 ms a page).
+	// The transaction also turns sorting off (sqlBackfillPlan): PostgreSQL's
+	// default selectivity for replication->>'source_id' = $3 makes it still
+	// prefer the revision index and a sort; with sorting off the plan is
+	// Limit -> Index Scan using product_history_pkey (Index Cond: id > '…'),
+	// 1,000 rows read. On large tables PostgreSQL then plans that scan in
+	// parallel (Gather Merge), whose start-up dominates a 1,000-row page, so
+	// parallel workers are turned off too, and so is JIT compilation, which
+	// the disabled sort's cost would otherwise trigger.
 	sqlBackfillPlan = `SELECT set_config('enable_sort', 'off', true), set_config('max_parallel_workers_per_gather', '0', true),
            set_config('jit', 'off', true)`
 	sqlBackfillBaselineFirstPage = `SELECT b.id, b.event FROM _ontology_replication_baselines b WHERE b.generation = $1::uuid
@@ -69,44 +56,27 @@ const (
            AND h.replication->>'source_id' = $3 AND (h.replication->>'revision')::bigint > $4::bigint
            AND (h.replication->>'revision')::bigint <= $5::bigint
            AND h.id > $2::uuid AND $1::uuid IS NOT NULL ORDER BY h.id LIMIT 1000`
-	// The seed enqueues a page in one statement: a CTE inserting the delivery
-	// rows (with the receipts' state) and an UPDATE adding the verified ones
-	// to verified_count. Its foreign-key checks (each delivery row locks the
-	// target row FOR KEY SHARE) run at the end of that statement, after the
-	// same statement updated the target row, so each of the 1,000 locks lands
-	// on a row version the transaction itself updated: that cost 23 to 60 ms
-	// a page, growing with the run (8,921 rows/s at 10⁶). The store runs the
-	// same changes as two statements in the same transaction: the insert,
-	// whose checks then find the row merely locked by this transaction, then
-	// one update of the target row that adds the verified rows and moves the
-	// cursor (the seed updates the row twice a page; every version left
-	// behind slows the next checks until vacuum). %s is the page's event
-	// source: sqlBackfillBaselineEventsSeed or sqlBackfillHistoryEventsSeed.
-	sqlBackfillInsertSeed = `WITH inserted AS (
-        INSERT INTO _ontology_replication_delivery
-          (generation, event_id, history_table, revision, is_baseline, accepted_at, verified_at, next_verify_at)
-        SELECT $1::uuid, e.id, $3::text, (e.event->>'revision')::bigint, $4::boolean,
-          r.accepted_at, r.verified_at, now() FROM (%s) e
-        LEFT JOIN _ontology_replication_receipts r ON r.generation = $1::uuid AND r.event_id = e.id
-        WHERE e.id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
-        ON CONFLICT DO NOTHING RETURNING verified_at
-      ) UPDATE _ontology_replication_targets SET verified_count = verified_count +
-        (SELECT count(verified_at) FROM inserted) WHERE generation = $1::uuid`
-	sqlBackfillCursorSeed = `UPDATE _ontology_replication_targets SET backfill_cursor = $2::jsonb, backfill_complete = $3
-       WHERE generation = $1::uuid`
 	// sqlBackfillPage enqueues a page in one statement: the page read (one
 	// of the four above) feeds the seed's insert directly, where the seed
 	// reads the ids, sends them back as a JSON array and finds each row
-	// again by id (4 of a page's 30 ms at 10⁶ rows). It returns the page's
-	// row count, its last id (the next cursor: the greatest text form, in
-	// the same order as the uuids, without a sort) and how many rows it
-	// queued verified. The first %s is the page read; the second, the parameter
-	// holding the history table (NULL for baselines), the seed's $3, whose
-	// nullness is the seed's $4, is_baseline. The target row is updated
-	// after this statement (sqlBackfillCursor), so the foreign-key checks,
-	// which run at its end, find it merely locked. The receipts are joined
-	// LATERAL, by primary key per row: as a plain join PostgreSQL hashed the
-	// whole receipts table for each page (157 ms a page at 10⁶ rows).
+	// again by id. It returns the page's row count, its last id (the next
+	// cursor: the greatest text form, in the same order as the uuids,
+	// without a sort) and how many rows it queued verified. The first %s is
+	// the page read; the second, the parameter holding the history table
+	// (NULL for baselines), the seed's $3, whose nullness is the seed's $4,
+	// is_baseline. The receipts are joined LATERAL, by primary key per row:
+	// as a plain join PostgreSQL hashed the whole receipts table for each
+	// page.
+	//
+	// The seed's page runs the insert and the verified_count update as one
+	// statement, whose foreign-key checks (each delivery row locks the
+	// target row FOR KEY SHARE) run at its end, after the same statement
+	// updated the target row, so each of the 1,000 locks lands on a row
+	// version the transaction itself updated; and it updates the target row
+	// twice a page. Here the target row is updated once, after this
+	// statement (sqlBackfillCursor: cursor and verified_count together), so
+	// the checks find it merely locked, and fewer versions of it are left
+	// for the next pages' checks to step over (see TargetVacuumEvery).
 	sqlBackfillPage = `WITH page AS (%s), inserted AS (
         INSERT INTO _ontology_replication_delivery
           (generation, event_id, history_table, revision, is_baseline, accepted_at, verified_at, next_verify_at)
@@ -117,10 +87,7 @@ const (
         ON CONFLICT DO NOTHING RETURNING verified_at
       ) SELECT (SELECT count(*) FROM page), (SELECT max(e.id::text) FROM page e),
         (SELECT count(verified_at) FROM inserted)`
-	// The seed's event sources for its insert.
-	sqlBackfillBaselineEventsSeed = `SELECT id, event FROM _ontology_replication_baselines WHERE generation = $1::uuid`
-	sqlBackfillHistoryEventsSeed  = `SELECT id, replication AS event FROM %s`
-	sqlBackfillCursor             = `UPDATE _ontology_replication_targets SET backfill_cursor = $2::jsonb, backfill_complete = $3,
+	sqlBackfillCursor = `UPDATE _ontology_replication_targets SET backfill_cursor = $2::jsonb, backfill_complete = $3,
        verified_count = verified_count + $4::bigint WHERE generation = $1::uuid`
 )
 

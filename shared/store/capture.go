@@ -26,8 +26,13 @@ const sqlCaptureTables = `SELECT n.nspname, c.relname, p.proname
   JOIN pg_proc p ON p.oid = t.tgfoid
   WHERE t.tgname = '_ontology_capture' AND NOT t.tgisinternal AND pg_table_is_visible(c.oid)`
 
-func loadCaptureTables(ctx context.Context, tx pgx.Tx) (*captureTables, error) {
-	rows, err := tx.Query(ctx, sqlCaptureTables)
+// querier runs a query: a transaction or a claim's session.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func loadCaptureTables(ctx context.Context, q querier) (*captureTables, error) {
+	rows, err := q.Query(ctx, sqlCaptureTables)
 	if err != nil {
 		return nil, fmt.Errorf("list capture tables: %w", err)
 	}
@@ -46,7 +51,7 @@ func loadCaptureTables(ctx context.Context, tx pgx.Tx) (*captureTables, error) {
 
 // captureTables returns the cached capture tables, reloading them when
 // refresh is set (a table was not found: a migration may have added it).
-func (s *Store) captureTables(ctx context.Context, tx pgx.Tx, refresh bool) (*captureTables, error) {
+func (s *Store) captureTables(ctx context.Context, tx querier, refresh bool) (*captureTables, error) {
 	s.mu.Lock()
 	ct := s.capture
 	s.mu.Unlock()
@@ -65,7 +70,7 @@ func (s *Store) captureTables(ctx context.Context, tx pgx.Tx, refresh bool) (*ca
 
 // historyTable returns the quoted identifier of a capture table by its bare
 // name, checked against the tables that carry the capture trigger.
-func (s *Store) historyTable(ctx context.Context, tx pgx.Tx, name string) (string, error) {
+func (s *Store) historyTable(ctx context.Context, tx querier, name string) (string, error) {
 	for _, refresh := range []bool{false, true} {
 		ct, err := s.captureTables(ctx, tx, refresh)
 		if err != nil {
@@ -78,6 +83,16 @@ func (s *Store) historyTable(ctx context.Context, tx pgx.Tx, name string) (strin
 	return "", fmt.Errorf("%w: %q", ErrNoCaptureTable, name)
 }
 
+// forgetCaptureTables drops the cached capture tables (a cached table has
+// gone: renamed or dropped) and reports whether there was a cache.
+func (s *Store) forgetCaptureTables() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	had := s.capture != nil
+	s.capture = nil
+	return had
+}
+
 // CaptureFunction returns the SDK's capture function name for an entity id:
 // _replicate_ and the first 40 hex digits of the SHA-256 of the id. The name
 // is stable across entity renames (replicationEntityDdl, seed 001).
@@ -88,7 +103,7 @@ func CaptureFunction(entityID string) string {
 
 // entityHistoryTable returns the bare name of an entity's history table: the
 // table whose capture trigger runs the entity's capture function.
-func (s *Store) entityHistoryTable(ctx context.Context, tx pgx.Tx, entityID string) (string, error) {
+func (s *Store) entityHistoryTable(ctx context.Context, tx querier, entityID string) (string, error) {
 	fn := CaptureFunction(entityID)
 	for _, refresh := range []bool{false, true} {
 		ct, err := s.captureTables(ctx, tx, refresh)

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
-	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // requireConsistent checks that every delivery row's acceptance matches its
@@ -67,7 +66,7 @@ func TestConcurrentClaimsAreDisjoint(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for {
-				c, err := e.store.Claim(e.ctx, tg, nil)
+				c, err := e.store.Claim(e.ctx, tg)
 				if !assert.NoError(t, err) || len(c.Events) == 0 {
 					return
 				}
@@ -106,7 +105,7 @@ func TestAcknowledgementRacesReplayAndWriters(t *testing.T) {
 	for range 3 { // drains
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				c, err := e.store.Claim(e.ctx, tg, nil)
+				c, err := e.store.Claim(e.ctx, tg)
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -155,37 +154,4 @@ func TestAcknowledgementRacesReplayAndWriters(t *testing.T) {
 	tg = e.target(t)
 	require.True(t, tg.ReplayComplete)
 	t.Logf("%d acknowledgements, %d replays, %d writes", acked.Load(), replays.Load(), writes.Load())
-}
-
-// TestReplayInitialisationWaitsForClaims: replay initialisation takes the
-// exclusive lifecycle lock, so it waits for an open claim (which holds the
-// shared lock) instead of deadlocking with it, and proceeds once it ends.
-func TestReplayInitialisationWaitsForClaims(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, &sdkfixture.V4Template)
-	tg := e.start(t)
-	e.products(t, 10)
-	c, err := e.store.Claim(e.ctx, tg, nil)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- e.store.InitReplay(e.ctx, tg) }()
-	// The initialisation is blocked on the lifecycle lock held by the claim.
-	require.Eventually(t, func() bool {
-		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 1
-	}, 5*time.Second, 10*time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("replay initialised while a claim was open: %v", err)
-	default:
-	}
-	_, err = c.Acknowledge(e.ctx)
-	require.NoError(t, err)
-	require.NoError(t, <-done)
-	for page := (store.ReplayPage{}); !page.Complete; {
-		page, err = e.store.AdvanceReplay(e.ctx, tg)
-		require.NoError(t, err)
-	}
-	require.EqualValues(t, 10, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"),
-		"the replay re-queued what the claim acknowledged")
-	requireConsistent(t, e)
 }

@@ -1,11 +1,14 @@
 package store_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
@@ -100,7 +103,7 @@ func TestPendingEventsMatchTheSDK(t *testing.T) {
 	for i, p := range b.Events {
 		w := want[i]
 		require.Equal(t, w.ID, p.HistoryID, "revision order")
-		require.Equal(t, sha(tg.SourceID+":"+w.ID+":"+tg.Generation), p.Event.EventID)
+		require.Equal(t, sha(tg.SourceID+":"+w.ID+":"+tg.Generation), p.EventID)
 		var got map[string]any
 		require.NoError(t, json.Unmarshal(p.JSON, &got))
 		for _, k := range []string{"source_id", "entity_id", "record_key", "record_kind", "revision", "deleted", "schema_hash", "payload"} {
@@ -111,9 +114,12 @@ func TestPendingEventsMatchTheSDK(t *testing.T) {
 		size += event.MessageBytes(len(p.JSON))
 	}
 	require.Equal(t, size, b.Bytes)
-	require.Equal(t, "edge:products", b.Events[4].Event.RecordKind)
-	require.True(t, b.Events[5].Event.Deleted)
-	require.Equal(t, "{}", b.Events[5].Event.Payload)
+	var link, deleted event.Event
+	require.NoError(t, json.Unmarshal(b.Events[4].JSON, &link))
+	require.NoError(t, json.Unmarshal(b.Events[5].JSON, &deleted))
+	require.Equal(t, "edge:products", link.RecordKind)
+	require.True(t, deleted.Deleted)
+	require.Equal(t, "{}", deleted.Payload)
 	require.Empty(t, b.Events[0].HistoryTable, "baseline")
 	require.Equal(t, "customer_history", b.Events[1].HistoryTable)
 }
@@ -183,10 +189,10 @@ func TestClaimAndRelease(t *testing.T) {
 	e := newEnv(t, &sdkfixture.V4Template)
 	tg := e.start(t)
 	e.products(t, 150)
-	first, err := e.store.Claim(e.ctx, tg, nil)
+	first, err := e.store.Claim(e.ctx, tg)
 	require.NoError(t, err)
 	require.Len(t, first.Events, 100)
-	second, err := e.store.Claim(e.ctx, tg, nil)
+	second, err := e.store.Claim(e.ctx, tg)
 	require.NoError(t, err)
 	require.Len(t, second.Events, 50, "a concurrent claim skips the locked rows")
 	for _, id := range second.IDs() {
@@ -206,34 +212,17 @@ func TestClaimAndRelease(t *testing.T) {
 	require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
 
-func TestClaimExcludesHeldBackEvents(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, &sdkfixture.V4Template)
-	tg := e.start(t)
-	e.products(t, 5)
-	all, err := e.store.PendingEvents(e.ctx, tg)
-	require.NoError(t, err)
-	poison := all.Events[2].HistoryID
-	c, err := e.store.Claim(e.ctx, tg, []string{poison})
-	require.NoError(t, err)
-	require.Len(t, c.Events, 4)
-	require.NotContains(t, c.IDs(), poison)
-	_, err = c.Acknowledge(e.ctx)
-	require.NoError(t, err)
-	st, err := e.store.Status(e.ctx, tg)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, st.Pending, "the held-back event stays pending and visible")
-}
-
 // setMessageBytes rewrites a history row's payload so that its event counts
 // exactly want bytes in a batch.
 func setMessageBytes(t *testing.T, e *env, tg store.Target, historyID string, want int) {
 	t.Helper()
 	var raw []byte
 	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT replication FROM product_history WHERE id = $1::uuid`, historyID).Scan(&raw))
-	cur, err := event.FromCaptured(raw, tg.SourceID, historyID, tg.Generation)
+	js, _, err := event.AppendMessage(nil, raw, tg.SourceID, historyID, tg.Generation)
 	require.NoError(t, err)
-	base := len(cur.AppendJSON(nil)) - (len(event.AppendString(nil, cur.Payload)) - 2)
+	var cur event.Event
+	require.NoError(t, json.Unmarshal(js, &cur))
+	base := len(js) - (len(event.AppendString(nil, cur.Payload)) - 2)
 	jsonLen := (want - 12) / 4 * 3
 	require.Equal(t, want, event.MessageBytes(jsonLen))
 	payload := strings.Repeat("x", jsonLen-base)
@@ -274,14 +263,14 @@ func TestByteBound(t *testing.T) {
 	require.Equal(t, sha(tg.SourceID+":"+ids[0]+":"+tg.Generation), oversize.EventID)
 	require.Contains(t, err.Error(), ids[0])
 
-	c, err := e.store.Claim(e.ctx, tg, nil)
+	c, err := e.store.Claim(e.ctx, tg)
 	require.NoError(t, err)
 	require.True(t, c.Oversize)
 	require.Equal(t, ids[:1], c.IDs())
 	require.True(t, c.More)
 	_, err = c.Acknowledge(e.ctx)
 	require.NoError(t, err)
-	c, err = e.store.Claim(e.ctx, tg, nil)
+	c, err = e.store.Claim(e.ctx, tg)
 	require.NoError(t, err)
 	require.False(t, c.Oversize)
 	require.Equal(t, ids[1:], c.IDs(), "the oversize event does not block those behind it")
@@ -291,50 +280,123 @@ func TestByteBound(t *testing.T) {
 	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = NULL`)
 	setMessageBytes(t, e, tg, ids[0], 1000)
 	setMessageBytes(t, e, tg, ids[2], 1_000_004)
-	c, err = e.store.Claim(e.ctx, tg, nil)
+	c, err = e.store.Claim(e.ctx, tg)
 	require.NoError(t, err)
 	require.Equal(t, ids[:2], c.IDs())
 	require.False(t, c.Oversize)
 	c.Release(e.ctx)
 }
 
-func TestMissingHistoryRowAcknowledgesNothing(t *testing.T) {
+// TestUnpublishableEventsAreSetAside: the SDK's read fails on a missing
+// history row, a forged table or a malformed capture, naming it; a claim
+// sets such an event aside and goes on with the events behind it, and reads
+// nothing from a table without a capture trigger.
+func TestUnpublishableEventsAreSetAside(t *testing.T) {
 	t.Parallel()
+	first := `(SELECT min(id::text)::uuid FROM product_history)`
 	for _, c := range []struct {
-		name, delete string
+		name, change string
+		sdkErr       error
+		reason       store.Reason
 	}{
-		{"history row deleted", `DELETE FROM product_history WHERE id = (SELECT min(id::text)::uuid FROM product_history)`},
-		{"replication cleared", `UPDATE product_history SET replication = NULL WHERE id = (SELECT min(id::text)::uuid FROM product_history)`},
+		{"history row deleted", `DELETE FROM product_history WHERE id = ` + first, store.ErrMissingHistory, store.ReasonMissingHistory},
+		{"replication cleared", `UPDATE product_history SET replication = NULL WHERE id = ` + first, store.ErrMissingHistory, store.ReasonMissingHistory},
+		{"forged table", `UPDATE _ontology_replication_delivery SET history_table = 'customer' WHERE event_id = ` + first, store.ErrNoCaptureTable, store.ReasonUnknownTable},
+		{"not an event", `UPDATE product_history SET replication = '"text"' WHERE id = ` + first, event.ErrMalformed, store.ReasonMalformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, &sdkfixture.V4Template)
 			tg := e.start(t)
 			e.products(t, 3)
-			e.exec(t, c.delete)
+			var bad string
+			require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT `+first+`::text`).Scan(&bad))
+			e.exec(t, c.change)
 			_, err := e.store.PendingEvents(e.ctx, tg)
-			require.ErrorIs(t, err, store.ErrMissingHistory)
-			require.ErrorContains(t, err, "product_history/")
-			claim, err := e.store.Claim(e.ctx, tg, nil)
-			require.ErrorIs(t, err, store.ErrMissingHistory)
-			require.Nil(t, claim)
-			require.False(t, store.Retryable(err))
-			require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
-			require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts"))
+			require.ErrorIs(t, err, c.sdkErr, "the SDK's read fails on it")
+
+			claim, err := e.store.Claim(e.ctx, tg)
+			require.NoError(t, err)
+			require.Len(t, claim.Events, 2, "the events behind it are claimed")
+			require.NotContains(t, claim.IDs(), bad)
+			require.Len(t, claim.Unpublishable, 1)
+			aside := claim.Unpublishable[0]
+			require.Equal(t, bad, aside.HistoryID)
+			require.Equal(t, c.reason, aside.Reason)
+			require.Equal(t, sha(tg.SourceID+":"+bad+":"+tg.Generation), aside.EventID)
+			require.ErrorIs(t, aside.Cause, c.sdkErr)
+			n, err := claim.Acknowledge(e.ctx)
+			require.NoError(t, err)
+			require.EqualValues(t, 2, n)
+
+			again, err := e.store.Claim(e.ctx, tg)
+			require.NoError(t, err)
+			require.Empty(t, again.Events, "set aside: no claim takes it until its backoff has passed")
+			require.Empty(t, again.Unpublishable)
+			again.Release(e.ctx)
+			require.EqualValues(t, 1, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL
+				AND next_verify_at = last_checked_at + interval '1 minute'`), "set aside for the first backoff")
+			require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts WHERE event_id = $1::uuid", bad))
+
+			// Another Store (another process) lists it with its reason.
+			other, err := store.New(e.pool, store.Config{})
+			require.NoError(t, err)
+			rep, err := other.SetAside(e.ctx, tg, 10, 10_000_000)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, rep.Count)
+			require.Len(t, rep.Events, 1)
+			got := rep.Events[0]
+			require.Equal(t, bad, got.HistoryID)
+			require.Equal(t, aside.EventID, got.EventID)
+			require.Equal(t, c.reason, got.Reason, got.Detail)
+			require.Equal(t, 1, got.Attempts)
+			require.Equal(t, time.Minute, got.NextAttempt.Sub(got.Since))
 		})
 	}
 }
 
-func TestForgedHistoryTableIsRefused(t *testing.T) {
+// TestSetAsideReasonsAndRetry: an event Pub/Sub refused and one too large
+// for a request are listed as such; RetrySetAside makes both claimable at
+// once, as fresh events.
+func TestSetAsideReasonsAndRetry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
 	tg := e.start(t)
-	e.products(t, 1)
-	// A delivery row naming a business table (no capture trigger) is never read.
-	e.exec(t, `UPDATE _ontology_replication_delivery SET history_table = 'customer' WHERE history_table IS NOT NULL`)
-	_, err := e.store.PendingEvents(e.ctx, tg)
-	require.ErrorIs(t, err, store.ErrNoCaptureTable)
-	require.ErrorContains(t, err, `"customer"`)
+	e.products(t, 3)
+	c, err := e.store.Claim(e.ctx, tg)
+	require.NoError(t, err)
+	refused, large := c.Events[0], c.Events[1]
+	setMessageBytes(t, e, tg, large.HistoryID, 1000)
+	_, err = c.Finish(e.ctx, []string{c.Events[2].HistoryID}, []store.SetAside{
+		{HistoryID: refused.HistoryID, Reason: store.ReasonRejected},
+		{HistoryID: large.HistoryID, Reason: store.ReasonTooLarge},
+	})
+	require.NoError(t, err)
+	rep, err := e.store.SetAside(e.ctx, tg, 10, 700)
+	require.NoError(t, err)
+	reasons := map[string]store.Reason{}
+	for _, ev := range rep.Events {
+		reasons[ev.HistoryID] = ev.Reason
+	}
+	require.Equal(t, map[string]store.Reason{refused.HistoryID: store.ReasonRejected, large.HistoryID: store.ReasonTooLarge}, reasons)
+	limited, err := e.store.SetAside(e.ctx, tg, 1, 700)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, limited.Count)
+	require.Len(t, limited.Events, 1, "listed up to the limit, counted in full")
+
+	n, err := e.store.RetrySetAside(e.ctx, tg)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	again, err := e.store.Claim(e.ctx, tg)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{refused.HistoryID, large.HistoryID}, again.IDs())
+	for _, p := range again.Events {
+		require.Zero(t, p.Backoff, "fresh again")
+	}
+	again.Release(e.ctx)
+	rep, err = e.store.SetAside(e.ctx, tg, 10, 700)
+	require.NoError(t, err)
+	require.Zero(t, rep.Count)
 }
 
 func TestVerifyAndRetry(t *testing.T) {
@@ -437,43 +499,67 @@ func TestRetryOnlyTouchesCheckedIDs(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestRetryable: lock and statement timeouts (which every store transaction
+// sets) and lost connections are retryable; protocol errors, and PostgreSQL
+// errors with a malformed SQLSTATE, are not.
 func TestRetryable(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
-	_, err := e.pool.Exec(e.ctx, "SELECT pg_sleep(1)", nil...)
-	require.NoError(t, err)
-	st, err := store.New(e.pool, store.Config{StatementTimeout: 50_000_000}) // 50ms
-	require.NoError(t, err)
 	tg := e.start(t)
-	// Hold the lifecycle lock exclusively so the claim's shared lock times out.
+	e.products(t, 1)
+	pending, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	ids := pending.IDs()
+	st, err := store.New(e.pool, store.Config{LockTimeout: 50 * time.Millisecond, StatementTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+
+	// Hold the lifecycle lock exclusively: the acknowledgement's shared
+	// lock waits, and its lock_timeout ends the wait.
 	tx, err := e.pool.Begin(e.ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(e.ctx)
+	defer func() { _ = tx.Rollback(e.ctx) }()
 	_, err = tx.Exec(e.ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", store.LifecycleLock)
 	require.NoError(t, err)
-	_, err = st.Claim(e.ctx, tg, nil)
-	require.Error(t, err)
-	require.True(t, store.Retryable(err), "a lock or statement timeout is retryable: %v", err)
-	require.False(t, store.Retryable(errors.New("plain")))
-	require.False(t, store.Retryable(nil))
+	_, lockErr := st.Acknowledge(e.ctx, tg, ids)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, lockErr, &pgErr)
+	require.Equal(t, "55P03", pgErr.Code, "lock_timeout: %v", lockErr)
+	require.NoError(t, tx.Rollback(e.ctx))
+
+	// Hold a delivery row: the acknowledgement's update waits for it, and
+	// its statement_timeout (shorter than a lock wait would be otherwise)
+	// or lock_timeout ends the wait.
+	row, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = row.Rollback(e.ctx) }()
+	_, err = row.Exec(e.ctx, "SELECT 1 FROM _ontology_replication_delivery FOR UPDATE")
+	require.NoError(t, err)
+	_, rowErr := st.Acknowledge(e.ctx, tg, ids)
+	require.ErrorAs(t, rowErr, &pgErr)
+	require.Contains(t, []string{"55P03", "57014"}, pgErr.Code, "%v", rowErr)
+
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"lock timeout", lockErr, true},
+		{"row lock wait", rowErr, true},
+		{"deadline", context.DeadlineExceeded, true},
+		{"connection refused", &pgconn.PgError{Code: "08006"}, true},
+		{"statement timeout", &pgconn.PgError{Code: "57014"}, true},
+		{"deadlock", &pgconn.PgError{Code: "40P01"}, true},
+		{"undefined table", &pgconn.PgError{Code: "42P01"}, false},
+		{"empty SQLSTATE", &pgconn.PgError{Code: ""}, false},
+		{"one-character SQLSTATE", &pgconn.PgError{Code: "5"}, false},
+		{"missing history", store.ErrMissingHistory, false},
+		{"plain", errors.New("plain"), false},
+		{"nil", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, store.Retryable(c.err))
+		})
+	}
 	_, err = store.New(e.pool, store.Config{LockTimeout: -1})
 	require.ErrorContains(t, err, "LockTimeout")
-}
-
-func TestOversizePending(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, &sdkfixture.V4Template)
-	e.products(t, 2) // baseline
-	tg := e.start(t)
-	e.products(t, 3)
-	n, err := e.store.OversizePending(e.ctx, tg, 100_000)
-	require.NoError(t, err)
-	require.Zero(t, n)
-	n, err = e.store.OversizePending(e.ctx, tg, 10)
-	require.NoError(t, err)
-	require.EqualValues(t, 5, n, "every pending event is larger than 10 bytes")
-	e.drainAll(t, tg)
-	n, err = e.store.OversizePending(e.ctx, tg, 10)
-	require.NoError(t, err)
-	require.Zero(t, n, "only pending events count")
 }

@@ -14,6 +14,7 @@ var (
 	SeedBackfillCursor       = sqlBackfillCursorSeed
 	SeedBackfillEvents       = [2]string{sqlBackfillBaselineEventsSeed, sqlBackfillHistoryEventsSeed}
 	ReplayNextPage           = fmt.Sprintf(sqlReplayPage, sqlReplayAfter)
+	ReplayReceipts           = sqlReplayReceipts
 )
 
 // The seed's reads of a batch's events (baselines, a history table: %s) and

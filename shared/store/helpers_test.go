@@ -28,7 +28,8 @@ type env struct {
 func newEnv(t testing.TB, tpl *pgtest.Template) *env {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t, tpl))
+	// Ten connections: enough for the tests that hold several claims at once.
+	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t, tpl)+"&pool_max_conns=10")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	st, err := store.New(pool, store.Config{})
@@ -99,9 +100,15 @@ func (e *env) exec(t testing.TB, query string, args ...any) {
 // history ids in publish order.
 func (e *env) drainAll(t testing.TB, tg store.Target) []string {
 	t.Helper()
+	return drainWith(t, e, e.store, tg)
+}
+
+// drainWith is drainAll through another Store over the same database.
+func drainWith(t testing.TB, e *env, st *store.Store, tg store.Target) []string {
+	t.Helper()
 	var all []string
 	for {
-		c, err := e.store.Claim(e.ctx, tg, nil)
+		c, err := st.Claim(e.ctx, tg)
 		require.NoError(t, err)
 		if len(c.Events) == 0 {
 			c.Release(e.ctx)

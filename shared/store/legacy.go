@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
 )
 
 // The legacy (protocol 3) paths: no delivery queue; pending events are found
@@ -26,8 +30,8 @@ const (
 )
 
 // sqlLegacyPending is pendingReplicationEvents of seed 001 over the events
-// of sqlLegacyEvents (%s). $4 holds back events the caller cannot publish;
-// it is empty in the SDK's read.
+// of legacyEvents (%s). $4 holds back events this Store set aside (see
+// legacyAside); it is empty in the SDK's read.
 const sqlLegacyPending = `SELECT e.id::text, e.event FROM (%s) e
      WHERE NOT EXISTS (SELECT 1 FROM _ontology_replication_receipts r
        WHERE r.generation = $1::uuid AND r.event_id = e.id) AND e.id <> ALL($4::uuid[])
@@ -92,17 +96,17 @@ func (s *Store) legacyEvents(ctx context.Context, tx pgx.Tx, t Target) (string, 
 	return strings.Join(parts, " UNION ALL "), nil
 }
 
-func (s *Store) legacyPending(ctx context.Context, tx pgx.Tx, t Target, mode boundMode, exclude ...string) (Batch, error) {
+func (s *Store) legacyPending(ctx context.Context, tx pgx.Tx, t Target, mode boundMode, exclude []string) (Batch, []SetAside, error) {
 	events, err := s.legacyEvents(ctx, tx, t)
 	if err != nil {
-		return Batch{}, err
+		return Batch{}, nil, err
 	}
 	if exclude == nil {
 		exclude = []string{}
 	}
 	rows, err := tx.Query(ctx, fmt.Sprintf(sqlLegacyPending, events), t.Generation, t.SourceID, t.FromRevision, exclude)
 	if err != nil {
-		return Batch{}, err
+		return Batch{}, nil, err
 	}
 	var items []captured
 	var it captured
@@ -111,7 +115,83 @@ func (s *Store) legacyPending(ctx context.Context, tx pgx.Tx, t Target, mode bou
 		return nil
 	})
 	if err != nil {
-		return Batch{}, err
+		return Batch{}, nil, err
 	}
-	return bound(t, items, mode)
+	return bound(t, items, mode, len(items) == event.MaxBatchEvents)
+}
+
+// legacyAside is where a protocol-3 database's set-aside events are kept:
+// that schema has no delivery row to keep them in, so they are skipped by
+// this Store only, until their backoff has passed (and forgotten when the
+// process ends). At most maxLegacyAside are kept per Store.
+type legacyAside struct {
+	mu    sync.Mutex
+	until map[string]time.Time // history id → end of its backoff
+	prior map[string]time.Duration
+}
+
+const maxLegacyAside = 10_000
+
+// excluded returns the ids still set aside.
+func (a *legacyAside) excluded(now time.Time) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ids []string
+	for id, until := range a.until {
+		if now.Before(until) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// legacyClaim reads the next batch by the SDK's legacy scan, which locks
+// nothing (concurrent drains of a protocol-3 database may publish the same
+// events, as the SDK's do), skipping events this Store set aside.
+func (s *Store) legacyClaim(ctx context.Context, t Target) (*Claim, error) {
+	var c *Claim
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		b, aside, err := s.legacyPending(ctx, tx, t, aloneBound, s.legacyAside.excluded(time.Now()))
+		c = &Claim{Batch: b, Unpublishable: aside, store: s, target: t}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+	}
+	return c, nil
+}
+
+// finishLegacy acknowledges a legacy claim's accepted events (receipts) and
+// keeps its set-aside ones in memory.
+func (c *Claim) finishLegacy(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
+	if len(setAside) > 0 {
+		a := &c.store.legacyAside
+		prior := map[string]time.Duration{}
+		a.mu.Lock()
+		if a.until == nil {
+			a.until, a.prior = map[string]time.Time{}, map[string]time.Duration{}
+		}
+		now := time.Now()
+		for _, x := range setAside {
+			prior[x.HistoryID] = a.prior[x.HistoryID]
+			if len(a.until) >= maxLegacyAside {
+				for id, until := range a.until {
+					if !now.Before(until) {
+						delete(a.until, id)
+						delete(a.prior, id)
+					}
+				}
+				if len(a.until) >= maxLegacyAside {
+					break
+				}
+			}
+			d := c.store.nextBackoff(prior[x.HistoryID])
+			a.until[x.HistoryID], a.prior[x.HistoryID] = now.Add(d), d
+		}
+		a.mu.Unlock()
+	}
+	if len(accepted) == 0 {
+		return 0, nil
+	}
+	return c.store.Acknowledge(ctx, c.target, accepted)
 }

@@ -1,11 +1,13 @@
 package store_test
 
 import (
+	"encoding/json"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
@@ -31,26 +33,44 @@ func TestLegacyPaths(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, b.Events, 100)
 	require.True(t, b.More)
-	require.Equal(t, "0", b.Events[0].Event.Revision, "baseline events first: revision order")
-	for i := 1; i < len(b.Events); i++ {
-		prev, _ := strconv.Atoi(b.Events[i-1].Event.Revision)
-		cur, _ := strconv.Atoi(b.Events[i].Event.Revision)
+	events := make([]event.Event, len(b.Events))
+	for i, p := range b.Events {
+		require.NoError(t, json.Unmarshal(p.JSON, &events[i]))
+		require.Equal(t, sha(tg.SourceID+":"+p.HistoryID+":"+tg.Generation), p.EventID)
+		require.Equal(t, p.EventID, events[i].EventID)
+		require.Equal(t, tg.Generation, events[i].Generation)
+	}
+	require.Equal(t, "0", events[0].Revision, "baseline events first: revision order")
+	for i := 1; i < len(events); i++ {
+		prev, _ := strconv.Atoi(events[i-1].Revision)
+		cur, _ := strconv.Atoi(events[i].Revision)
 		require.LessOrEqual(t, prev, cur)
 	}
-	for _, p := range b.Events {
-		require.Equal(t, sha(tg.SourceID+":"+p.HistoryID+":"+tg.Generation), p.Event.EventID)
-		require.Equal(t, tg.Generation, p.Event.Generation)
-	}
 
-	c, err := e.store.Claim(e.ctx, tg, []string{b.Events[0].HistoryID})
+	// An event set aside is skipped by this Store on the legacy path too
+	// (in memory: protocol 3 has no delivery row to keep it in).
+	first, err := e.store.Claim(e.ctx, tg)
+	require.NoError(t, err)
+	aside := first.Events[0]
+	_, err = first.Finish(e.ctx, nil, []store.SetAside{{HistoryID: aside.HistoryID, EventID: aside.EventID, Reason: store.ReasonRejected}})
+	require.NoError(t, err)
+	c, err := e.store.Claim(e.ctx, tg)
 	require.NoError(t, err)
 	require.Len(t, c.Events, 100)
-	require.NotContains(t, c.IDs(), b.Events[0].HistoryID, "held back on the legacy path too")
+	require.NotContains(t, c.IDs(), aside.HistoryID, "set aside on the legacy path too")
 	n, err := c.Acknowledge(e.ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 100, n)
+	fresh, err := store.New(e.pool, store.Config{})
+	require.NoError(t, err)
+	later, err := fresh.Claim(e.ctx, tg)
+	require.NoError(t, err)
+	require.Contains(t, later.IDs(), aside.HistoryID, "another process does not know it")
+	later.Release(e.ctx)
 	rest := e.drainAll(t, tg)
-	require.Len(t, rest, 24)
+	require.Len(t, rest, 23)
+	rest = drainWith(t, e, fresh, tg)
+	require.Len(t, rest, 1)
 
 	st, err = e.store.Status(e.ctx, tg)
 	require.NoError(t, err)

@@ -42,7 +42,7 @@ func TestUpgradeAndBackfillCarryReceipts(t *testing.T) {
 
 	// Deliver most of it under protocol 3 and verify part of that.
 	for range 20 {
-		c, err := e.store.Claim(e.ctx, tg, nil)
+		c, err := e.store.Claim(e.ctx, tg)
 		require.NoError(t, err)
 		_, err = c.Acknowledge(e.ctx)
 		require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/pgtest"
@@ -185,11 +186,11 @@ func TestBackfillMatchesTheSeed(t *testing.T) {
 // initialised: baselines and history rows in every delivery state (pending,
 // accepted, verified, with receipts), then rows written after the fence.
 var replayingTemplate = pgtest.Template{Name: "store_replaying", Build: func(ctx context.Context, url string) error {
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(ctx)
+	defer conn.Close()
 	if err := sdkfixture.Install(ctx, conn, sdkfixture.Demo, 4); err != nil {
 		return err
 	}
@@ -424,16 +425,25 @@ func TestReplayPageUsesPrimaryKey(t *testing.T) {
 		SELECT generation, event_id, accepted_at, verified_at FROM _ontology_replication_delivery`)
 	e.exec(t, `VACUUM ANALYZE`)
 	require.NoError(t, e.store.InitReplay(e.ctx, tg))
-	rows, err := e.pool.Query(e.ctx, "EXPLAIN "+store.ReplayNextPage, tg.Generation, "00000000-0000-0000-0000-000000000000", int64(1)<<40)
+	explain := func(q string, args ...any) string {
+		rows, err := e.pool.Query(e.ctx, "EXPLAIN "+q, args...)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	page := explain(store.ReplayNextPage, tg.Generation, "00000000-0000-0000-0000-000000000000", int64(1)<<40)
+	ids := make([]string, 1000)
+	rows, err := e.pool.Query(e.ctx, "SELECT event_id::text FROM _ontology_replication_receipts LIMIT 1000")
 	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
-	for _, table := range []string{"_ontology_replication_delivery", "_ontology_replication_receipts"} {
+	receipts := explain(store.ReplayReceipts, tg.Generation, ids)
+	for table, plan := range map[string]string{"_ontology_replication_delivery": page, "_ontology_replication_receipts": receipts} {
 		require.NotContains(t, plan, "Seq Scan on "+table, plan)
 		require.Contains(t, plan, "Index Scan using "+table+"_pkey", plan)
+		require.NotContains(t, plan, "Hash", plan)
 	}
-	require.NotContains(t, plan, "Hash", plan)
 }
 
 // TestEventReadsMatchTheSeed: the store's reads of a batch's events, given

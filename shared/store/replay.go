@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // ReplayPageSize is how many delivery rows one replay page resets.
@@ -25,53 +26,26 @@ const sqlInitReplay = `UPDATE _ontology_replication_targets SET replay_complete 
 const (
 	sqlReplayTarget = `SELECT replay_complete, replay_cursor::text, initial_revision FROM _ontology_replication_targets
        WHERE generation = $1::uuid FOR NO KEY UPDATE`
-	// The seed's page: a read, then the reset, the receipts and the cursor,
-	// the ids passed back as a JSON array. Its read's OR on the cursor keeps
-	// PostgreSQL from using event_id > $2 as a bound on the primary key
-	// (generation, event_id), so each page rescans the generation from its
-	// first row.
-	sqlReplayPageSeed = `SELECT event_id::text AS id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
-       WHERE generation = $1::uuid AND ($2::uuid IS NULL OR event_id > $2::uuid)
-         AND (is_baseline OR revision <= $3::bigint)
-       ORDER BY event_id LIMIT 1000`
-	sqlReplayResetSeed = `UPDATE _ontology_replication_delivery SET accepted_at = NULL, verified_at = NULL, next_verify_at = now()
-       WHERE generation = $1::uuid AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`
-	sqlReplayReceiptsSeed = `DELETE FROM _ontology_replication_receipts WHERE generation = $1::uuid
-       AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`
-	sqlReplayCursorSeed = `UPDATE _ontology_replication_targets SET replay_cursor = $2::uuid, replay_complete = $3,
-        verified_count = verified_count - $4::bigint WHERE generation = $1::uuid`
 
-	// sqlReplayPage is the same page as one statement, after the target row
-	// lock: the page read (the seed's predicates, order and limit), the reset
-	// and the receipts joined to it by primary key, and the cursor update,
-	// which keeps the cursor when the page is empty and subtracts the rows
-	// the read saw verified, as the seed does. It returns the page's row and
-	// verified counts. %s bounds the read: sqlReplayFirst or sqlReplayAfter,
-	// the seed's cursor OR split in two so that the next pages walk the key
-	// from the cursor (same rows, same order). All four parts see one
-	// snapshot; a row a concurrent drain acknowledges after it is reset from
-	// its newest version, as the seed's separate UPDATE would. The receipts
-	// deleted are those of the rows reset, so a receipt goes only once its
-	// delivery row is locked: the seed gets the same order (delivery rows,
-	// then receipts) from its statement order, and a drain acknowledging a
-	// claimed row (delivery row, then receipt) must never find the receipt
-	// deleted by a replay that waits for that row. (PostgreSQL runs the parts
-	// of a statement in no promised order; deleting by the page instead
-	// deadlocked with acknowledgements.)
+	// sqlReplayPage is the seed's page read, reset and cursor update as one
+	// statement, after the target row lock: the page read (the seed's
+	// predicates, order and limit) feeds the reset, found by primary key,
+	// and the cursor update, which keeps the cursor when the page is empty
+	// and subtracts the rows the read saw verified, as the seed does. It
+	// returns the page's row and verified counts and the ids it reset. %s
+	// bounds the read: sqlReplayFirst or sqlReplayAfter, the seed's cursor
+	// OR ($2::uuid IS NULL OR event_id > $2::uuid) split in two so that the
+	// next pages walk the primary key from the cursor (same rows, same
+	// order), where the seed's OR rescans the generation from its first row
+	// on every page. A row a concurrent acknowledgement updates is reset
+	// from its newest version once that transaction ends, as the seed's
+	// separate UPDATE would.
 	//
-	// Timed per statement at 10⁶ delivery rows, the seed's four statements
-	// cost 5.1 ms (read), 15.5 (reset), 5.1 (receipts) and 0.2 (cursor) a
-	// page; of the reset, 5.4 ms went on expanding the JSON id list and
-	// finding the 1,000 rows again, which the join to the read saves, with
-	// the receipts' list and three round trips.
-	//
-	// The reset and the receipts find their rows with = ANY (ARRAY(SELECT
-	// ...)), an index condition on each primary key. Written as joins to
-	// the page (UPDATE ... FROM page), they were hash-joined to a
-	// sequential scan of each whole table below about half a million rows:
-	// 60 of a page's 75 ms at 100,000 rows, where by key the page takes 16
-	// (TestReplayPageUsesPrimaryKey). The array also has the reset lock
-	// every row of the page before the first receipt is deleted.
+	// The reset finds its rows with = ANY (ARRAY(SELECT …)), an index
+	// condition on the primary key: written as a join to the page (UPDATE
+	// … FROM page), PostgreSQL hash-joined it to a sequential scan of the
+	// whole table below about half a million rows
+	// (TestReplayPageUsesPrimaryKey).
 	sqlReplayPage = `WITH page AS (
          SELECT event_id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
           WHERE generation = $1::uuid AND %s
@@ -81,9 +55,6 @@ const (
          UPDATE _ontology_replication_delivery SET accepted_at = NULL, verified_at = NULL, next_verify_at = now()
           WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM page))
           RETURNING event_id
-       ), receipts AS (
-         DELETE FROM _ontology_replication_receipts
-          WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM reset))
        ), summary AS (
          SELECT count(*) AS rows, count(*) FILTER (WHERE verified) AS verified,
                 (SELECT event_id FROM page ORDER BY event_id DESC LIMIT 1) AS last
@@ -92,9 +63,20 @@ const (
        UPDATE _ontology_replication_targets t SET replay_cursor = coalesce(s.last, t.replay_cursor),
               replay_complete = s.rows < 1000, verified_count = t.verified_count - s.verified
          FROM summary s WHERE t.generation = $1::uuid
-       RETURNING s.rows, s.verified`
+       RETURNING s.rows, s.verified, (SELECT coalesce(array_agg(event_id), '{}') FROM reset)`
 	sqlReplayFirst = `$2::uuid IS NULL`
 	sqlReplayAfter = `event_id > $2::uuid`
+
+	// sqlReplayReceipts deletes the receipts of the rows the page reset, as
+	// the seed's page does, in a statement of its own after the reset: its
+	// snapshot is taken once the reset holds every row of the page, so it
+	// also sees the receipt of an acknowledgement that committed while the
+	// reset waited for that row (one statement's snapshot would miss it and
+	// leave a receipt on a pending row). The order of the seed's page stays:
+	// delivery rows, then receipts, as an acknowledgement takes them, so the
+	// two cannot deadlock.
+	sqlReplayReceipts = `DELETE FROM _ontology_replication_receipts
+       WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))`
 )
 
 // InitReplay starts a replay of a generation. At protocol 4 it is the SDK's
@@ -146,7 +128,7 @@ func (s *Store) AdvanceReplay(ctx context.Context, t Target) (ReplayPage, error)
 		return ReplayPage{Complete: true}, nil
 	}
 	var page ReplayPage
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
+	err := s.inKeyOrderTx(ctx, func(tx pgx.Tx) error {
 		var complete bool
 		var cursor *string
 		var fence *int64
@@ -163,8 +145,14 @@ func (s *Store) AdvanceReplay(ctx context.Context, t Target) (ReplayPage, error)
 			bound = sqlReplayAfter
 		}
 		var rows, verified int64
-		if err := tx.QueryRow(ctx, fmt.Sprintf(sqlReplayPage, bound), t.Generation, cursor, fence).Scan(&rows, &verified); err != nil {
+		var reset []pgtype.UUID
+		if err := tx.QueryRow(ctx, fmt.Sprintf(sqlReplayPage, bound), t.Generation, cursor, fence).Scan(&rows, &verified, &reset); err != nil {
 			return err
+		}
+		if len(reset) > 0 {
+			if _, err := tx.Exec(ctx, sqlReplayReceipts, t.Generation, reset); err != nil {
+				return err
+			}
 		}
 		page.Rows, page.Verified = int(rows), int(verified)
 		page.Complete = rows < ReplayPageSize

@@ -116,50 +116,6 @@ func (s *Store) InitiallyReady(ctx context.Context, t Target) (bool, error) {
 	return ready, nil
 }
 
-// sqlOversizeBaselines and sqlOversizeHistory count pending events whose
-// captured JSON is larger than $2 bytes: events no publish request can carry,
-// which the drain holds back. %s is a capture table's quoted identifier.
-const (
-	sqlOversizeBaselines = `SELECT count(*) FROM _ontology_replication_delivery d
-     JOIN _ontology_replication_baselines b ON b.id = d.event_id
-     WHERE d.generation = $1::uuid AND d.accepted_at IS NULL AND d.history_table IS NULL AND octet_length(b.event::text) > $2`
-	sqlOversizeHistory = `SELECT count(*) FROM _ontology_replication_delivery d
-     JOIN %s h ON h.id = d.event_id
-     WHERE d.generation = $1::uuid AND d.accepted_at IS NULL AND d.history_table = $3 AND octet_length(h.replication::text) > $2`
-)
-
-// OversizePending counts a target's pending events whose captured JSON is
-// larger than limit bytes (at protocol 4; the legacy paths report 0). Its
-// cost grows with the pending backlog, so it is for status, not the drain.
-func (s *Store) OversizePending(ctx context.Context, t Target, limit int) (int64, error) {
-	if !t.UsesDelivery() {
-		return 0, nil
-	}
-	var total int64
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var n int64
-		if err := tx.QueryRow(ctx, sqlOversizeBaselines, t.Generation, limit).Scan(&n); err != nil {
-			return err
-		}
-		total += n
-		ct, err := s.captureTables(ctx, tx, true)
-		if err != nil {
-			return err
-		}
-		for table, ident := range ct.byTable {
-			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlOversizeHistory, ident.Sanitize()), t.Generation, limit, table).Scan(&n); err != nil {
-				return err
-			}
-			total += n
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("store: count oversize pending events of %s: %w", t.Generation, err)
-	}
-	return total, nil
-}
-
 // The remaining work of a replay or a backfill, counted once when a job
 // starts so that its progress can show an ETA.
 const (

@@ -12,14 +12,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DB is what the store runs its transactions on: a *pgxpool.Pool in
-// production, a *pgx.Conn in some tests. Exec runs the one statement that
-// cannot run in a transaction: the periodic VACUUM of the target table.
+// DB is what the store runs its statements on: a *pgxpool.Pool. Acquire
+// gives a claim a session of its own (see Claim); Exec runs the one
+// statement that cannot run in a transaction, the periodic VACUUM of the
+// target table.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Config configures a Store.
@@ -30,10 +34,16 @@ type Config struct {
 	// LockTimeout bounds every lock wait (SET LOCAL lock_timeout).
 	// Default: 5s, as the SDK's lifecycle code.
 	LockTimeout time.Duration
-	// ClaimIdleTimeout bounds how long a claimed batch's transaction may sit
-	// idle (while its batch is published) before the server ends it and
-	// releases its row locks. Default: 60s.
+	// ClaimIdleTimeout is the idle_session_timeout every claim sets on its
+	// session: a session that sits idle this long (a drain that hangs while
+	// it holds a claim) is ended by the server, which frees its claims. It
+	// must be longer than a publish may take. Default: 60s.
 	ClaimIdleTimeout time.Duration
+	// SetAsideBackoff is how long an event that cannot be published is first
+	// set aside; each later time doubles it. Default: 1m.
+	SetAsideBackoff time.Duration
+	// SetAsideMaxBackoff bounds the set-aside backoff. Default: 1h.
+	SetAsideMaxBackoff time.Duration
 	// Logger receives the store's warnings: a failed VACUUM of the target
 	// table (see TargetVacuumEvery). Default: slog.Default().
 	Logger *slog.Logger
@@ -43,14 +53,18 @@ func (c Config) withDefaults() Config {
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
 	c.ClaimIdleTimeout = cmp.Or(c.ClaimIdleTimeout, 60*time.Second)
+	c.SetAsideBackoff = cmp.Or(c.SetAsideBackoff, time.Minute)
+	c.SetAsideMaxBackoff = cmp.Or(c.SetAsideMaxBackoff, time.Hour)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
 }
 
-// Validate reports the first invalid field.
+// Validate reports the first invalid field (a zero field takes its
+// default).
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	switch {
 	case c.StatementTimeout < time.Millisecond:
 		return fmt.Errorf("StatementTimeout %v: must be at least 1ms", c.StatementTimeout)
@@ -58,6 +72,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("LockTimeout %v: must be at least 1ms", c.LockTimeout)
 	case c.ClaimIdleTimeout < time.Second:
 		return fmt.Errorf("ClaimIdleTimeout %v: must be at least 1s", c.ClaimIdleTimeout)
+	case c.SetAsideBackoff < time.Second:
+		// The seed's retry sets next_verify_at 30 s ahead; a set-aside
+		// backoff of 30 s could not be told from it.
+		return fmt.Errorf("SetAsideBackoff %v: must be at least 1s", c.SetAsideBackoff)
+	case c.SetAsideBackoff == 30*time.Second || c.SetAsideMaxBackoff == 30*time.Second:
+		return fmt.Errorf("SetAsideBackoff %v: 30s is the seed's recheck interval; choose another", c.SetAsideBackoff)
+	case c.SetAsideMaxBackoff < c.SetAsideBackoff:
+		return fmt.Errorf("SetAsideMaxBackoff %v: must be at least SetAsideBackoff (%v)", c.SetAsideMaxBackoff, c.SetAsideBackoff)
 	}
 	return nil
 }
@@ -65,15 +87,24 @@ func (c Config) Validate() error {
 // Store runs the replication protocol's statements against one ontology
 // database. It is safe for concurrent use.
 type Store struct {
-	db  DB
-	cfg Config
+	db       DB
+	cfg      Config
+	backoffs []int64 // the set-aside backoffs, in microseconds
 
 	mu      sync.Mutex
 	capture *captureTables // cached; reloaded when a table is not found
 
+	// legacy remembers that the database was at protocol 3 when last read,
+	// so that a claim sends the statements of that protocol first.
+	legacy atomic.Bool
+	// legacyAside keeps a protocol-3 database's set-aside events.
+	legacyAside legacyAside
+
 	// targetUpdates counts backfill and replay pages, each of which
 	// updates a target row (see TargetVacuumEvery).
 	targetUpdates atomic.Int64
+	// mayVacuum caches whether this role may VACUUM the target table.
+	mayVacuum atomic.Pointer[bool]
 }
 
 // New returns a Store over db.
@@ -82,7 +113,10 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("store: invalid config: %w", err)
 	}
-	return &Store{db: db, cfg: cfg}, nil
+	if db == nil {
+		return nil, errors.New("store: no database")
+	}
+	return &Store{db: db, cfg: cfg, backoffs: setAsideBackoffs(cfg.SetAsideBackoff, cfg.SetAsideMaxBackoff)}, nil
 }
 
 // Errors callers branch on.
@@ -118,8 +152,9 @@ func Retryable(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch code := pgErr.SQLState(); {
-		case code[:2] == "08", code[:2] == "53", code[:2] == "57", code[:2] == "58":
+		code := pgErr.SQLState()
+		switch class := code[:min(2, len(code))]; {
+		case class == "08", class == "53", class == "57", class == "58":
 			return true // connection, resources, operator intervention (timeouts, shutdown), system
 		case code == "40001", code == "40P01", code == "55P03", code == "25P03":
 			return true // serialization, deadlock, lock timeout, idle-in-transaction timeout
@@ -134,13 +169,18 @@ func Retryable(err error) bool {
 }
 
 // begin opens a transaction with the store's statement and lock timeouts set
-// locally, as the SDK's lifecycle code does.
-func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
+// locally, as the SDK's lifecycle code does; with keyOrder, also the plan
+// settings of sqlSetKeyOrder.
+func (s *Store) begin(ctx context.Context, keyOrder bool) (pgx.Tx, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, sqlSetTimeouts, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout)); err != nil {
+	q := sqlSetTimeouts
+	if keyOrder {
+		q = sqlSetKeyOrder
+	}
+	if _, err := tx.Exec(ctx, q, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout)); err != nil {
 		_ = tx.Rollback(ctx)
 		return nil, err
 	}
@@ -150,8 +190,28 @@ func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
 func ms(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
 
 // inTx runs fn in a transaction with the store's timeouts and commits it.
+// When a cached history table has gone (undefined_table: an entity renamed
+// under a running Store), it forgets the cache and runs fn once more.
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	tx, err := s.begin(ctx)
+	return s.retryRenamed(func() error { return s.inTxOnce(ctx, false, fn) })
+}
+
+// inKeyOrderTx is inTx for a transaction that updates a set of delivery
+// rows: see sqlSetKeyOrder.
+func (s *Store) inKeyOrderTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return s.retryRenamed(func() error { return s.inTxOnce(ctx, true, fn) })
+}
+
+func (s *Store) retryRenamed(run func() error) error {
+	err := run()
+	if err != nil && undefinedTable(err) && s.forgetCaptureTables() {
+		err = run()
+	}
+	return err
+}
+
+func (s *Store) inTxOnce(ctx context.Context, keyOrder bool, fn func(tx pgx.Tx) error) error {
+	tx, err := s.begin(ctx, keyOrder)
 	if err != nil {
 		return err
 	}
@@ -166,6 +226,19 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 // SDK's SET LOCAL statement_timeout = '30s'; SET LOCAL lock_timeout = '5s',
 // with the values as bind parameters).
 const sqlSetTimeouts = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)`
+
+// sqlSetKeyOrder is sqlSetTimeouts for a transaction that updates a set of
+// delivery rows (acknowledge, set aside, verify, retry, a replay page); it
+// also turns sequential and bitmap scans off, so that each such statement
+// finds its rows by the primary key (generation, event_id) and so locks
+// them in key order. Acknowledgements, replay pages and the verifier's
+// retries can want the same rows at once; locked in the same order, they
+// wait for each other instead of deadlocking (a bitmap scan locks them in
+// the table's physical order). Every such statement matches its rows with
+// a state predicate no partial index has (see byKey), so the primary key
+// is the only index it can use.
+const sqlSetKeyOrder = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
+  set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
 // sqlShareLifecycle is shareReplicationLifecycle (transaction.js, seed 000):
 // writers, acknowledgement and backfill pages hold it shared; lifecycle

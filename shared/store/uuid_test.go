@@ -3,6 +3,7 @@ package store
 import (
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -20,6 +21,8 @@ func FuzzUUIDs(f *testing.F) {
 		"9fdf3c47-1500-4294-9175-0aaf6ef2172g",
 		"9fdf3c47-1500-4294-9175-0aaf6ef2172",
 		"9fdf3c47-15004-294-9175-0aaf6ef21727",
+		"9fdf3c47-1500-4294-9175-0aaf6ef217-7", // a hyphen where the last digits are
+		"9fdf3c47-1500-4294-9175-0aaf6ef2172-",
 		"",
 	} {
 		f.Add(s)
@@ -34,8 +37,14 @@ func FuzzUUIDs(f *testing.F) {
 		if err == nil && got[0] != want {
 			t.Fatalf("%q: %x, pgx's %x", s, got[0].Bytes, want.Bytes)
 		}
-		if b, ok := parseCanonicalUUID(s); ok && (wantErr != nil || b != want.Bytes) {
+		b, ok := parseCanonicalUUID(s)
+		if ok && (wantErr != nil || b != want.Bytes) {
 			t.Fatalf("%q: canonical parse %x, pgx's %x (%v)", s, b, want.Bytes, wantErr)
+		}
+		// google/uuid's parse and String agree on exactly the canonical form.
+		g, gerr := uuid.Parse(s)
+		if canonical := gerr == nil && g.String() == s; canonical != ok || ok && [16]byte(g) != b {
+			t.Fatalf("%q: canonical parse %x %v, google/uuid's %x %v", s, b, ok, g, canonical)
 		}
 	})
 }

@@ -31,40 +31,17 @@ const sqlDueUnverified = `SELECT event_id::text AS id, accepted_at FROM _ontolog
      WHERE generation = $1::uuid AND accepted_at IS NOT NULL AND verified_at IS NULL
        AND next_verify_at <= now() ORDER BY next_verify_at, event_id LIMIT 1000`
 
-// sqlVerifySeed is verifyReplicationEventsV4 (seed 000): the target row is
+// sqlVerify is verifyReplicationEventsV4 (seed 000): the target row is
 // locked first (FOR NO KEY UPDATE) so concurrent verifiers serialise their
 // verified_count updates; delivery rows and receipts get verified_at. It
 // returns the number of events verified (a RETURNING clause the seed's
-// statement does not have; nothing else differs).
-const sqlVerifySeed = `WITH locked AS MATERIALIZED (
-      SELECT generation FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE
-    ), verified AS (
-      UPDATE _ontology_replication_delivery SET verified_at = now(), last_checked_at = now()
-      WHERE generation = (SELECT generation FROM locked) AND accepted_at IS NOT NULL AND verified_at IS NULL
-        AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
-      RETURNING event_id, verified_at
-    ), receipts AS (
-      UPDATE _ontology_replication_receipts r SET verified_at = v.verified_at FROM verified v
-      WHERE r.generation = $1::uuid AND r.event_id = v.event_id
-    ) UPDATE _ontology_replication_targets SET verified_count = verified_count + (SELECT count(*) FROM verified)
-      WHERE generation = $1::uuid RETURNING (SELECT count(*) FROM verified)`
-
-// sqlRetrySeed is retryUnverifiedReplicationV4 (seed 000): only IDs that were
-// checked and found absent. Each is checked again in 30 seconds; one
-// accepted more than 15 minutes ago goes back to pending and loses its
-// receipt. A verification backlog is never a delivery failure.
-const sqlRetrySeed = `WITH checked AS (
-      UPDATE _ontology_replication_delivery SET last_checked_at = now(), next_verify_at = now() + interval '30 seconds',
-        accepted_at = CASE WHEN accepted_at < now() - interval '15 minutes' THEN NULL ELSE accepted_at END
-      WHERE generation = $1::uuid AND accepted_at IS NOT NULL AND verified_at IS NULL
-        AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
-      RETURNING event_id, accepted_at
-    ) DELETE FROM _ontology_replication_receipts r USING checked c
-      WHERE r.generation = $1::uuid AND r.event_id = c.event_id AND c.accepted_at IS NULL`
-
-// sqlVerify and sqlRetry are sqlVerifySeed and sqlRetrySeed with their state
-// predicate and id list written so that the rows are found by primary key
-// (see byKey and idList).
+// statement does not have). sqlRetry is retryUnverifiedReplicationV4 (seed
+// 000): only ids that were checked and found absent; each is checked again
+// in 30 seconds, and one accepted more than 15 minutes ago goes back to
+// pending and loses its receipt. A verification backlog is never a
+// delivery failure. Both write their state predicate and id list so that
+// the rows are found by primary key (see byKey and ids.go); the seed's
+// statements are in seed_test.go, and the tests run both.
 const (
 	sqlVerify = `WITH locked AS MATERIALIZED (
       SELECT generation FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE
@@ -124,7 +101,7 @@ func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int6
 		return 0, nil
 	}
 	var n int64
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
+	err := s.inKeyOrderTx(ctx, func(tx pgx.Tx) error {
 		if t.DeliveryVersion < ProtocolDelivery {
 			tag, err := tx.Exec(ctx, sqlLegacyVerify, t.Generation, idsJSON(historyIDs))
 			n = tag.RowsAffected()
@@ -166,7 +143,7 @@ func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string)
 		list = idsJSON(missingHistoryIDs)
 	}
 	var n int64
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
+	err := s.inKeyOrderTx(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, query, t.Generation, list)
 		n = tag.RowsAffected()
 		return err

@@ -1,0 +1,505 @@
+package event
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+)
+
+// CapturedKeys are the keys every captured event holds (the capture trigger's
+// jsonb_build_object, seeds 000 and 001; a protocol-4 capture adds
+// generation). A captured event that lacks one is malformed.
+var CapturedKeys = []string{"source_id", "entity_id", "record_key", "record_kind", "revision", "deleted", "schema_hash", "payload"}
+
+// AppendMessage appends to dst the Pub/Sub message data the SDK publishes for
+// a captured event, byte for byte, and returns it with the event's id.
+//
+// The SDK's pendingReplicationEvents (seed 000) builds the message as
+//
+//	JSON.stringify({...payload, generation: target.generation, event_id: replicationEventId(…)})
+//
+// where payload is the captured jsonb as the PostgreSQL client parsed it. So
+// the message keeps every key of the captured object, in the order
+// JavaScript gives an object's keys (array-index keys such as "7" first, in
+// ascending order, then the others in the order of PostgreSQL's jsonb text,
+// which is by length and then bytewise), with every value as it was captured
+// (a null record_key stays null, a number is written as JavaScript writes
+// it); generation takes the target's value in its place, or is added after
+// the other keys, and event_id is added last (or replaced in its place).
+//
+// raw is the captured event as PostgreSQL's jsonb text (what pgx and the
+// SDK's client receive). It must be a JSON object holding every key of
+// CapturedKeys, whatever their values: anything else is ErrMalformed, since
+// no BigQuery subscription can write a message without the table's required
+// fields (the SDK would publish it and the subscription would dead-letter
+// it; the drain sets it aside, where status names it).
+func AppendMessage(dst, raw []byte, sourceID, historyID, generation string) ([]byte, string, error) {
+	eventID := ID(sourceID, historyID, generation)
+	s := scanner{b: raw}
+	s.space()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		return dst, eventID, fmt.Errorf("%w: row %s: the captured event is not a JSON object", ErrMalformed, historyID)
+	}
+	members, err := s.object()
+	if err == nil {
+		s.space()
+		if s.i != len(s.b) {
+			err = fmt.Errorf("unexpected %q after the object", s.b[s.i])
+		}
+	}
+	if err != nil {
+		return dst, eventID, fmt.Errorf("%w: row %s: %v", ErrMalformed, historyID, err)
+	}
+	for _, k := range CapturedKeys {
+		if !slices.ContainsFunc(members, func(m member) bool { return m.key == k }) {
+			return dst, eventID, fmt.Errorf("%w: row %s has no %s", ErrMalformed, historyID, k)
+		}
+	}
+	members = withOverride(members, "generation", generation)
+	members = withOverride(members, "event_id", eventID)
+	out := dst
+	out = append(out, '{')
+	for i, m := range members {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = AppendString(out, m.key)
+		out = append(out, ':')
+		if m.override != "" {
+			out = AppendString(out, m.override)
+			continue
+		}
+		if out, err = appendValue(out, raw[m.start:m.end]); err != nil {
+			return dst, eventID, fmt.Errorf("%w: row %s: %v", ErrMalformed, historyID, err)
+		}
+	}
+	return append(out, '}'), eventID, nil
+}
+
+// member is one key of a JSON object: its decoded key and the span of its
+// value in the raw text, or an override value that replaces it.
+type member struct {
+	key        string
+	start, end int
+	override   string
+}
+
+// withOverride gives key the value v in its place, or appends it, as the
+// object spread {...payload, key: v} does.
+func withOverride(members []member, key, v string) []member {
+	for i := range members {
+		if members[i].key == key {
+			members[i].override = v
+			return members
+		}
+	}
+	return append(members, member{key: key, override: v})
+}
+
+// scanner reads JSON text.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// object reads an object at s.i ('{') and returns its members in
+// JavaScript's key order; a repeated key keeps its first place and its last
+// value, as JSON.parse does.
+func (s *scanner) object() ([]member, error) {
+	s.i++ // '{'
+	var members []member
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
+		return members, nil
+	}
+	for {
+		s.space()
+		if s.i >= len(s.b) || s.b[s.i] != '"' {
+			return nil, fmt.Errorf("want a key at offset %d", s.i)
+		}
+		kStart := s.i
+		if err := s.skipString(); err != nil {
+			return nil, err
+		}
+		key, err := decodeString(s.b[kStart:s.i])
+		if err != nil {
+			return nil, err
+		}
+		s.space()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return nil, fmt.Errorf("want ':' at offset %d", s.i)
+		}
+		s.i++
+		s.space()
+		vStart := s.i
+		if err := s.skipValue(0); err != nil {
+			return nil, err
+		}
+		m := member{key: key, start: vStart, end: s.i}
+		if j := slices.IndexFunc(members, func(x member) bool { return x.key == key }); j >= 0 {
+			members[j].start, members[j].end = m.start, m.end
+		} else {
+			members = append(members, m)
+		}
+		s.space()
+		if s.i >= len(s.b) {
+			return nil, fmt.Errorf("unterminated object")
+		}
+		if s.b[s.i] == ',' {
+			s.i++
+			continue
+		}
+		if s.b[s.i] != '}' {
+			return nil, fmt.Errorf("want ',' or '}' at offset %d", s.i)
+		}
+		s.i++
+		break
+	}
+	// JavaScript orders an object's array-index keys first, ascending; the
+	// stable sort keeps the others in their order.
+	slices.SortStableFunc(members, func(a, b member) int {
+		ai, aok := arrayIndex(a.key)
+		bi, bok := arrayIndex(b.key)
+		switch {
+		case aok && bok:
+			return cmpUint(ai, bi)
+		case aok:
+			return -1
+		case bok:
+			return 1
+		}
+		return 0
+	})
+	return members, nil
+}
+
+func cmpUint(a, b uint32) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// arrayIndex reports whether key is an array index as ECMAScript defines
+// it: the canonical decimal form of an integer from 0 to 2³²−2.
+func arrayIndex(key string) (uint32, bool) {
+	if key == "" || len(key) > 10 || (len(key) > 1 && key[0] == '0') {
+		return 0, false
+	}
+	var n uint64
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	if n > math.MaxUint32-1 {
+		return 0, false
+	}
+	return uint32(n), true
+}
+
+// maxDepth bounds nesting, as a guard against hostile input.
+const maxDepth = 512
+
+func (s *scanner) skipValue(depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("nested deeper than %d", maxDepth)
+	}
+	if s.i >= len(s.b) {
+		return fmt.Errorf("want a value at offset %d", s.i)
+	}
+	switch c := s.b[s.i]; {
+	case c == '"':
+		return s.skipString()
+	case c == '{':
+		s.i++
+		s.space()
+		if s.i < len(s.b) && s.b[s.i] == '}' {
+			s.i++
+			return nil
+		}
+		for {
+			s.space()
+			if s.i >= len(s.b) || s.b[s.i] != '"' {
+				return fmt.Errorf("want a key at offset %d", s.i)
+			}
+			if err := s.skipString(); err != nil {
+				return err
+			}
+			s.space()
+			if s.i >= len(s.b) || s.b[s.i] != ':' {
+				return fmt.Errorf("want ':' at offset %d", s.i)
+			}
+			s.i++
+			s.space()
+			if err := s.skipValue(depth + 1); err != nil {
+				return err
+			}
+			s.space()
+			if s.i < len(s.b) && s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			if s.i < len(s.b) && s.b[s.i] == '}' {
+				s.i++
+				return nil
+			}
+			return fmt.Errorf("want ',' or '}' at offset %d", s.i)
+		}
+	case c == '[':
+		s.i++
+		s.space()
+		if s.i < len(s.b) && s.b[s.i] == ']' {
+			s.i++
+			return nil
+		}
+		for {
+			s.space()
+			if err := s.skipValue(depth + 1); err != nil {
+				return err
+			}
+			s.space()
+			if s.i < len(s.b) && s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			if s.i < len(s.b) && s.b[s.i] == ']' {
+				s.i++
+				return nil
+			}
+			return fmt.Errorf("want ',' or ']' at offset %d", s.i)
+		}
+	case c == 't':
+		return s.literal("true")
+	case c == 'f':
+		return s.literal("false")
+	case c == 'n':
+		return s.literal("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		start := s.i
+		for s.i < len(s.b) && bytes.IndexByte([]byte("+-0123456789.eE"), s.b[s.i]) >= 0 {
+			s.i++
+		}
+		if !json.Valid(s.b[start:s.i]) {
+			return fmt.Errorf("bad number %q", s.b[start:s.i])
+		}
+		return nil
+	}
+	return fmt.Errorf("unexpected %q at offset %d", s.b[s.i], s.i)
+}
+
+func (s *scanner) literal(word string) error {
+	if !bytes.HasPrefix(s.b[s.i:], []byte(word)) {
+		return fmt.Errorf("bad literal at offset %d", s.i)
+	}
+	s.i += len(word)
+	return nil
+}
+
+// skipString moves past a string literal at s.i, checking its escapes.
+func (s *scanner) skipString() error {
+	start := s.i
+	s.i++
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			return nil
+		case c == '\\':
+			if s.i+1 >= len(s.b) {
+				return fmt.Errorf("unterminated string at offset %d", start)
+			}
+			switch s.b[s.i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.i += 2
+			case 'u':
+				if s.i+6 > len(s.b) || !isHex4(s.b[s.i+2:s.i+6]) {
+					return fmt.Errorf("bad \\u escape at offset %d", s.i)
+				}
+				s.i += 6
+			default:
+				return fmt.Errorf("bad escape at offset %d", s.i)
+			}
+		case c < 0x20:
+			return fmt.Errorf("control character in string at offset %d", s.i)
+		default:
+			s.i++
+		}
+	}
+	return fmt.Errorf("unterminated string at offset %d", start)
+}
+
+func isHex4(b []byte) bool {
+	for _, c := range b {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeString decodes a string literal; literals without escapes (the
+// common case) cost one copy.
+func decodeString(lit []byte) (string, error) {
+	if bytes.IndexByte(lit, '\\') < 0 {
+		return string(lit[1 : len(lit)-1]), nil
+	}
+	var v string
+	if err := json.Unmarshal(lit, &v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// appendValue appends a JSON value as JSON.stringify writes what JSON.parse
+// made of it: no whitespace, strings escaped as AppendString does, numbers
+// in JavaScript's shortest form, objects' keys in JavaScript's order.
+func appendValue(dst, v []byte) ([]byte, error) {
+	switch c := v[0]; {
+	case c == '"':
+		if canonicalString(v) {
+			return append(dst, v...), nil
+		}
+		s, err := decodeString(v)
+		if err != nil {
+			return dst, err
+		}
+		return AppendString(dst, s), nil
+	case c == 't' || c == 'f' || c == 'n':
+		return append(dst, v...), nil
+	case c == '{':
+		s := scanner{b: v}
+		members, err := s.object()
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, '{')
+		for i, m := range members {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = AppendString(dst, m.key)
+			dst = append(dst, ':')
+			if dst, err = appendValue(dst, v[m.start:m.end]); err != nil {
+				return dst, err
+			}
+		}
+		return append(dst, '}'), nil
+	case c == '[':
+		s := scanner{b: v, i: 1}
+		dst = append(dst, '[')
+		first := true
+		for {
+			s.space()
+			if s.b[s.i] == ']' {
+				return append(dst, ']'), nil
+			}
+			if !first {
+				dst = append(dst, ',')
+			}
+			first = false
+			start := s.i
+			if err := s.skipValue(0); err != nil {
+				return dst, err
+			}
+			var err error
+			if dst, err = appendValue(dst, v[start:s.i]); err != nil {
+				return dst, err
+			}
+			s.space()
+			if s.b[s.i] == ',' {
+				s.i++
+			}
+		}
+	default:
+		return appendNumber(dst, v), nil
+	}
+}
+
+// canonicalString reports whether a string literal is already written as
+// AppendString writes its value: only the escapes JSON.stringify uses (\"
+// \\ \b \f \n \r \t and \u00xx in lower case for the other control
+// characters), valid UTF-8. PostgreSQL's jsonb output escapes exactly so, so
+// its strings are copied as they are.
+func canonicalString(lit []byte) bool {
+	for i := 1; i < len(lit)-1; i++ {
+		c := lit[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRune(lit[i:])
+			if r == utf8.RuneError && size == 1 {
+				return false
+			}
+			i += size - 1
+			continue
+		}
+		if c != '\\' {
+			continue
+		}
+		switch lit[i+1] {
+		case '"', '\\', 'b', 'f', 'n', 'r', 't':
+			i++
+		case 'u':
+			h := lit[i+2 : i+6]
+			if h[0] != '0' || h[1] != '0' || !(h[2] == '0' || h[2] == '1') || !isLowerHex(h[3]) {
+				return false
+			}
+			switch string(h[2:]) {
+			case "08", "09", "0a", "0c", "0d":
+				return false // JSON.stringify writes these as \b \t \n \f \r
+			}
+			i += 5
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isLowerHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' }
+
+// appendNumber writes a JSON number as JavaScript's JSON.stringify writes
+// the double JSON.parse reads from it: the shortest round-trip form, plain
+// between 1e-6 and 1e21 and with an exponent ("1e+21", "1e-7") outside;
+// minus zero as 0, and a number too large for a double (Infinity) as null.
+func appendNumber(dst, lit []byte) []byte {
+	f, err := strconv.ParseFloat(string(lit), 64)
+	if err != nil || math.IsInf(f, 0) {
+		return append(dst, "null"...)
+	}
+	if f == 0 {
+		return append(dst, '0')
+	}
+	abs := math.Abs(f)
+	if abs >= 1e-6 && abs < 1e21 {
+		return strconv.AppendFloat(dst, f, 'f', -1, 64)
+	}
+	start := len(dst)
+	dst = strconv.AppendFloat(dst, f, 'e', -1, 64)
+	// Go writes 1e+21 and 1e-07; JavaScript 1e+21 and 1e-7.
+	exp := bytes.IndexByte(dst[start:], 'e') + start
+	if exp+3 < len(dst) && dst[exp+2] == '0' {
+		dst = append(dst[:exp+2], dst[exp+3:]...)
+	}
+	return dst
+}

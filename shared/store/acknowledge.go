@@ -1,0 +1,114 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sqlAcknowledge is acknowledgeReplicationV4 (seed 000), run after the
+// shared lifecycle lock in the same transaction: receipt foreign keys touch
+// targets after delivery rows, so the shared lock drains acknowledgement
+// before migration table locks. Only rows still pending are accepted, at
+// the time the acknowledgement runs (after Pub/Sub accepted the batch); a
+// lost publish response leaves the same ids pending, producing duplicates
+// only. The state predicate and the id list are written so that the rows
+// are found by primary key (see byKey and ids.go).
+const sqlAcknowledge = `WITH accepted AS (
+          UPDATE _ontology_replication_delivery SET accepted_at = now(), next_verify_at = now()
+          WHERE generation = $1::uuid AND (CASE WHEN accepted_at IS NULL THEN true END)
+            AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+          RETURNING event_id, accepted_at
+        ) INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at)
+          SELECT $1::uuid, event_id, accepted_at FROM accepted ON CONFLICT DO NOTHING`
+
+// byKey: the seed's statements that update a list of delivery rows
+// (acknowledge, verify, retry) also filter on the rows' state, accepted_at
+// IS NULL or accepted_at IS NOT NULL AND verified_at IS NULL, which is the
+// predicate of a partial index (_ontology_delivery_pending,
+// _ontology_delivery_verify). When the statistics were taken with that
+// index nearly empty (everything verified, then a replay made a million
+// events pending, faster than autovacuum analyses), PostgreSQL believes the
+// index holds nothing, scans all of it and hash-joins the ids. The store
+// writes the same predicate as (CASE WHEN <predicate> THEN true END): true
+// exactly when the predicate is, NULL (not selected) otherwise, and not a
+// predicate a partial index can be matched with, so the rows are found by
+// the primary key (generation, event_id) whatever the statistics say.
+// TestStateUpdatesUsePrimaryKey checks the plans on stale statistics and
+// TestStateUpdatesMatchTheSeed the results against the seed's statements.
+
+// sqlSetAside is the store's own statement (no seed): it sets aside pending
+// events that cannot be published ($2, each with its backoff in
+// microseconds in $3), so that every claim skips them until then
+// (sqlClaimable) and the events behind them flow. It writes two columns
+// that no seed statement reads on a pending row: last_checked_at (now) and
+// next_verify_at (now plus the backoff); the seed's pending read, its
+// status and its readiness ignore both, and the seed's acknowledgement,
+// retry and replay overwrite next_verify_at, which ends the set-aside. It
+// runs in Finish's transaction, after the shared lifecycle lock, like the
+// acknowledgement.
+const sqlSetAside = `UPDATE _ontology_replication_delivery d SET last_checked_at = now(),
+         next_verify_at = now() + (SELECT q.us FROM unnest($2::uuid[], $3::bigint[]) AS q(event_id, us)
+                                    WHERE q.event_id = d.event_id LIMIT 1) * interval '1 microsecond'
+       WHERE d.generation = $1::uuid AND (CASE WHEN d.accepted_at IS NULL THEN true END)
+         AND d.event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))`
+
+// Acknowledge marks events accepted after Pub/Sub accepted them, as the
+// SDK's acknowledgeReplication does: at protocol 4 the delivery rows and
+// their receipts, in one transaction under the shared lifecycle lock; on the
+// legacy path the receipts. ids are history ids. It returns the number of
+// receipts written.
+func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64, error) {
+	fail := func(err error) (int64, error) {
+		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), t.Generation, err)
+	}
+	delivery := t.DeliveryVersion >= ProtocolDelivery
+	query, list := sqlLegacyAcknowledge, any(nil)
+	if delivery {
+		uu, err := uuids(ids)
+		if err != nil {
+			return fail(err)
+		}
+		query, list = sqlAcknowledge, uu
+	} else {
+		list = idsJSON(ids)
+	}
+	var n int64
+	err := s.inKeyOrderTx(ctx, func(tx pgx.Tx) error {
+		if delivery {
+			if _, err := tx.Exec(ctx, sqlShareLifecycle, LifecycleLock); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, query, t.Generation, list)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fail(err)
+	}
+	return n, nil
+}
+
+// setAsideBackoffs returns the backoffs a set-aside can have, in
+// microseconds: base, twice that, and so on, up to limit.
+func setAsideBackoffs(base, limit time.Duration) []int64 {
+	var out []int64
+	for d := base; ; d *= 2 {
+		if d >= limit {
+			return append(out, limit.Microseconds())
+		}
+		out = append(out, d.Microseconds())
+	}
+}
+
+// nextBackoff returns the backoff of an event set aside again after prior
+// (0: set aside for the first time).
+func (s *Store) nextBackoff(prior time.Duration) time.Duration {
+	if prior < s.cfg.SetAsideBackoff {
+		return s.cfg.SetAsideBackoff
+	}
+	return min(2*prior, s.cfg.SetAsideMaxBackoff)
+}

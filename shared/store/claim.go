@@ -1,0 +1,682 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+)
+
+// Claims.
+//
+// The seed's drain reads the next batch without locking anything
+// (pendingReplicationEvents) and, after Pub/Sub accepted it, acknowledges it
+// in a short transaction that takes the shared lifecycle lock
+// (acknowledgeReplicationV4). Concurrent drains then publish the same
+// events. A claim marks its events as taken without holding any lock that
+// an SDK writer or a lifecycle operation can wait on, so that Pub/Sub's
+// latency never becomes the SDK's:
+//
+//   - The claim runs on one connection acquired from the pool and held,
+//     idle and outside any transaction, until the batch is finished or
+//     released. Its read takes a session-level advisory lock on each event
+//     it returns, with the two-key form pg_try_advisory_lock(class, key)
+//     (class: hashtext of ClaimLockClass; key: hashtext of the event id),
+//     which the SDK's one-key lifecycle lock can never conflict with.
+//     Another drain's read skips events whose lock it cannot take, so
+//     concurrent drains take disjoint batches without waiting on each other.
+//   - No table, row or lifecycle lock is held while the batch is published.
+//     The acknowledgement is the seed's short transaction, run after the
+//     publish (shared lifecycle lock, then the delivery rows), so
+//     accepted_at and next_verify_at are the time Pub/Sub had accepted the
+//     batch; its COMMIT is followed by pg_advisory_unlock_all(). A
+//     connection goes back to the pool only after that unlock succeeded;
+//     otherwise it is closed, which frees its locks.
+//   - The try-locks run over a materialised list of candidates with no LIMIT
+//     above them, so every lock taken belongs to a returned row (a lock
+//     function in a WHERE under a LIMIT can lock rows the query then drops).
+//     Candidates whose lock another drain holds are skipped; the read goes on
+//     to the next candidates in revision order until it has a batch's worth.
+//   - Locks do not honour snapshots: a drain may take the lock of an event
+//     another drain acknowledged and unlocked after this drain's read began.
+//     So the events are read in a second statement (a snapshot taken after
+//     the locks) that also keeps only rows still pending: duplicates stay
+//     limited to lost publish responses and crashes.
+//
+// A drain that dies mid-publish: if its process or connection ends, the
+// server frees its locks at once and the next drain takes its events. If it
+// hangs with its connection open, the session's idle_session_timeout
+// (Config.ClaimIdleTimeout, 60 s by default, set by every claim) ends the
+// session once it has been idle that long, which frees them. Either way
+// the events stay pending and nothing is acknowledged that Pub/Sub did not
+// accept.
+//
+// Session-level advisory locks and settings need a session of their own:
+// connect directly (Cloud SQL's connector or TCP) or through a pooler in
+// session mode. Behind a transaction-mode pooler (PgBouncer
+// pool_mode=transaction) the lock would stay with a server connection that
+// other clients then use, and concurrent drains would skip or duplicate
+// events; such a pooler is not supported.
+
+// ClaimLockClass names the first key of the claim's advisory locks.
+const ClaimLockClass = "segmentstream.ontology.replication.claim"
+
+// claimPageSize is how many candidates one claim read considers.
+const claimPageSize = event.MaxBatchEvents
+
+// maxClaimPages bounds the candidate pages one claim reads past events that
+// other drains hold.
+const maxClaimPages = 16
+
+// sqlClaimSession sets the timeouts of the claim's first read (local to its
+// implicit transaction) and the session's idle timeout, which ends a
+// session that sits idle holding claims (see above).
+const sqlClaimSession = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
+  set_config('idle_session_timeout', $3, false)`
+
+// sqlClaimable is what the store adds to the seed's pending predicate
+// (accepted_at IS NULL): a pending row that was set aside (see SetAside) is
+// skipped until its backoff has passed. $3 is the set of backoffs the store
+// writes, in microseconds; the seed's retry moves next_verify_at exactly
+// 30 s past last_checked_at, which is not one of them.
+const sqlClaimable = `NOT (next_verify_at > now() AND last_checked_at IS NOT NULL
+         AND (extract(epoch FROM next_verify_at - last_checked_at) * 1000000)::bigint = ANY ($3::bigint[]))`
+
+// sqlCandidates is the read of pendingReplicationEvents at protocol 4 (seed
+// 000): the oldest outstanding references in revision order, from the
+// partial index _ontology_delivery_pending, so that the read does not grow
+// with retained history. Each is try-locked (see above), and each comes with
+// its row's last set-aside backoff (next_verify_at − last_checked_at, in
+// microseconds). $1 is the generation (NULL: the active generation, when
+// replication is enabled); $2 is ClaimLockClass. %s bounds the page:
+// nothing on the first, sqlCandidatesAfter on the next ones, which walk the
+// index from the last candidate.
+const sqlCandidates = `WITH candidates AS MATERIALIZED (
+    SELECT event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
+     WHERE generation = coalesce($1::uuid, (SELECT active_generation FROM _ontology_replication WHERE id AND enabled))
+       AND accepted_at IS NULL %s AND ` + sqlClaimable + `
+     ORDER BY revision, event_id LIMIT 100
+  )
+  SELECT event_id::text, history_table, revision,
+         (extract(epoch FROM next_verify_at - last_checked_at) * 1000000)::bigint,
+         pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
+    FROM candidates ORDER BY revision, event_id`
+
+const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
+
+// sqlStillPending keeps the claimed rows ($2) that are still pending and not
+// set aside, in a snapshot taken after their locks (see above), found by
+// primary key (see byKey and ids.go).
+const sqlStillPending = `SELECT event_id::text FROM _ontology_replication_delivery
+     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+       AND (CASE WHEN accepted_at IS NULL AND ` + sqlClaimable + ` THEN true END)`
+
+// sqlUnlockClaims releases every claim lock of the session.
+const sqlUnlockClaims = `SELECT pg_advisory_unlock_all()`
+
+// Claim is a claimed batch of pending events: they stay marked as taken
+// until Finish or Release, so concurrent drains take disjoint batches.
+// The caller must call one of them (a claim with no events and nothing
+// unpublishable has already let its session go; both are then no-ops).
+type Claim struct {
+	Batch
+	// Unpublishable are claimed events the store found it cannot publish:
+	// their history row is gone, their table has no capture trigger, or
+	// their capture is malformed. Pass them to Finish to set them aside.
+	Unpublishable []SetAside
+
+	store  *Store
+	target Target
+	conn   *pgxpool.Conn // the claim's session; nil on the legacy path
+	locked bool          // the session may hold claim locks
+}
+
+// candidate is one pending delivery row a claim read considered.
+type candidate struct {
+	id       string
+	table    *string
+	revision int64
+	backoff  time.Duration // its last set-aside backoff, if any
+	claimed  bool          // false: another drain holds it
+}
+
+// ClaimActive reads the replication state and, when replication is enabled
+// and has an active target, claims the next batch of its pending events:
+// the state, the target and the first candidates in one round trip, the
+// events in a second. The claim is nil when there is nothing to drain
+// (replication disabled, or no active target: the error is
+// ErrNoActiveTarget). On a legacy database it reads the SDK's scan.
+func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) {
+	fail := func(err error) (State, Target, *Claim, error) {
+		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
+	}
+	conn, err := s.db.Acquire(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	c := &Claim{store: s, conn: conn}
+	keep := false
+	defer func() {
+		if !keep {
+			c.Release(ctx)
+		}
+	}()
+	legacyHint := s.legacy.Load()
+	b := &pgx.Batch{}
+	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout))
+	b.Queue(sqlSchemaPresent)
+	b.Queue(sqlState)
+	if !legacyHint {
+		b.Queue(sqlActiveTargetV4)
+		c.locked = true
+		b.Queue(fmt.Sprintf(sqlCandidates, ""), nil, ClaimLockClass, s.backoffs)
+	}
+	results := conn.SendBatch(ctx, b)
+	st, t, cands, err := readClaimStart(results, !legacyHint, s.backoffs)
+	if cerr := results.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+	case errors.As(err, &pgErr) && (pgErr.Code == "42703" || pgErr.Code == "42P01") && st.Version == 0:
+		// A statement of protocol 4 could not even be prepared (a legacy
+		// database has no delivery table and no v4 target columns; a
+		// database without the schema has neither): nothing ran, so no
+		// candidate was locked. The state says which.
+		if st, err = s.State(ctx); err != nil {
+			return fail(err)
+		}
+		if st.Version == ProtocolDelivery {
+			return fail(pgErr)
+		}
+		s.legacy.Store(true)
+	case errors.As(err, &pgErr) && pgErr.Code == "42703" && st.Version > 0 && st.Version < ProtocolDelivery:
+		// The same, found while running.
+		s.legacy.Store(true)
+		err = nil
+	case errors.Is(err, pgx.ErrNoRows) && st.Version == ProtocolDelivery:
+		return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+	default:
+		return fail(err)
+	}
+	if st.Version < ProtocolDelivery {
+		c.Release(ctx)
+		keep = true // released: the legacy claim needs no session
+		state, t, err := s.ActiveTarget(ctx)
+		if err != nil || !state.Enabled {
+			return state, t, nil, err
+		}
+		c, err := s.legacyClaim(ctx, t)
+		return state, t, c, err
+	}
+	s.legacy.Store(false)
+	if legacyHint {
+		// Read as a legacy database last time: read the target and the
+		// candidates now.
+		if st.ActiveGeneration == "" {
+			return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+		}
+		if t, err = s.Target(ctx, st.ActiveGeneration); err != nil {
+			if errors.Is(err, ErrUnknownGeneration) {
+				return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+			}
+			return fail(err)
+		}
+		if !st.Enabled {
+			return st, t, nil, nil
+		}
+		if cands, err = c.candidates(ctx, t.Generation, nil); err != nil {
+			return fail(err)
+		}
+	}
+	c.target = t
+	if !st.Enabled {
+		return st, t, nil, nil
+	}
+	if err := c.fill(ctx, cands); err != nil {
+		return st, t, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+	}
+	keep = true
+	return st, t, c, nil
+}
+
+// readClaimStart reads the results of ClaimActive's first round trip.
+func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State, Target, []candidate, error) {
+	if _, err := results.Exec(); err != nil {
+		return State{}, Target{}, nil, err
+	}
+	var present bool
+	if err := results.QueryRow().Scan(&present); err != nil {
+		return State{}, Target{}, nil, err
+	}
+	if !present {
+		return State{}, Target{}, nil, ErrNoSchema
+	}
+	st, err := readStateRow(results.QueryRow())
+	if err != nil || !v4 {
+		return st, Target{}, nil, err
+	}
+	t, err := scanTarget(results.QueryRow())
+	if err != nil {
+		return st, Target{}, nil, err
+	}
+	rows, err := results.Query()
+	if err != nil {
+		return st, t, nil, err
+	}
+	cands, err := collectCandidates(rows, backoffs)
+	return st, t, cands, err
+}
+
+// sqlBeginShared is sqlSetKeyOrder and the shared lifecycle lock
+// (shareReplicationLifecycle, seed 000) in one statement.
+const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
+  set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+  pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
+
+// Claim claims the next batch of a target's pending events for publishing.
+// An event past the SDK's bound comes alone, with Oversize set. The caller
+// must call Finish after publishing, or Release.
+func (s *Store) Claim(ctx context.Context, t Target) (*Claim, error) {
+	if !t.UsesDelivery() {
+		return s.legacyClaim(ctx, t)
+	}
+	conn, err := s.db.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+	}
+	c := &Claim{store: s, target: t, conn: conn}
+	err = func() error {
+		cands, err := c.candidates(ctx, t.Generation, nil)
+		if err != nil {
+			return err
+		}
+		return c.fill(ctx, cands)
+	}()
+	if err != nil {
+		c.Release(ctx)
+		return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+	}
+	return c, nil
+}
+
+// candidates reads and try-locks the next page of candidates after the
+// given one (nil: from the start), in one round trip that also sets the
+// session's timeouts.
+func (c *Claim) candidates(ctx context.Context, generation string, after *candidate) ([]candidate, error) {
+	s := c.store
+	b := &pgx.Batch{}
+	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout))
+	if after == nil {
+		b.Queue(fmt.Sprintf(sqlCandidates, ""), generation, ClaimLockClass, s.backoffs)
+	} else {
+		b.Queue(fmt.Sprintf(sqlCandidates, sqlCandidatesAfter), generation, ClaimLockClass, s.backoffs, after.revision, after.id)
+	}
+	c.locked = true
+	results := c.conn.SendBatch(ctx, b)
+	cands, err := func() ([]candidate, error) {
+		if _, err := results.Exec(); err != nil {
+			return nil, err
+		}
+		rows, err := results.Query()
+		if err != nil {
+			return nil, err
+		}
+		return collectCandidates(rows, s.backoffs)
+	}()
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	return cands, err
+}
+
+// collectCandidates reads sqlCandidates: every candidate, with claimed
+// ones marked (the others are held by other drains), and the backoff of
+// those last set aside (an interval that is one of backoffs).
+func collectCandidates(rows pgx.Rows, backoffs []int64) ([]candidate, error) {
+	cands := make([]candidate, 0, claimPageSize)
+	var cd candidate
+	var interval *int64
+	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed}, func() error {
+		cd.backoff = 0
+		if interval != nil && slices.Contains(backoffs, *interval) {
+			cd.backoff = time.Duration(*interval) * time.Microsecond
+		}
+		cands = append(cands, cd)
+		return nil
+	})
+	return cands, err
+}
+
+// fill completes a claim from the first page of candidates: it reads more
+// pages while other drains hold most of them, keeps the rows still pending,
+// reads their events and bounds the batch.
+func (c *Claim) fill(ctx context.Context, page []candidate) error {
+	s := c.store
+	var claimed []candidate
+	more := false
+	for pages := 1; ; pages++ {
+		for _, cd := range page {
+			if cd.claimed {
+				claimed = append(claimed, cd)
+			}
+		}
+		full := len(page) == claimPageSize
+		if len(claimed) >= claimPageSize || !full {
+			more = full
+			break
+		}
+		if pages == maxClaimPages {
+			more = true
+			break
+		}
+		last := page[len(page)-1]
+		var err error
+		if page, err = c.candidates(ctx, c.target.Generation, &last); err != nil {
+			return err
+		}
+	}
+	if len(claimed) > claimPageSize {
+		more = true
+		claimed = claimed[:claimPageSize] // the rest stay locked until the claim ends
+	}
+	if len(claimed) == 0 {
+		c.locked = false // no try-lock succeeded
+		c.More = more
+		c.Release(ctx) // nothing to finish: the session goes back at once
+		return nil
+	}
+	items, aside, err := s.readEvents(ctx, c.conn, c.target, claimed)
+	if err != nil {
+		return err
+	}
+	b, bad, err := bound(c.target, items, aloneBound, more)
+	if err != nil {
+		return err
+	}
+	c.Batch, c.Unpublishable = b, append(aside, bad...)
+	if len(c.Events) == 0 && len(c.Unpublishable) == 0 {
+		c.Release(ctx) // every claimed row had been taken meanwhile
+	}
+	return nil
+}
+
+// readEvents reads the events of claimed rows that are still pending, in
+// claim order, in one round trip; events whose table has no capture
+// trigger come back set aside, and an event whose row is gone with no raw
+// event. A cached history table that has gone (renamed) is looked up again
+// once.
+func (s *Store) readEvents(ctx context.Context, conn *pgxpool.Conn, t Target, claimed []candidate) ([]captured, []SetAside, error) {
+	for attempt := 0; ; attempt++ {
+		items, aside, err := s.readEventsOnce(ctx, conn, t, claimed)
+		if err != nil && attempt == 0 && undefinedTable(err) {
+			s.forgetCaptureTables()
+			continue
+		}
+		return items, aside, err
+	}
+}
+
+func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target, claimed []candidate) ([]captured, []SetAside, error) {
+	// Group by table, resolving each table against the capture tables.
+	type group struct {
+		ident string
+		ids   []string
+	}
+	groups := map[string]*group{} // "" = baselines
+	var order []string
+	unknown := map[string]error{}
+	ids := make([]string, len(claimed))
+	for i, cd := range claimed {
+		ids[i] = cd.id
+		table := ""
+		if cd.table != nil {
+			table = *cd.table
+		}
+		if _, ok := unknown[table]; ok {
+			continue
+		}
+		g, ok := groups[table]
+		if !ok {
+			g = &group{}
+			if table != "" {
+				ident, err := s.historyTable(ctx, conn, table)
+				if errors.Is(err, ErrNoCaptureTable) {
+					unknown[table] = err
+					continue
+				}
+				if err != nil {
+					return nil, nil, err
+				}
+				g.ident = ident
+			}
+			groups[table] = g
+			order = append(order, table)
+		}
+		g.ids = append(g.ids, cd.id)
+	}
+	list, err := uuids(ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := &pgx.Batch{}
+	b.Queue(sqlSetTimeouts, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout))
+	b.Queue(sqlStillPending, t.Generation, list, s.backoffs)
+	for _, table := range order {
+		g := groups[table]
+		gl, err := uuids(g.ids)
+		if err != nil {
+			return nil, nil, err
+		}
+		query := sqlBaselineEvents
+		if table != "" {
+			query = fmt.Sprintf(sqlHistoryEvents, g.ident)
+		}
+		b.Queue(query, t.Generation, gl)
+	}
+	results := conn.SendBatch(ctx, b)
+	events, pending, err := readEventResults(results, order)
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	items := make([]captured, 0, len(claimed))
+	var aside []SetAside
+	for _, cd := range claimed {
+		if !pending[cd.id] {
+			continue
+		}
+		table := ""
+		if cd.table != nil {
+			table = *cd.table
+		}
+		if err := unknown[table]; err != nil {
+			aside = append(aside, SetAside{HistoryID: cd.id, HistoryTable: table, EventID: event.ID(t.SourceID, cd.id, t.Generation),
+				Reason: ReasonUnknownTable, Cause: err})
+			continue
+		}
+		items = append(items, captured{id: cd.id, table: table, raw: events[cd.id], backoff: cd.backoff})
+	}
+	return items, aside, nil
+}
+
+// readEventResults reads readEventsOnce's pipeline: the timeouts, the ids
+// still pending and each table's events.
+func readEventResults(results pgx.BatchResults, order []string) (map[string][]byte, map[string]bool, error) {
+	if _, err := results.Exec(); err != nil {
+		return nil, nil, err
+	}
+	rows, err := results.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	pending := map[string]bool{}
+	var id string
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { pending[id] = true; return nil }); err != nil {
+		return nil, nil, err
+	}
+	events := make(map[string][]byte, len(pending))
+	for _, table := range order {
+		rows, err := results.Query()
+		if err != nil {
+			return nil, nil, fmt.Errorf("read events from %s: %w", cmpOr(table, "baselines"), err)
+		}
+		var raw []byte
+		_, err = pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
+			if raw != nil {
+				events[id] = append([]byte(nil), raw...)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("read events from %s: %w", cmpOr(table, "baselines"), err)
+		}
+	}
+	return events, pending, nil
+}
+
+// Acknowledge finishes a claim whose whole batch Pub/Sub accepted: the
+// batch is acknowledged and the claim's Unpublishable events are set aside.
+// It returns the number of receipts written.
+func (c *Claim) Acknowledge(ctx context.Context) (int64, error) {
+	return c.Finish(ctx, c.IDs(), c.Unpublishable)
+}
+
+// Finish ends the claim: it acknowledges the accepted events (history ids
+// of events Pub/Sub accepted: call it only after the publish succeeded for
+// them) and sets aside those that cannot be published, in one short
+// transaction that takes the shared lifecycle lock first, as the seed's
+// acknowledgement does; then it releases the claim. Events in neither list
+// stay pending. It returns the number of receipts written.
+func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
+	if c.conn == nil {
+		return c.finishLegacy(ctx, accepted, setAside)
+	}
+	defer c.Release(ctx)
+	if len(accepted) == 0 && len(setAside) == 0 {
+		return 0, nil
+	}
+	s, t := c.store, c.target
+	fail := func(err error) (int64, error) {
+		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(accepted), t.Generation, err)
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
+	if len(accepted) > 0 {
+		list, err := uuids(accepted)
+		if err != nil {
+			return fail(err)
+		}
+		b.Queue(sqlAcknowledge, t.Generation, list)
+	}
+	if len(setAside) > 0 {
+		ids, backoffs, err := c.backoffsFor(setAside)
+		if err != nil {
+			return fail(err)
+		}
+		b.Queue(sqlSetAside, t.Generation, ids, backoffs)
+	}
+	b.Queue("COMMIT")
+	b.Queue(sqlUnlockClaims)
+	results := c.conn.SendBatch(ctx, b)
+	var acked int64
+	err := func() error {
+		for range 2 {
+			if _, err := results.Exec(); err != nil {
+				return err
+			}
+		}
+		if len(accepted) > 0 {
+			tag, err := results.Exec()
+			if err != nil {
+				return err
+			}
+			acked = tag.RowsAffected()
+		}
+		if len(setAside) > 0 {
+			if _, err := results.Exec(); err != nil {
+				return err
+			}
+		}
+		for range 2 {
+			if _, err := results.Exec(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fail(err)
+	}
+	c.locked = false
+	return acked, nil
+}
+
+// backoffsFor returns the set-aside events' ids and their next backoffs:
+// the first is Config.SetAsideBackoff, each later one twice the last, up to
+// Config.SetAsideMaxBackoff.
+func (c *Claim) backoffsFor(setAside []SetAside) ([]pgtype.UUID, []int64, error) {
+	prior := map[string]time.Duration{}
+	for _, p := range c.Events {
+		prior[p.HistoryID] = p.Backoff
+	}
+	ids := make([]string, len(setAside))
+	backoffs := make([]int64, len(setAside))
+	for i, a := range setAside {
+		ids[i] = a.HistoryID
+		backoffs[i] = c.store.nextBackoff(prior[a.HistoryID]).Microseconds()
+	}
+	list, err := uuids(ids)
+	return list, backoffs, err
+}
+
+// Release ends the claim without acknowledging anything: its events stay
+// pending and other drains may take them at once. It is safe to call after
+// Finish, and more than once.
+func (c *Claim) Release(ctx context.Context) {
+	if c.conn == nil {
+		return
+	}
+	conn := c.conn
+	c.conn = nil
+	if c.locked || conn.Conn().PgConn().TxStatus() != 'I' {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.store.cfg.StatementTimeout)
+		defer cancel()
+		err := func() error {
+			if conn.Conn().PgConn().TxStatus() != 'I' {
+				if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+					return err
+				}
+			}
+			_, err := conn.Exec(ctx, sqlUnlockClaims)
+			return err
+		}()
+		if err != nil {
+			// A session that may still hold claim locks never goes back to
+			// the pool: closing it frees them.
+			_ = conn.Conn().Close(ctx)
+		}
+	}
+	conn.Release()
+}
+
+// undefinedTable reports PostgreSQL's undefined_table (42P01).
+func undefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
