@@ -29,9 +29,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
-	"github.com/segmentstream/ontology-replication/shared/identity"
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
 
 func TestDrainPublishesOneBatchOfTheOldestEvents(t *testing.T) {
@@ -163,7 +163,7 @@ func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s
 
 // newIssuerLike signs a workspace token with a key the JWKS does not hold.
 func newIssuerLike(h *harness) (string, error) {
-	other, err := identity.NewIssuer(h.issuer.URL, "key-2")
+	other, err := tokenissuer.New(h.issuer.URL, "key-2")
 	if err != nil {
 		return "", err
 	}

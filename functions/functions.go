@@ -7,50 +7,52 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"strings"
-	"sync/atomic"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
+	"github.com/segmentstream/ontology-replication/shared/config"
+	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/identity"
 	"github.com/segmentstream/ontology-replication/shared/logging"
-	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
-// Environment variables the functions read (besides the registry's
-// REPLICATION_WORKSPACES or REPLICATION_WORKSPACES_FILE, and
-// PUBSUB_EMULATOR_HOST for a Pub/Sub emulator).
+// Environment variables the functions read besides the shared ones
+// (config.Names: the registry, LOG_LEVEL, PUBSUB_EMULATOR_HOST,
+// DATABASE_POOL_SIZE).
 const (
-	// EnvLogLevel is the log level: DEBUG, INFO (default), WARN or ERROR.
-	EnvLogLevel = "LOG_LEVEL"
-	// EnvVerifyBudget is the verifier's time budget per run, a Go duration.
-	// Default: 50s.
+	// EnvVerifyBudget is the verifier's time budget per run, shared by the
+	// workspaces it verifies, a Go duration. Default: 50s.
 	EnvVerifyBudget = "VERIFY_TIME_BUDGET"
 	// EnvSweepBatches is how many pending batches the verifier's sweep
 	// publishes per workspace per run. Default: 20.
 	EnvSweepBatches = "VERIFY_SWEEP_BATCHES"
 )
 
-// Targets are the functions this package registers, the values
+// FunctionNames are the functions this package registers, the values
 // FUNCTION_TARGET may take.
-var Targets = []string{"Drain", "Verify"}
+var FunctionNames = []string{"Drain", "Verify"}
 
 // Env lists every environment variable the functions read.
-var Env = []string{registry.EnvInline, registry.EnvFile, delivery.EnvEmulatorHost, EnvLogLevel, EnvVerifyBudget, EnvSweepBatches}
+var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches)
+
+// defaultPoolSize is each instance's connections per workspace database:
+// a drain holds one while its batch is published.
+const defaultPoolSize = 2
 
 // app is the functions' one instance, built from the environment when the
 // package is loaded, as the functions framework requires registration in
 // init. A configuration error is kept and reported by Check and by every
-// request, never as a nil dereference. Configure replaces it (the local
-// mode serves the functions with a registry of its own).
-var app atomic.Pointer[server]
+// request, never as a nil dereference.
+var app *server
 
 func init() {
-	app.Store(newServerFromEnv())
+	app = newServerFromEnv()
 	functions.HTTP("Drain", serveDrain)
 	functions.HTTP("Verify", serveVerify)
 	// Without FUNCTION_TARGET (the local runner) the framework serves each
@@ -61,26 +63,37 @@ func init() {
 	}
 }
 
-func serveDrain(w http.ResponseWriter, r *http.Request)  { app.Load().serveDrain(w, r) }
-func serveVerify(w http.ResponseWriter, r *http.Request) { app.Load().serveVerify(w, r) }
+func serveDrain(w http.ResponseWriter, r *http.Request)  { app.serveDrain(w, r) }
+func serveVerify(w http.ResponseWriter, r *http.Request) { app.serveVerify(w, r) }
 
-// Configure rebuilds the functions from getenv instead of the process
-// environment, with the publisher and logger given (nil: the production
-// ones). The local mode calls it before serving the functions.
-func Configure(ctx context.Context, getenv func(string) string, publisher delivery.Publisher, log *slog.Logger) error {
-	s, err := newServer(ctx, getenv, dependencies{publisher: publisher, logger: log})
+// LocalOptions are what a local server of the functions replaces.
+type LocalOptions struct {
+	// Publisher replaces the Pub/Sub publisher (nil: one built from the
+	// environment).
+	Publisher delivery.Publisher
+	// Logger receives the functions' logs (nil: JSON on stdout).
+	Logger *slog.Logger
+}
+
+// NewHandler builds the functions from getenv, apart from the process's
+// environment and the functions framework, and returns them as one
+// handler: Drain at the SDK's drain path, Verify at /Verify. The local mode
+// serves it. Close releases its pools and clients.
+func NewHandler(ctx context.Context, getenv func(string) string, opts LocalOptions) (handler http.Handler, close func(), err error) {
+	s, err := newServer(ctx, getenv, dependencies{publisher: opts.Publisher, logger: opts.Logger})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	app.Store(s)
-	return nil
+	mux := http.NewServeMux()
+	mux.HandleFunc("/Verify", s.serveVerify)
+	mux.HandleFunc(drainPrefix, s.serveDrain)
+	return mux, s.close, nil
 }
 
 // Check reports a configuration error, naming the field, so that the server
 // can refuse to start rather than answer every request with an error. The
 // target is the function to be served (FUNCTION_TARGET; empty for all).
 func Check(target string) error {
-	app := app.Load()
 	if app.err != nil {
 		return app.err
 	}
@@ -125,17 +138,7 @@ func newServerFromEnv() *server {
 }
 
 func newServer(ctx context.Context, getenv func(string) string, deps dependencies) (*server, error) {
-	level := slog.LevelInfo
-	if raw := getenv(EnvLogLevel); raw != "" {
-		if err := level.UnmarshalText([]byte(raw)); err != nil {
-			return nil, fmt.Errorf("functions: %s: %q is not a log level (DEBUG, INFO, WARN, ERROR)", EnvLogLevel, raw)
-		}
-	}
-	log := deps.logger
-	if log == nil {
-		log = logging.New(os.Stdout, level)
-	}
-	s := &server{log: log, verifyBudget: 50 * time.Second, sweepBatches: 20}
+	s := &server{verifyBudget: 50 * time.Second, sweepBatches: 20}
 	if raw := getenv(EnvVerifyBudget); raw != "" {
 		d, err := time.ParseDuration(raw)
 		if err != nil || d < time.Second || d > time.Hour {
@@ -144,16 +147,22 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 		s.verifyBudget = d
 	}
 	if raw := getenv(EnvSweepBatches); raw != "" {
-		var n int
-		if _, err := fmt.Sscanf(raw, "%d", &n); err != nil || n < 0 || n > 1000 || fmt.Sprint(n) != strings.TrimSpace(raw) {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 0 || n > 1000 {
 			return nil, fmt.Errorf("functions: %s: %q must be a whole number from 0 to 1000", EnvSweepBatches, raw)
 		}
 		s.sweepBatches = n
 	}
-	reg, err := registry.Load(getenv)
+	settings, err := config.Read(getenv, defaultPoolSize)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("functions: %w", err)
 	}
+	log := deps.logger
+	if log == nil {
+		log = logging.New(os.Stdout, settings.LogLevel)
+	}
+	s.log = log
+	reg := settings.Registry
 	if reg.Identity.Configured() {
 		cfg := deps.identity
 		cfg.Identity = reg.Identity
@@ -161,7 +170,14 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 			return nil, err
 		}
 	}
-	opened, err := delivery.Open(ctx, reg, getenv, delivery.Parts{Publisher: deps.publisher, Warehouse: deps.warehouse, Logger: log})
+	opened, err := delivery.Open(ctx, delivery.OpenConfig{
+		Registry:           reg,
+		PubSubEmulatorHost: settings.EmulatorHost,
+		Pools:              database.Config{MaxConns: settings.PoolSize},
+		Publisher:          deps.publisher,
+		Warehouse:          deps.warehouse,
+		Logger:             log,
+	})
 	if err != nil {
 		return nil, err
 	}

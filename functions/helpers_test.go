@@ -22,12 +22,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/segmentstream/ontology-replication/shared/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/event"
-	"github.com/segmentstream/ontology-replication/shared/identity"
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/publish"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
@@ -68,7 +68,7 @@ type harness struct {
 	srv     *server
 	pubsub  *pstest.Server
 	faults  *switchable
-	issuer  *identity.Issuer
+	issuer  *tokenissuer.Issuer
 	bq      *bqserver.Server
 	bqRows  atomic.Pointer[func(bqserver.Query) (bqserver.Result, error)]
 	spaces  map[string]*workspaceDB
@@ -121,7 +121,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	t.Cleanup(func() { _ = h.pubsub.Close() })
 
 	var err error
-	h.issuer, err = identity.NewIssuer("https://runtime.test", "key-1")
+	h.issuer, err = tokenissuer.New("https://runtime.test", "key-1")
 	require.NoError(t, err)
 	jwks := httptest.NewServer(h.issuer)
 	t.Cleanup(jwks.Close)

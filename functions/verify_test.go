@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/segmentstream/ontology-replication/shared/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 )
 
 // drainAll wakes the drain until nothing is pending.

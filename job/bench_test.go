@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 // benchSizes are the history sizes of the end-to-end benchmarks;

@@ -2,347 +2,187 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
-// target returns the workspace's store and the target a command works on:
-// --generation's, or the active one.
-func (e *env) target(ws registry.Workspace) (*store.Store, store.State, store.Target, error) {
-	st, err := e.svc.Store(e.ctx, ws)
-	if err != nil {
-		return nil, store.State{}, store.Target{}, err
+// drains is how many drains of a workspace run at once: one per connection
+// of its pool (the pages take one of them while they run).
+func (e *env) drains(ws registry.Workspace) int {
+	if ws.Database.MaxConns > 0 {
+		return int(ws.Database.MaxConns)
 	}
-	state, active, err := st.ActiveTarget(e.ctx)
-	if e.generation == "" {
-		if errors.Is(err, store.ErrNoActiveTarget) {
-			return st, state, active, fmt.Errorf("workspace %s: %w: start replication in the SDK first", ws.ID, err)
-		}
-		return st, state, active, err
-	}
-	if err != nil && !errors.Is(err, store.ErrNoActiveTarget) {
-		return st, state, active, err
-	}
-	t, err := st.Target(e.ctx, e.generation)
-	if err != nil {
-		return st, state, t, fmt.Errorf("workspace %s: %w", ws.ID, err)
-	}
-	return st, state, t, nil
+	return int(e.poolSize)
 }
 
-// eachWorkspace runs fn for every workspace of the task, stopping at the
-// first error.
-func (e *env) eachWorkspace(fn func(ws registry.Workspace) error) error {
-	for _, ws := range e.workspaces {
-		if err := fn(ws); err != nil {
-			return err
-		}
-	}
-	return nil
+func (e *env) pagesOptions(ws registry.Workspace) delivery.PagesOptions {
+	return delivery.PagesOptions{Generation: e.generation, Drains: e.drains(ws), Progress: e.progress, Restart: e.restart}
 }
 
-func runDrain(e *env) error {
-	return e.eachWorkspace(func(ws registry.Workspace) error {
-		return e.drainWhile(ws, nil)
-	})
+// pagesResult is a backfill's or replay's result as a command shows it.
+type pagesResult struct{ delivery.PagesResult }
+
+func (r pagesResult) text() []string {
+	line := fmt.Sprintf("generation %s: %d pages, %d rows", r.Generation, r.Pages, r.Rows)
+	if r.Resumed {
+		line += " (resumed)"
+	}
+	return []string{line + "; " + drainResult{r.Drained}.text()[0]}
+}
+
+// drainResult is a drain's result as a command shows it.
+type drainResult struct{ delivery.DrainAllResult }
+
+func (r drainResult) text() []string {
+	line := fmt.Sprintf("published %d events", r.Published)
+	if r.SetAside > 0 {
+		line += fmt.Sprintf(", set aside %d (job set-aside lists them)", r.SetAside)
+	}
+	if r.Paused {
+		line += ", stopped: replication is " + strings.ReplaceAll(r.State, "_", " ")
+	}
+	return []string{line}
 }
 
 func runBackfill(e *env) error {
-	return e.eachWorkspace(func(ws registry.Workspace) error {
-		st, _, t, err := e.target(ws)
-		if err != nil {
-			return err
-		}
-		if !t.UsesDelivery() {
-			return fmt.Errorf("workspace %s: backfill needs protocol 4; the database is at %d (upgrade the SDK and run its migration)", ws.ID, t.DeliveryVersion)
-		}
-		if !t.BaselineComplete {
-			return fmt.Errorf("workspace %s: generation %s: %w; run backfill after the SDK has finished it", ws.ID, t.Generation, store.ErrBaselineIncomplete)
-		}
-		total, err := st.BackfillTotal(e.ctx, t)
-		if err != nil {
-			return err
-		}
-		pages := func() error {
-			return e.pages("backfill", ws, total, t.BackfillComplete, func(ctx context.Context) (int, bool, error) {
-				page, err := st.AdvanceBackfill(ctx, t)
-				return page.Rows, page.Complete, err
-			})
-		}
-		if t.Generation != e.activeGeneration(st) {
-			return pages() // only the active generation is drained
-		}
-		// Events without a receipt are queued pending: drained as the pages go.
-		return e.drainWhile(ws, pages)
+	return e.eachWorkspace("backfill", func(ctx context.Context, ws registry.Workspace) (any, error) {
+		res, err := e.svc.Backfill(ctx, ws.ID, e.pagesOptions(ws))
+		return pagesResult{res}, err
 	})
 }
 
-// pages runs page until it reports completion, each page its own
-// transaction under its own deadline, showing progress; an interrupt stops
-// it between pages.
-func (e *env) pages(operation string, ws registry.Workspace, total int64, complete bool, page func(ctx context.Context) (rows int, complete bool, err error)) error {
-	p := e.progress.start(operation, ws.ID, "rows", total)
-	defer p.done()
-	for !complete {
-		if e.ctx.Err() != nil {
-			return interrupted(operation, ws.ID, p.pages)
-		}
-		ctx, cancel := e.page()
-		rows, done, err := page(ctx)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("workspace %s: %w", ws.ID, err)
-		}
-		p.add(rows)
-		complete = done
-	}
-	return nil
-}
-
-func (e *env) activeGeneration(st *store.Store) string {
-	state, err := st.State(e.ctx)
-	if err != nil {
-		return ""
-	}
-	return state.ActiveGeneration
-}
-
 func runReplay(e *env) error {
-	return e.eachWorkspace(func(ws registry.Workspace) error {
-		st, _, t, err := e.target(ws)
-		if err != nil {
-			return err
+	return e.eachWorkspace("replay", func(ctx context.Context, ws registry.Workspace) (any, error) {
+		res, err := e.svc.Replay(ctx, ws.ID, e.pagesOptions(ws))
+		return pagesResult{res}, err
+	})
+}
+
+func runDrain(e *env) error {
+	return e.eachWorkspace("drain", func(ctx context.Context, ws registry.Workspace) (any, error) {
+		res, err := e.svc.DrainAll(ctx, ws.ID, delivery.DrainAllOptions{Drains: e.drains(ws), Progress: e.progress})
+		if err == nil && res.Paused {
+			e.log.WarnContext(ctx, "drain stopped: replication is paused or has no active target; the next run carries on",
+				"workspace", ws.ID, "state", res.State)
 		}
-		if !t.BaselineComplete {
-			return fmt.Errorf("workspace %s: generation %s: %w; replay after the SDK has finished it", ws.ID, t.Generation, store.ErrBaselineIncomplete)
-		}
-		if !t.BackfillComplete {
-			return fmt.Errorf("workspace %s: generation %s has not been backfilled into the delivery queue: run `job backfill --workspace %s` first", ws.ID, t.Generation, ws.ID)
-		}
-		if t.UsesDelivery() && !t.ReplayComplete {
-			e.log.Info("resuming the replay in progress", "workspace", ws.ID, "generation", t.Generation)
-		} else {
-			ctx, cancel := e.page()
-			err := st.InitReplay(ctx, t)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("workspace %s: %w", ws.ID, err)
-			}
-			if t, err = st.Target(e.ctx, t.Generation); err != nil {
-				return err
-			}
-		}
-		total, err := st.ReplayRemaining(e.ctx, t)
-		if err != nil {
-			return err
-		}
-		pages := func() error {
-			return e.pages("replay", ws, total, false, func(ctx context.Context) (int, bool, error) {
-				page, err := st.AdvanceReplay(ctx, t)
-				return page.Rows, page.Complete, err
-			})
-		}
-		if t.Generation != e.activeGeneration(st) {
-			return pages() // only the active generation is drained
-		}
-		return e.drainWhile(ws, pages)
+		return drainResult{res}, err
 	})
 }
 
 func runVerify(e *env) error {
-	var names []string
-	for _, ws := range e.workspaces {
-		names = append(names, ws.ID)
-	}
-	if len(names) == 0 {
-		return nil
+	names := make([]string, len(e.workspaces))
+	for i, ws := range e.workspaces {
+		names[i] = ws.ID
 	}
 	results := e.svc.VerifyAll(e.ctx, names, e.budget, 20)
-	var failed []string
-	for _, r := range results {
-		e.log.Info("verify", "workspace", r.Workspace, "generation", r.Generation, "rounds", r.Rounds, "checked", r.Checked,
-			"verified", r.Verified, "retried", r.Retried, "requeued", r.Requeued, "swept", r.Swept, "error", r.Error)
+	out := make([]delivery.WorkspaceResult, len(results))
+	for i, r := range results {
+		out[i] = delivery.WorkspaceResult{Workspace: r.Workspace, Detail: verifyResult{r}}
 		if r.Error != "" {
-			failed = append(failed, r.Workspace+": "+r.Error)
+			out[i].Err = fmt.Errorf("%s", r.Error)
 		}
 	}
-	if e.json {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(results); err != nil {
-			return err
-		}
-	}
-	if len(failed) > 0 {
-		return fmt.Errorf("verification failed for %s", strings.Join(failed, "; "))
-	}
-	return nil
-}
-
-// workspaceStatus is one workspace's line of `job status`.
-type workspaceStatus struct {
-	Workspace        string     `json:"workspace"`
-	Protocol         int        `json:"protocol"`
-	Generation       string     `json:"generation,omitempty"`
-	Enabled          bool       `json:"enabled"`
-	BaselineComplete bool       `json:"baseline_complete"`
-	BaselineCursor   any        `json:"baseline_cursor,omitempty"`
-	BackfillComplete bool       `json:"backfill_complete"`
-	BackfillCursor   any        `json:"backfill_cursor,omitempty"`
-	ReplayComplete   bool       `json:"replay_complete"`
-	ReplayCursor     *string    `json:"replay_cursor,omitempty"`
-	Total            int64      `json:"total"`
-	Accepted         int64      `json:"accepted"`
-	Verified         int64      `json:"verified"`
-	InitiallyReady   bool       `json:"initially_ready"`
-	Pending          int64      `json:"pending"`
-	OldestPending    *time.Time `json:"oldest_pending,omitempty"`
-	OldestPendingAge string     `json:"oldest_pending_age,omitempty"`
-	DueVerifications int64      `json:"due_verifications"`
-	// SetAside lists the events set aside because they cannot be
-	// published (with their reasons), seen from any process.
-	SetAside store.SetAsideReport `json:"set_aside"`
-	Error    string               `json:"error,omitempty"`
-}
-
-func rawCursor(raw []byte) any {
-	if len(raw) == 0 || string(raw) == "{}" {
-		return nil
-	}
-	var v any
-	if json.Unmarshal(raw, &v) != nil {
-		return string(raw)
-	}
-	return v
-}
-
-func (e *env) status(ws registry.Workspace) workspaceStatus {
-	out := workspaceStatus{Workspace: ws.ID}
-	st, state, t, err := e.target(ws)
-	out.Protocol, out.Enabled = state.Version, state.Enabled
-	if err != nil {
-		out.Error = err.Error()
-		return out
-	}
-	out.Generation = t.Generation
-	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = t.BaselineComplete, t.BackfillComplete, t.ReplayComplete
-	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = rawCursor(t.BaselineCursor), rawCursor(t.BackfillCursor), t.ReplayCursor
-	s, err := st.Status(e.ctx, t)
-	if err != nil {
-		out.Error = err.Error()
-		return out
-	}
-	out.Total, out.Accepted, out.Verified, out.InitiallyReady = s.Total, s.Accepted, s.Verified, s.InitiallyReady
-	out.Pending, out.DueVerifications = s.Pending, s.DueVerifications
-	if !s.OldestPending.IsZero() {
-		oldest := s.OldestPending.UTC()
-		out.OldestPending = &oldest
-		out.OldestPendingAge = max(time.Since(oldest), 0).Round(time.Second).String()
-	}
-	if out.SetAside, err = st.SetAside(e.ctx, t, 100, publish.MaxMessageBytes); err != nil {
-		out.Error = err.Error()
-	}
-	return out
-}
-
-func runStatus(e *env) error {
-	var all []workspaceStatus
-	failed := 0
-	for _, ws := range e.workspaces {
-		s := e.status(ws)
-		if s.Error != "" {
-			failed++
-		}
-		all = append(all, s)
-	}
-	if e.json {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(all); err != nil {
-			return err
-		}
-	} else {
-		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tOLDEST PENDING\tDUE\tSET ASIDE")
-		for _, s := range all {
-			if s.Error != "" {
-				fmt.Fprintf(tw, "%s\t%d\t%s\terror: %s\n", s.Workspace, s.Protocol, s.Generation, s.Error)
-				continue
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%d\t%d\n", s.Workspace, s.Protocol, s.Generation,
-				yes(s.Enabled), done(s.BaselineComplete, s.BaselineCursor), done(s.BackfillComplete, s.BackfillCursor),
-				done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), s.Pending,
-				cmpOr(s.OldestPendingAge, "-"), s.DueVerifications, s.SetAside.Count)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if failed > 0 {
-		var names []string
-		for _, s := range all {
-			if s.Error != "" {
-				names = append(names, s.Workspace)
-			}
-		}
-		slices.Sort(names)
-		return fmt.Errorf("status failed for %s", strings.Join(names, ", "))
-	}
-	return nil
-}
-
-func yes(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
-}
-
-func done(complete bool, cursor any) string {
-	if complete {
-		return "complete"
-	}
-	if c, ok := cursor.(*string); ok && c != nil {
-		return "at " + (*c)[:8] + "…"
-	}
-	if cursor != nil {
-		raw, _ := json.Marshal(cursor)
-		if s := string(raw); s != "null" {
-			return "at " + s
-		}
-	}
-	return "pending"
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return e.summarise("verify", out)
 }
 
 func runViews(e *env) error {
-	return e.eachWorkspace(func(ws registry.Workspace) error {
-		_, _, t, err := e.target(ws)
+	return e.eachWorkspace("views", func(ctx context.Context, ws registry.Workspace) (any, error) {
+		lease, err := e.svc.Lease(ctx, ws)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		names, err := e.svc.Warehouse.CreateViews(e.ctx, ws, t)
+		defer lease.Release()
+		_, t, err := lease.ActiveTarget(ctx)
 		if err != nil {
-			return fmt.Errorf("workspace %s: %w", ws.ID, err)
+			return nil, err
 		}
-		for _, n := range names {
-			fmt.Fprintf(e.stdout, "%s\t%s\n", ws.ID, n)
+		names, err := e.svc.Warehouse.CreateViews(ctx, ws, t)
+		return viewNames(names), err
+	})
+}
+
+// verifyResult is a verifier pass's result for a workspace, as a command
+// shows it.
+type verifyResult struct{ delivery.VerifyResult }
+
+func (r verifyResult) text() []string {
+	return []string{fmt.Sprintf("%d rounds: %d checked, %d verified, %d absent (%d sent back to pending), %d swept",
+		r.Rounds, r.Checked, r.Verified, r.Retried, r.Requeued, r.Swept)}
+}
+
+// viewNames are the views a command created, one line each.
+type viewNames []string
+
+func (v viewNames) text() []string { return v }
+
+// setAsideResult is one workspace's set-aside events, and how many a
+// --retry made claimable again.
+type setAsideResult struct {
+	Generation string               `json:"generation"`
+	SetAside   store.SetAsideReport `json:"set_aside"`
+	Retried    int64                `json:"retried,omitempty"`
+}
+
+func (r setAsideResult) text() []string {
+	lines := []string{fmt.Sprintf("generation %s: %d events set aside", r.Generation, r.SetAside.Count)}
+	for _, ev := range r.SetAside.Events {
+		lines = append(lines, fmt.Sprintf("  %s  event %s  %s  %s  since %s, next attempt %s, attempts %d", ev.HistoryID, ev.EventID,
+			cmpOr(ev.HistoryTable, "(baseline)"), ev.Reason, ev.Since.UTC().Format(time.RFC3339), ev.NextAttempt.UTC().Format(time.RFC3339), ev.Attempts))
+	}
+	if r.Retried > 0 {
+		lines = append(lines, fmt.Sprintf("retried: %d events will be tried by the next drain", r.Retried))
+	}
+	return lines
+}
+
+func runSetAside(e *env) error {
+	return e.eachWorkspace("set-aside", func(ctx context.Context, ws registry.Workspace) (any, error) {
+		lease, err := e.svc.Lease(ctx, ws)
+		if err != nil {
+			return nil, err
 		}
-		return nil
+		defer lease.Release()
+		_, t, err := lease.ActiveTarget(ctx)
+		if err != nil {
+			return nil, err
+		}
+		res := setAsideResult{Generation: t.Generation}
+		if res.SetAside, err = lease.SetAside(ctx, t, 1000, publish.MaxMessageBytes); err != nil {
+			return nil, err
+		}
+		if e.retry {
+			if res.Retried, err = lease.RetrySetAside(ctx, t); err != nil {
+				return res, err
+			}
+		}
+		return res, nil
+	})
+}
+
+// deadLetterResult is a workspace's dead letters, as a command shows them.
+type deadLetterResult struct{ delivery.DeadLetterReport }
+
+func (r deadLetterResult) text() []string {
+	lines := []string{fmt.Sprintf("%s: %d messages, %d events", r.Subscription, r.Messages, len(r.Events))}
+	for _, ev := range r.Events {
+		lines = append(lines, fmt.Sprintf("  event %s  %d copies, %d delivery attempts, dead-lettered %s to %s", ev.EventID, ev.Copies,
+			ev.DeliveryAttempts, ev.FirstDeadLettered.UTC().Format(time.RFC3339), ev.LastDeadLettered.UTC().Format(time.RFC3339)))
+	}
+	if r.Republished > 0 {
+		lines = append(lines, fmt.Sprintf("republished %d messages to the events topic", r.Republished))
+	}
+	return lines
+}
+
+func runDeadLetter(e *env) error {
+	return e.eachWorkspace("dead-letter", func(ctx context.Context, ws registry.Workspace) (any, error) {
+		res, err := e.svc.DeadLetters(ctx, ws.ID, delivery.DeadLetterOptions{Max: e.max, Republish: e.republish})
+		return deadLetterResult{res}, err
 	})
 }

@@ -1,16 +1,20 @@
-// Command job is the replication Cloud Run job, and the same binary runs
-// locally: backfill, replay, drain, verify, status, views, and local (the
-// whole pipeline on embedded parts).
+// Command job is the replication Cloud Run job; the same binary runs
+// anywhere the registry's databases are reachable.
 //
-//	job <command> [--workspace W] [--generation G] [--json]
+//	job <command> [flags]
 //
-// Every page is its own transaction and state lives only in the database,
-// so a job killed at any moment continues where it stopped when run again.
-// SIGINT and SIGTERM stop it after the current page.
+// Commands: backfill, replay, drain, verify, status, views, set-aside and
+// dead-letter (`job -h` lists them, `job <command> -h` their flags). Every
+// page is its own transaction and state lives only in the database, so a
+// job killed at any moment continues where it stopped when run again. The
+// first SIGINT or SIGTERM stops it after the current page; a second stops
+// it at once. The local mode, which runs the whole pipeline on this
+// machine, is its own command: go run ./job/local.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,10 +22,25 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "job:", err)
+	ctx, stop := context.WithCancelCause(context.Background())
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-signals
+		stop(fmt.Errorf("stopped by %v", sig))
+		fmt.Fprintf(os.Stderr, "job: %v: stopping after the current page (again to stop at once)\n", sig)
+		<-signals
+		fmt.Fprintln(os.Stderr, "job: stopped at once: the pages and batches in flight were rolled back (nothing half-done is kept); everything committed before stays, and running the command again resumes")
+		os.Exit(130)
+	}()
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop(nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "job: "+oneLine(err.Error()))
+		var usage usageError
+		if errors.As(err, &usage) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }

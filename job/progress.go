@@ -2,11 +2,14 @@ package main
 
 import (
 	"fmt"
+
 	"io"
 	"log/slog"
 	"os"
 	"sync"
 	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
 // progressOutput decides how long work shows progress: a live line on a
@@ -16,6 +19,9 @@ type progressOutput struct {
 	tty bool
 	log *slog.Logger
 	now func() time.Time
+
+	mu   sync.Mutex
+	live []*progress // operations running, newest last
 }
 
 func newProgressOutput(w io.Writer, log *slog.Logger) *progressOutput {
@@ -32,11 +38,10 @@ func newProgressOutput(w io.Writer, log *slog.Logger) *progressOutput {
 // output is not a terminal.
 const logEvery = 10
 
-// progress tracks one long operation on one workspace. Its methods may be
-// called from several goroutines.
+// progress tracks one operation on one workspace; it implements
+// delivery.Tracker. Its methods may be called from several goroutines.
 type progress struct {
 	mu        sync.Mutex
-	muted     bool
 	out       *progressOutput
 	operation string
 	workspace string
@@ -48,36 +53,43 @@ type progress struct {
 	printed   time.Time
 }
 
-func (o *progressOutput) start(operation, workspace, unit string, total int64) *progress {
-	return &progress{out: o, operation: operation, workspace: workspace, unit: unit, total: total, started: o.now()}
+// Start implements delivery.Progress. On a terminal the newest operation
+// still running shows its live line.
+func (o *progressOutput) Start(operation, workspace, unit string, total int64) delivery.Tracker {
+	p := &progress{out: o, operation: operation, workspace: workspace, unit: unit, total: total, started: o.now()}
+	o.mu.Lock()
+	o.live = append(o.live, p)
+	o.mu.Unlock()
+	return p
 }
 
-// mute makes add count without showing anything, while another operation
-// shows its progress; unmute shows it again.
-func (p *progress) mute() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.muted = true
+// shows reports whether p has the terminal's live line.
+func (o *progressOutput) shows(p *progress) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.live) > 0 && o.live[len(o.live)-1] == p
 }
 
-func (p *progress) unmute() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.muted = false
+func (o *progressOutput) finished(p *progress) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i, q := range o.live {
+		if q == p {
+			o.live = append(o.live[:i], o.live[i+1:]...)
+			return
+		}
+	}
 }
 
-// add records a finished page of n rows.
-func (p *progress) add(n int) {
+// Add records a finished page or batch of n rows or events.
+func (p *progress) Add(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.rows += int64(n)
 	p.pages++
-	if p.muted {
-		return
-	}
 	now := p.out.now()
 	if p.out.tty {
-		if now.Sub(p.printed) >= 100*time.Millisecond {
+		if p.out.shows(p) && now.Sub(p.printed) >= 100*time.Millisecond {
 			p.printed = now
 			fmt.Fprintf(p.out.w, "\r\033[K%s", p.line(now))
 		}
@@ -88,8 +100,9 @@ func (p *progress) add(n int) {
 	}
 }
 
-// done prints the summary.
-func (p *progress) done() {
+// Done prints the operation's summary.
+func (p *progress) Done() {
+	p.out.finished(p)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.out.now()
@@ -99,7 +112,6 @@ func (p *progress) done() {
 	}
 	p.out.log.Info(p.operation+" done", p.attrs(now)...)
 }
-
 func (p *progress) rate(now time.Time) float64 {
 	secs := now.Sub(p.started).Seconds()
 	if secs <= 0 {

@@ -1,145 +1,226 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/config"
+	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 )
 
-const usage = `usage: job <command> [flags]
+// command is one of the job's commands.
+type command struct {
+	name    string
+	summary string
+	// flags are the flags the command takes, beyond --workspace.
+	flags []string
+	run   func(e *env) error
+}
 
-commands:
-  backfill  enqueue the events of a target created before protocol 4, draining as it goes
-  replay    send a generation's events back to pending, page by page, draining as it goes
-  drain     publish batches until nothing is pending (one drain per pool connection)
-  verify    one verifier pass: look accepted events up in BigQuery, then sweep
-  status    per workspace: protocol, generation, completion, counts, readiness
-  views     create or replace the BigQuery latest-state views of the active target
-  local     run the whole pipeline on this machine (no cloud account)
+// commands are the job's commands, in the order usage lists them.
+var commands = []command{
+	{"backfill", "enqueue the events of a target created before protocol 4, draining as it goes", []string{"generation", "parallel", "json"}, runBackfill},
+	{"replay", "send a generation's events back to pending, page by page, draining as it goes", []string{"generation", "parallel", "restart", "json"}, runReplay},
+	{"drain", "publish batches until nothing publishable is pending", []string{"parallel", "json"}, runDrain},
+	{"verify", "one verifier pass: look accepted events up in BigQuery, then sweep", []string{"budget", "parallel", "json"}, runVerify},
+	{"status", "per workspace: protocol, generation, completion, counts, lags, set-aside events", []string{"generation", "parallel", "json", "watch"}, runStatus},
+	{"views", "create or replace the BigQuery latest-state views of the active target", []string{"parallel", "json"}, runViews},
+	{"set-aside", "list the events set aside because they cannot be published; --retry tries them now", []string{"retry", "parallel", "json"}, runSetAside},
+	{"dead-letter", "list the dead-letter subscription's messages; --republish publishes them again", []string{"republish", "max", "json"}, runDeadLetter},
+}
 
-flags (backfill, replay, drain, verify, status, views):
-  --workspace W   only this workspace (default: every workspace of the registry,
-                  split across Cloud Run tasks by CLOUD_RUN_TASK_INDEX/COUNT)
-  --generation G  this generation instead of the active one (backfill, replay, status)
-  --json          JSON output (status)
-  --budget D      verify: time budget (default 50s)
+// flagHelp documents each flag.
+var flagHelp = map[string]string{
+	"workspace":  "only this workspace (default: every workspace of the registry, split across Cloud Run tasks)",
+	"generation": "this generation instead of the active one (needs --workspace)",
+	"parallel":   "how many workspaces at once (default 4): each holds one pool of DATABASE_POOL_SIZE connections",
+	"json":       "write the result as one JSON document",
+	"budget":     "the pass's time budget, 1s to 1h (default 50s)",
+	"restart":    "start a new replay even if the last one's events are not all published yet",
+	"retry":      "end the backoff of the set-aside events now, so that the next drain tries them",
+	"republish":  "publish the dead-lettered messages to the events topic again and acknowledge them",
+	"max":        "the most dead-lettered messages to read per workspace (default 1000)",
+	"watch":      "refresh every interval (for example 10s) until interrupted",
+}
 
-The registry comes from REPLICATION_WORKSPACES or REPLICATION_WORKSPACES_FILE.`
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage: job <command> [flags]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-12s %s\n", c.name, c.summary)
+	}
+	b.WriteString("\n`job <command> -h` lists a command's flags. The registry comes from REPLICATION_WORKSPACES\n")
+	b.WriteString("or REPLICATION_WORKSPACES_FILE. The local mode is `go run ./job/local`.")
+	return b.String()
+}
+
+// usageError is a mistake in the command line: the job exits 2.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // jobEnv lists every environment variable the job reads (Cloud Run sets the
 // task variables itself).
-var jobEnv = []string{registry.EnvInline, registry.EnvFile, delivery.EnvEmulatorHost, "LOG_LEVEL", "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT"}
+var jobEnv = append(slices.Clone(config.Names), "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT")
+
+// defaultPoolSize is the job's connections per workspace database: pages on
+// one, drains on the others.
+const defaultPoolSize = 4
 
 // env is what a command runs with.
 type env struct {
 	ctx      context.Context
-	getenv   func(string) string
 	stdout   io.Writer
 	log      *slog.Logger
 	progress *progressOutput
 	svc      *delivery.Opened
+	reg      *registry.Registry
+	poolSize int32
 
 	workspaces []registry.Workspace
 	generation string
 	json       bool
+	parallel   int
 	budget     time.Duration
+	restart    bool
+	retry      bool
+	republish  bool
+	max        int
+	watch      time.Duration
 }
 
-// commands are the job's commands by name.
-var commands = map[string]func(e *env) error{
-	"backfill": runBackfill,
-	"replay":   runReplay,
-	"drain":    runDrain,
-	"verify":   runVerify,
-	"status":   runStatus,
-	"views":    runViews,
-}
-
-// run runs one job command. stdout receives results (status tables, JSON);
-// stderr receives logs and progress.
+// run runs one job command. stdout receives results (tables, JSON); stderr
+// receives logs and progress.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintln(stderr, usage)
-		if len(args) == 0 {
-			return errors.New("no command given")
-		}
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, usage())
+		return usagef("no command given (job -h lists them)")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintln(stdout, usage())
 		return nil
 	}
 	name, args := args[0], args[1:]
 	if name == "local" {
-		return runLocal(ctx, args, getenv, stdout, stderr)
+		return usagef("the local mode is its own command now: go run ./job/local")
 	}
-	cmd, ok := commands[name]
-	if !ok {
-		return fmt.Errorf("unknown command %q (want backfill, replay, drain, verify, status, views or local)", name)
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+	if i < 0 {
+		return usagef("unknown command %q (job -h lists them)", name)
 	}
+	cmd := commands[i]
+	e := &env{ctx: ctx, stdout: stdout}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	workspace := fs.String("workspace", "", "only this workspace")
-	generation := fs.String("generation", "", "this generation instead of the active one")
-	asJSON := fs.Bool("json", false, "JSON output")
-	budget := fs.Duration("budget", 50*time.Second, "verify time budget")
+	var workspace string
+	define := map[string]func(){
+		"generation": func() { fs.StringVar(&e.generation, "generation", "", flagHelp["generation"]) },
+		"parallel":   func() { fs.IntVar(&e.parallel, "parallel", 4, flagHelp["parallel"]) },
+		"json":       func() { fs.BoolVar(&e.json, "json", false, flagHelp["json"]) },
+		"budget":     func() { fs.DurationVar(&e.budget, "budget", 50*time.Second, flagHelp["budget"]) },
+		"restart":    func() { fs.BoolVar(&e.restart, "restart", false, flagHelp["restart"]) },
+		"retry":      func() { fs.BoolVar(&e.retry, "retry", false, flagHelp["retry"]) },
+		"republish":  func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
+		"max":        func() { fs.IntVar(&e.max, "max", 1000, flagHelp["max"]) },
+		"watch":      func() { fs.DurationVar(&e.watch, "watch", 0, flagHelp["watch"]) },
+	}
+	fs.StringVar(&workspace, "workspace", "", flagHelp["workspace"])
+	for _, f := range cmd.flags {
+		define[f]()
+	}
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stdout, commandUsage(cmd, fs))
+			return nil
+		}
+		return usagef("%s: %v (job %s -h lists its flags)", name, err, name)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected argument %q", name, fs.Arg(0))
+		return usagef("%s: unexpected argument %q", name, fs.Arg(0))
 	}
-	if *generation != "" && *workspace == "" {
-		return fmt.Errorf("%s: --generation needs --workspace (a generation belongs to one workspace)", name)
+	takes := func(f string) bool { return slices.Contains(cmd.flags, f) }
+	if !takes("parallel") {
+		e.parallel = 1
 	}
-	reg, err := registry.Load(getenv)
+	switch {
+	case e.generation != "" && workspace == "":
+		return usagef("%s: --generation needs --workspace (a generation belongs to one workspace)", name)
+	case e.parallel < 1 || e.parallel > 64:
+		return usagef("%s: --parallel %d: want 1 to 64", name, e.parallel)
+	case takes("budget") && (e.budget < time.Second || e.budget > time.Hour):
+		return usagef("%s: --budget %v: want 1s to 1h", name, e.budget)
+	case takes("max") && (e.max < 1 || e.max > 100_000):
+		return usagef("%s: --max %d: want 1 to 100000", name, e.max)
+	case e.watch != 0 && e.watch < time.Second:
+		return usagef("%s: --watch %v: want at least 1s", name, e.watch)
+	}
+	settings, err := config.Read(getenv, defaultPoolSize)
 	if err != nil {
 		return err
 	}
-	all := reg.Workspaces
-	if *workspace != "" {
-		ws, ok := reg.Workspace(*workspace)
+	e.reg, e.poolSize = settings.Registry, settings.PoolSize
+	all := e.reg.Workspaces
+	if workspace != "" {
+		ws, ok := e.reg.Workspace(workspace)
 		if !ok {
-			return fmt.Errorf("unknown workspace %q (the registry has %s)", *workspace, ids(reg.Workspaces))
+			return usagef("unknown workspace %q (the registry has %d: %s)", workspace, len(all), ids(all, 10))
 		}
 		all = []registry.Workspace{ws}
 	}
-	mine, err := shard(all, getenv)
+	if e.workspaces, err = shard(all, getenv); err != nil {
+		return usageError{err}
+	}
+	e.log = logging.New(stderr, settings.LogLevel)
+	e.progress = newProgressOutput(stderr, e.log)
+	e.svc, err = delivery.Open(ctx, delivery.OpenConfig{
+		Registry:           e.reg,
+		PubSubEmulatorHost: settings.EmulatorHost,
+		// A command walks many workspaces: at most --parallel pools open,
+		// each closed as soon as its workspace is done.
+		Pools:            database.Config{MaxConns: settings.PoolSize, MaxOpen: e.parallel, IdleTimeout: -1},
+		Logger:           e.log,
+		DeadLetterReader: name == "dead-letter",
+	})
 	if err != nil {
 		return err
 	}
-	level := slog.LevelInfo
-	if raw := getenv("LOG_LEVEL"); raw != "" {
-		if err := level.UnmarshalText([]byte(raw)); err != nil {
-			return fmt.Errorf("LOG_LEVEL %q: want DEBUG, INFO, WARN or ERROR", raw)
-		}
-	}
-	log := logging.New(stderr, level)
-	svc, err := delivery.Open(ctx, reg, getenv, delivery.Parts{Logger: log})
-	if err != nil {
-		return err
-	}
-	defer svc.Close()
-	e := &env{
-		ctx: ctx, getenv: getenv, stdout: stdout, log: log, svc: svc,
-		progress:   newProgressOutput(stderr, log),
-		workspaces: mine, generation: *generation, json: *asJSON, budget: *budget,
-	}
-	return cmd(e)
+	defer e.svc.Close()
+	return cmd.run(e)
 }
 
-func ids(ws []registry.Workspace) string {
+func commandUsage(c command, fs *flag.FlagSet) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "usage: job %s [flags]\n\n%s\n\nflags:\n", c.name, c.summary)
+	fs.VisitAll(func(f *flag.Flag) {
+		fmt.Fprintf(&b, "  --%-11s %s\n", f.Name, f.Usage)
+	})
+	return strings.TrimRight(b.String(), "\n")
+}
+
+func ids(ws []registry.Workspace, most int) string {
 	var out []string
-	for _, w := range ws {
+	for i, w := range ws {
+		if i == most {
+			out = append(out, fmt.Sprintf("and %d more", len(ws)-most))
+			break
+		}
 		out = append(out, w.ID)
 	}
-	return fmt.Sprint(out)
+	return strings.Join(out, ", ")
 }
 
 // shard returns this Cloud Run task's share of the workspaces: with
@@ -154,20 +235,12 @@ func shard(all []registry.Workspace, getenv func(string) string) ([]registry.Wor
 	if err != nil || count < 1 {
 		return nil, fmt.Errorf("CLOUD_RUN_TASK_COUNT %q: want a positive number", countRaw)
 	}
-	index, err := strconv.Atoi(indexRaw)
-	if count > 1 && (err != nil || index < 0 || index >= count) {
+	index, err := strconv.Atoi(cmp.Or(indexRaw, "0"))
+	if err != nil || index < 0 || index >= count {
 		return nil, fmt.Errorf("CLOUD_RUN_TASK_INDEX %q: want 0 to %d", indexRaw, count-1)
 	}
 	sorted := slices.Clone(all)
-	slices.SortFunc(sorted, func(a, b registry.Workspace) int {
-		if a.ID < b.ID {
-			return -1
-		}
-		if a.ID > b.ID {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(sorted, func(a, b registry.Workspace) int { return cmp.Compare(a.ID, b.ID) })
 	var mine []registry.Workspace
 	for i, ws := range sorted {
 		if i%count == index {
@@ -177,16 +250,111 @@ func shard(all []registry.Workspace, getenv func(string) string) ([]registry.Wor
 	return mine, nil
 }
 
-// pageTimeout bounds one page. Pages run detached from the job's context,
-// so an interrupt stops the job between pages, never inside one.
-const pageTimeout = 2 * time.Minute
-
-func (e *env) page() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(e.ctx), pageTimeout)
+// eachWorkspace runs fn for the task's workspaces, --parallel at a time,
+// carrying on past a failing one; it writes the summary and fails at the
+// end when any workspace failed, naming them.
+func (e *env) eachWorkspace(name string, fn func(ctx context.Context, ws registry.Workspace) (any, error)) error {
+	results := delivery.ForEach(e.ctx, e.workspaces, e.parallel, fn)
+	return e.summarise(name, results)
 }
 
-// interrupted is the error of a job stopped by a signal between pages.
-func interrupted(command, workspace string, pages int) error {
-	return fmt.Errorf("interrupted after %d pages of workspace %s; everything done so far is committed: run `job %s --workspace %s` again to resume",
-		pages, workspace, command, workspace)
+// workspaceLine is one workspace's line of a command's summary.
+type workspaceLine struct {
+	Workspace string `json:"workspace"`
+	OK        bool   `json:"ok"`
+	Error     string `json:"error,omitempty"`
+	Result    any    `json:"result,omitempty"`
+}
+
+// summarise writes a command's per-workspace summary (a table, or JSON)
+// and returns an error naming the workspaces that failed.
+func (e *env) summarise(name string, results []delivery.WorkspaceResult) error {
+	lines := make([]workspaceLine, len(results))
+	interrupted := false
+	for i, r := range results {
+		lines[i] = workspaceLine{Workspace: r.Workspace, OK: r.Err == nil, Result: r.Detail}
+		if r.Err != nil {
+			lines[i].Error = oneLine(r.Err.Error())
+			interrupted = interrupted || errors.Is(r.Err, delivery.ErrInterrupted)
+		}
+	}
+	if e.json {
+		if err := e.writeJSON(map[string]any{"command": name, "workspaces": lines}); err != nil {
+			return err
+		}
+	} else {
+		for _, l := range lines {
+			if !l.OK {
+				fmt.Fprintf(e.stdout, "%s\tFAILED: %s\n", l.Workspace, l.Error)
+				continue
+			}
+			t, ok := l.Result.(texter)
+			if !ok {
+				fmt.Fprintf(e.stdout, "%s\tok\n", l.Workspace)
+				continue
+			}
+			for _, line := range t.text() {
+				fmt.Fprintf(e.stdout, "%s\t%s\n", l.Workspace, line)
+			}
+		}
+	}
+	return failure(name, lines, interrupted)
+}
+
+// failure is a command's error when workspaces failed, naming them: with
+// their causes, or, when interrupted, saying how to resume.
+func failure(name string, lines []workspaceLine, interrupted bool) error {
+	var failed, causes []string
+	for _, l := range lines {
+		if !l.OK {
+			failed = append(failed, l.Workspace)
+			causes = append(causes, l.Workspace+": "+l.Error)
+		}
+	}
+	results := lines
+	switch {
+	case len(failed) == 0:
+		return nil
+	case interrupted:
+		return fmt.Errorf("%s interrupted; everything done so far is committed: run the same command again to resume (%d of %d workspaces not finished: %s)",
+			name, len(failed), len(results), strings.Join(first(failed, 10), ", "))
+	case len(results) == 1:
+		return fmt.Errorf("%s failed for %s", name, causes[0])
+	}
+	return fmt.Errorf("%s failed for %d of %d workspaces (the others finished): %s", name, len(failed), len(results), strings.Join(first(causes, 5), "; "))
+}
+
+// texter is a command's result that writes itself as lines of text.
+type texter interface{ text() []string }
+
+func first(s []string, n int) []string {
+	if len(s) <= n {
+		return s
+	}
+	return append(slices.Clone(s[:n]), fmt.Sprintf("and %d more", len(s)-n))
+}
+
+// writeJSON writes one JSON document: indented on a terminal, compact
+// otherwise.
+func (e *env) writeJSON(v any) error {
+	enc := json.NewEncoder(e.stdout)
+	if isTerminal(e.stdout) {
+		enc.SetIndent("", "  ")
+	}
+	return enc.Encode(v)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// oneLine flattens a multi-line message (pgx's errors carry details on
+// later lines) into one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }

@@ -3,6 +3,7 @@ package database
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -21,40 +22,218 @@ type Config struct {
 	// SDK's owners can tell this project's connections from theirs.
 	// Default: "ontology-replication".
 	ApplicationName string
+	// MaxConns is a workspace pool's size, unless the workspace's registry
+	// entry sets database.max_conns. Default: 2.
+	MaxConns int32
+	// MaxOpen bounds the workspace pools open at once: past it, Acquire
+	// closes the least recently used pool nobody holds, or waits for one to
+	// be released. 0 means no bound.
+	MaxOpen int
+	// IdleTimeout closes a workspace pool nobody has held for this long.
+	// Negative closes it as soon as its last lease is released. Default: 5m.
+	IdleTimeout time.Duration
+	// ConnIdleTimeout closes a connection idle for this long, which keeps
+	// it below the store's idle_session_timeout. Default: 30s.
+	ConnIdleTimeout time.Duration
 	// DialerOptions are extra cloudsqlconn options (tests). IAM login and
 	// lazy refresh are always on.
 	DialerOptions []cloudsqlconn.Option
 	// Tracer, when set, traces every query of every pool (benchmarks count
 	// round trips with it).
 	Tracer pgx.QueryTracer
+	// OnConnect and OnClose, when set, see every connection opened and
+	// closed (tests count connections with them).
+	OnConnect, OnClose func()
 }
 
-// Pools keeps one small pgx pool per workspace database, created on first
-// use and reused by every later invocation of the same instance.
+func (c Config) withDefaults() Config {
+	c.ApplicationName = cmp.Or(c.ApplicationName, "ontology-replication")
+	c.MaxConns = cmp.Or(c.MaxConns, 2)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, 5*time.Minute)
+	c.ConnIdleTimeout = cmp.Or(c.ConnIdleTimeout, 30*time.Second)
+	return c
+}
+
+// Validate reports the first invalid field (a zero field takes its
+// default).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.MaxConns < 1 || c.MaxConns > 32:
+		return fmt.Errorf("MaxConns %d: must be between 1 and 32", c.MaxConns)
+	case c.MaxOpen < 0:
+		return fmt.Errorf("MaxOpen %d: must not be negative", c.MaxOpen)
+	case c.ConnIdleTimeout < time.Second:
+		return fmt.Errorf("ConnIdleTimeout %v: must be at least 1s", c.ConnIdleTimeout)
+	}
+	return nil
+}
+
+// Pools keeps one small pgx pool per workspace database, opened on first
+// use, shared by every caller of the same process while in use, and closed
+// when it has been idle for IdleTimeout (or when MaxOpen pools are open and
+// another is needed). It is safe for concurrent use.
 type Pools struct {
 	cfg Config
 
-	mu     sync.Mutex
-	pools  map[string]*pgxpool.Pool
-	dialer *cloudsqlconn.Dialer
+	mu      sync.Mutex
+	pools   map[string]*entry // by workspace id
+	changed chan struct{}     // closed and replaced when a lease ends
+	dialer  *cloudsqlconn.Dialer
+	closed  bool
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+type entry struct {
+	pool     *pgxpool.Pool
+	leases   int
+	lastUsed time.Time
 }
 
 // New returns an empty set of pools.
-func New(cfg Config) *Pools {
-	cfg.ApplicationName = cmp.Or(cfg.ApplicationName, "ontology-replication")
-	return &Pools{cfg: cfg, pools: map[string]*pgxpool.Pool{}}
+func New(cfg Config) (*Pools, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("database: invalid config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	p := &Pools{cfg: cfg, pools: map[string]*entry{}, changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	go p.closeIdle()
+	return p, nil
 }
 
-// Pool returns the workspace's pool, creating it on first use. Creating a
-// pool does not connect; a Cloud SQL dialer is created with the first Cloud
-// SQL workspace (a failure is returned and retried on the next call, never
-// remembered).
-func (p *Pools) Pool(ctx context.Context, ws registry.Workspace) (*pgxpool.Pool, error) {
+// Lease is a workspace pool in use; Release ends the use.
+type Lease struct {
+	// Pool is the workspace's pool.
+	Pool *pgxpool.Pool
+	once sync.Once
+	p    *Pools
+	id   string
+	e    *entry
+}
+
+// Release ends the lease. It is safe to call more than once.
+func (l *Lease) Release() {
+	l.once.Do(func() { l.p.release(l.id, l.e) })
+}
+
+// ErrClosed is returned by Acquire after Close.
+var ErrClosed = errors.New("database: the pools are closed")
+
+// Acquire returns a lease of the workspace's pool, opening the pool on
+// first use. Opening a pool does not connect; a Cloud SQL dialer is created
+// with the first Cloud SQL workspace (a failure is returned and retried on
+// the next call, never remembered). With MaxOpen pools open and held, it
+// waits until one is released or ctx ends.
+func (p *Pools) Acquire(ctx context.Context, ws registry.Workspace) (*Lease, error) {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if e, ok := p.pools[ws.ID]; ok {
+			e.leases++
+			e.lastUsed = time.Now()
+			p.mu.Unlock()
+			return &Lease{Pool: e.pool, p: p, id: ws.ID, e: e}, nil
+		}
+		var evicted *pgxpool.Pool
+		if p.cfg.MaxOpen == 0 || len(p.pools) < p.cfg.MaxOpen || p.evictLocked(&evicted) {
+			e, err := p.openLocked(ctx, ws)
+			p.mu.Unlock()
+			if evicted != nil {
+				evicted.Close()
+			}
+			if err != nil {
+				return nil, err
+			}
+			return &Lease{Pool: e.pool, p: p, id: ws.ID, e: e}, nil
+		}
+		changed := p.changed
+		p.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("database: workspace %s: waiting for one of %d open pools: %w", ws.ID, p.cfg.MaxOpen, context.Cause(ctx))
+		}
+	}
+}
+
+// evictLocked removes the least recently used pool nobody holds, if any,
+// for the caller to close once it has unlocked.
+func (p *Pools) evictLocked(evicted **pgxpool.Pool) bool {
+	var oldest string
+	for id, e := range p.pools {
+		if e.leases == 0 && (oldest == "" || e.lastUsed.Before(p.pools[oldest].lastUsed)) {
+			oldest = id
+		}
+	}
+	if oldest == "" {
+		return false
+	}
+	*evicted = p.pools[oldest].pool
+	delete(p.pools, oldest)
+	return true
+}
+
+func (p *Pools) release(id string, e *entry) {
+	p.mu.Lock()
+	e.leases--
+	e.lastUsed = time.Now()
+	var idle *pgxpool.Pool
+	if e.leases == 0 && p.cfg.IdleTimeout < 0 && p.pools[id] == e {
+		idle = e.pool
+		delete(p.pools, id)
+	}
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.mu.Unlock()
+	if idle != nil {
+		// Nobody holds a lease, so no connection is out: Close returns
+		// once they are closed.
+		idle.Close()
+	}
+}
+
+// closeIdle closes pools idle for IdleTimeout, until Close.
+func (p *Pools) closeIdle() {
+	defer close(p.done)
+	if p.cfg.IdleTimeout < 0 {
+		<-p.stop
+		return
+	}
+	tick := time.NewTicker(max(p.cfg.IdleTimeout/4, time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case now := <-tick.C:
+			var idle []*pgxpool.Pool
+			p.mu.Lock()
+			for id, e := range p.pools {
+				if e.leases == 0 && now.Sub(e.lastUsed) >= p.cfg.IdleTimeout {
+					idle = append(idle, e.pool)
+					delete(p.pools, id)
+				}
+			}
+			p.mu.Unlock()
+			for _, pool := range idle {
+				pool.Close()
+			}
+		}
+	}
+}
+
+// Open reports how many workspace pools are open.
+func (p *Pools) Open() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if pool, ok := p.pools[ws.ID]; ok {
-		return pool, nil
-	}
+	return len(p.pools)
+}
+
+func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, error) {
 	cfg, err := p.poolConfig(ctx, ws.Database)
 	if err != nil {
 		return nil, fmt.Errorf("database: workspace %s (%s): %w", ws.ID, ws.Database.Redacted(), err)
@@ -63,8 +242,9 @@ func (p *Pools) Pool(ctx context.Context, ws registry.Workspace) (*pgxpool.Pool,
 	if err != nil {
 		return nil, fmt.Errorf("database: workspace %s (%s): %w", ws.ID, ws.Database.Redacted(), err)
 	}
-	p.pools[ws.ID] = pool
-	return pool, nil
+	e := &entry{pool: pool, leases: 1, lastUsed: time.Now()}
+	p.pools[ws.ID] = e
+	return e, nil
 }
 
 func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.Config, error) {
@@ -77,16 +257,22 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	if err != nil {
 		return nil, fmt.Errorf("parse connection settings: %w", err)
 	}
-	cfg.MaxConns = cmp.Or(db.MaxConns, registry.DefaultMaxConns)
+	cfg.MaxConns = cmp.Or(db.MaxConns, p.cfg.MaxConns)
 	cfg.MinConns = 0
-	cfg.MaxConnIdleTime = 5 * time.Minute
+	cfg.MaxConnIdleTime = p.cfg.ConnIdleTimeout
 	cfg.MaxConnLifetime = 30 * time.Minute
-	cfg.HealthCheckPeriod = time.Minute
+	cfg.HealthCheckPeriod = min(p.cfg.ConnIdleTimeout, time.Minute)
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
 	if p.cfg.Tracer != nil {
 		cfg.ConnConfig.Tracer = p.cfg.Tracer
+	}
+	if p.cfg.OnConnect != nil {
+		cfg.AfterConnect = func(context.Context, *pgx.Conn) error { p.cfg.OnConnect(); return nil }
+	}
+	if p.cfg.OnClose != nil {
+		cfg.BeforeClose = func(*pgx.Conn) { p.cfg.OnClose() }
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = p.cfg.ApplicationName
@@ -125,16 +311,25 @@ func quoteDSN(v string) string {
 	return string(append(out, '\''))
 }
 
-// Close closes every pool and the Cloud SQL dialer.
+// Close closes every pool (waiting for their connections to come back)
+// and the Cloud SQL dialer.
 func (p *Pools) Close() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for id, pool := range p.pools {
-		pool.Close()
-		delete(p.pools, id)
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	pools := p.pools
+	p.pools = map[string]*entry{}
+	close(p.changed)
+	p.mu.Unlock()
+	close(p.stop)
+	<-p.done
+	for _, e := range pools {
+		e.pool.Close()
 	}
 	if p.dialer != nil {
 		_ = p.dialer.Close()
-		p.dialer = nil
 	}
 }

@@ -2,13 +2,15 @@ package database_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/database"
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -17,24 +19,102 @@ func TestPoolPerWorkspace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t, nil)
-	pools := database.New(database.Config{})
+	pools, err := database.New(database.Config{})
+	require.NoError(t, err)
 	defer pools.Close()
-	ws := registry.Workspace{ID: "w1", Database: registry.Database{URL: url, MaxConns: 2}}
-	a, err := pools.Pool(ctx, ws)
+	ws := registry.Workspace{ID: "w1", Database: registry.Database{URL: url, MaxConns: 3}}
+	a, err := pools.Acquire(ctx, ws)
 	require.NoError(t, err)
-	b, err := pools.Pool(ctx, ws)
+	b, err := pools.Acquire(ctx, ws)
 	require.NoError(t, err)
-	require.Same(t, a, b, "one pool per workspace, reused")
-	require.EqualValues(t, 2, a.Config().MaxConns)
+	require.Same(t, a.Pool, b.Pool, "one pool per workspace, shared while in use")
+	require.EqualValues(t, 3, a.Pool.Config().MaxConns, "the registry's max_conns")
 	var app string
-	require.NoError(t, a.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&app))
+	require.NoError(t, a.Pool.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&app))
 	require.Equal(t, "ontology-replication", app)
-	other, err := pools.Pool(ctx, registry.Workspace{ID: "w2", Database: registry.Database{URL: url}})
+	other, err := pools.Acquire(ctx, registry.Workspace{ID: "w2", Database: registry.Database{URL: url}})
 	require.NoError(t, err)
-	require.NotSame(t, a, other)
-	require.EqualValues(t, registry.DefaultMaxConns, other.Config().MaxConns)
+	require.NotSame(t, a.Pool, other.Pool)
+	require.EqualValues(t, 2, other.Pool.Config().MaxConns, "the default pool size")
+	a.Release()
+	a.Release() // idempotent
+	b.Release()
+	other.Release()
 
-	_, err = pools.Pool(ctx, registry.Workspace{ID: "bad", Database: registry.Database{URL: "postgres://u:secret@[::1"}})
+	_, err = pools.Acquire(ctx, registry.Workspace{ID: "bad", Database: registry.Database{URL: "postgres://u:secret@[::1"}})
 	require.ErrorContains(t, err, "workspace bad")
 	require.NotContains(t, err.Error(), "secret")
+	_, err = database.New(database.Config{MaxConns: 40})
+	require.ErrorContains(t, err, "MaxConns 40")
+}
+
+// TestPoolsAreBoundedAndClosed: with MaxOpen pools open, the next
+// workspace's Acquire closes the least recently used idle pool, or waits
+// until one is released; a pool idle for IdleTimeout is closed, and with a
+// negative IdleTimeout as soon as its lease ends. The connections counted
+// by the pools' hooks never pass the bound.
+func TestPoolsAreBoundedAndClosed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t, nil)
+	var open, peak atomic.Int64
+	connected := func() {
+		n := open.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+	}
+	pools, err := database.New(database.Config{MaxConns: 1, MaxOpen: 2, IdleTimeout: -1,
+		OnConnect: connected, OnClose: func() { open.Add(-1) }})
+	require.NoError(t, err)
+	defer pools.Close()
+	ws := func(id string) registry.Workspace {
+		return registry.Workspace{ID: id, Database: registry.Database{URL: url}}
+	}
+	use := func(l *database.Lease) {
+		var one int
+		require.NoError(t, l.Pool.QueryRow(ctx, "SELECT 1").Scan(&one))
+	}
+	a, err := pools.Acquire(ctx, ws("a"))
+	require.NoError(t, err)
+	use(a)
+	b, err := pools.Acquire(ctx, ws("b"))
+	require.NoError(t, err)
+	use(b)
+	require.Equal(t, 2, pools.Open())
+
+	// A third waits: both pools are held.
+	waited := make(chan *database.Lease)
+	go func() {
+		c, err := pools.Acquire(ctx, ws("c"))
+		if err != nil {
+			close(waited)
+			return
+		}
+		waited <- c
+	}()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = pools.Acquire(short, ws("d"))
+	require.ErrorContains(t, err, "waiting for one of 2 open pools")
+	a.Release() // closed at once (IdleTimeout < 0), making room for c
+	c := <-waited
+	require.NotNil(t, c)
+	use(c)
+	require.Equal(t, 2, pools.Open())
+	b.Release()
+	c.Release()
+	require.Zero(t, pools.Open(), "closed when released")
+	require.Zero(t, open.Load(), "their connections closed")
+	require.LessOrEqual(t, peak.Load(), int64(2), "never more than MaxOpen × MaxConns connections")
+
+	// Idle timeout: a pool nobody holds is closed after it.
+	idle, err := database.New(database.Config{IdleTimeout: time.Second})
+	require.NoError(t, err)
+	defer idle.Close()
+	l, err := idle.Acquire(ctx, ws("a"))
+	require.NoError(t, err)
+	use(l)
+	l.Release()
+	require.Equal(t, 1, idle.Open())
+	require.Eventually(t, func() bool { return idle.Open() == 0 }, 10*time.Second, 10*time.Millisecond)
 }

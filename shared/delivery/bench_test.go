@@ -20,13 +20,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/segmentstream/ontology-replication/shared/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
@@ -90,7 +90,8 @@ func newRig(tb testing.TB, maxConns int) *rig {
 		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, url, maxConns, bqHTTP.URL)))
 	require.NoError(tb, err)
 	r.queries = &counter{}
-	pools := database.New(database.Config{Tracer: r.queries})
+	pools, err := database.New(database.Config{Tracer: r.queries})
+	require.NoError(tb, err)
 	tb.Cleanup(pools.Close)
 	wh := warehouse.NewBigQuery(warehouse.Config{})
 	tb.Cleanup(func() { _ = wh.Close() })

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
@@ -39,6 +41,9 @@ type Config struct {
 	Publisher Publisher
 	// Warehouse looks events up in BigQuery. Required by Verify only.
 	Warehouse Warehouse
+	// DeadLetters reads dead-letter subscriptions. Required by DeadLetters
+	// only.
+	DeadLetters DeadLetterReader
 	// Logger receives structured logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Store configures each workspace's store (timeouts).
@@ -53,7 +58,13 @@ type Service struct {
 	log *slog.Logger
 
 	mu     sync.Mutex
-	stores map[string]*store.Store
+	stores map[string]cachedStore
+}
+
+// cachedStore is a workspace's store over the pool it was built on.
+type cachedStore struct {
+	pool *pgxpool.Pool
+	st   *store.Store
 }
 
 // New returns a Service.
@@ -73,7 +84,7 @@ func New(cfg Config) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{cfg: cfg, log: log, stores: map[string]*store.Store{}}, nil
+	return &Service{cfg: cfg, log: log, stores: map[string]cachedStore{}}, nil
 }
 
 // ErrUnknownWorkspace: the registry has no such workspace.
@@ -102,33 +113,41 @@ func (s *Service) Workspace(id string) (registry.Workspace, error) {
 	return ws, nil
 }
 
-// Store returns the workspace's store, opening its pool on first use.
-func (s *Service) Store(ctx context.Context, ws registry.Workspace) (*store.Store, error) {
-	s.mu.Lock()
-	st, ok := s.stores[ws.ID]
-	s.mu.Unlock()
-	if ok {
-		return st, nil
-	}
-	pool, err := s.cfg.Pools.Pool(ctx, ws)
-	if err != nil {
-		return nil, err
-	}
-	cfg := s.cfg.Store
-	if cfg.Logger == nil {
-		cfg.Logger = s.log.With(slog.String("workspace", ws.ID))
-	}
-	st, err = store.New(pool, cfg)
+// Lease is a workspace's store in use: its database pool stays open until
+// Release.
+type Lease struct {
+	*store.Store
+	pool *database.Lease
+}
+
+// Release ends the lease; the pool may then be closed when idle.
+func (l *Lease) Release() { l.pool.Release() }
+
+// Lease returns the workspace's store, opening its pool on first use (or
+// again after it was closed when idle). The caller must Release it.
+func (s *Service) Lease(ctx context.Context, ws registry.Workspace) (*Lease, error) {
+	pl, err := s.cfg.Pools.Acquire(ctx, ws)
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if existing, ok := s.stores[ws.ID]; ok {
-		return existing, nil
+	if c, ok := s.stores[ws.ID]; ok && c.pool == pl.Pool {
+		return &Lease{Store: c.st, pool: pl}, nil
 	}
-	s.stores[ws.ID] = st
-	return st, nil
+	cfg := s.cfg.Store
+	if cfg.Logger == nil {
+		cfg.Logger = s.log.With(slog.String("workspace", ws.ID))
+	}
+	st, err := store.New(pl.Pool, cfg)
+	if err != nil {
+		pl.Release()
+		return nil, err
+	}
+	// One store per pool: a pool opened again gets a new store (its caches
+	// start afresh).
+	s.stores[ws.ID] = cachedStore{pool: pl.Pool, st: st}
+	return &Lease{Store: st, pool: pl}, nil
 }
 
 // Registry returns the registry the service serves.

@@ -53,10 +53,11 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 	if err != nil {
 		return DrainResult{Workspace: workspaceID}, err
 	}
-	st, err := s.Store(ctx, ws)
+	st, err := s.Lease(ctx, ws)
 	if err != nil {
 		return DrainResult{Workspace: ws.ID}, err
 	}
+	defer st.Release()
 	state, target, claim, err := st.ClaimActive(ctx)
 	res := DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}
 	switch {

@@ -6,20 +6,35 @@ import (
 	"log/slog"
 
 	"github.com/segmentstream/ontology-replication/shared/database"
+	"github.com/segmentstream/ontology-replication/shared/deadletter"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
-// EnvEmulatorHost is the Pub/Sub emulator address variable.
-const EnvEmulatorHost = "PUBSUB_EMULATOR_HOST"
-
-// Parts overrides the production parts Open builds (tests and the local
-// mode fill some in).
-type Parts struct {
-	Publisher Publisher
-	Warehouse *warehouse.BigQuery
-	Logger    *slog.Logger
+// OpenConfig is what Open builds a Service from.
+type OpenConfig struct {
+	// Registry is the workspace registry. Required.
+	Registry *registry.Registry
+	// PubSubEmulatorHost is a Pub/Sub emulator's address (the value of
+	// PUBSUB_EMULATOR_HOST); empty for Pub/Sub itself.
+	PubSubEmulatorHost string
+	// Pools configures the workspace pools (size, how many open at once,
+	// idle close).
+	Pools database.Config
+	// Store configures each workspace's store.
+	Store store.Config
+	// Publisher and Warehouse replace the production parts (tests and the
+	// local mode); nil builds them.
+	Publisher   Publisher
+	Warehouse   *warehouse.BigQuery
+	DeadLetters DeadLetterReader
+	// DeadLetterReader builds a reader of the dead-letter subscriptions
+	// when DeadLetters is nil (only `job dead-letter` reads them).
+	DeadLetterReader bool
+	// Logger receives the service's logs. Default: slog.Default().
+	Logger *slog.Logger
 }
 
 // Opened is a Service with the parts it owns.
@@ -38,14 +53,20 @@ func (o *Opened) Close() {
 
 // Open builds a Service over the registry with production parts: a pool per
 // workspace, one Pub/Sub publisher (through the emulator when
-// PUBSUB_EMULATOR_HOST is set) and the BigQuery warehouse.
-func Open(ctx context.Context, reg *registry.Registry, getenv func(string) string, parts Parts) (*Opened, error) {
+// PubSubEmulatorHost is set) and the BigQuery warehouse.
+func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
+	if cfg.Registry == nil {
+		return nil, fmt.Errorf("delivery: invalid config: Registry is required")
+	}
 	o := &Opened{}
-	pools := database.New(database.Config{})
+	pools, err := database.New(cfg.Pools)
+	if err != nil {
+		return nil, err
+	}
 	o.close = append(o.close, pools.Close)
-	pub := parts.Publisher
+	pub := cfg.Publisher
 	if pub == nil {
-		p, err := publish.New(ctx, publish.Config{Project: reg.Workspaces[0].PubSub.Project, EmulatorHost: getenv(EnvEmulatorHost)})
+		p, err := publish.New(ctx, publish.Config{Project: cfg.Registry.Workspaces[0].PubSub.Project, EmulatorHost: cfg.PubSubEmulatorHost})
 		if err != nil {
 			o.Close()
 			return nil, err
@@ -53,15 +74,25 @@ func Open(ctx context.Context, reg *registry.Registry, getenv func(string) strin
 		o.close = append(o.close, func() { _ = p.Close() })
 		pub = p
 	}
-	o.Warehouse = parts.Warehouse
+	o.Warehouse = cfg.Warehouse
 	if o.Warehouse == nil {
 		o.Warehouse = warehouse.NewBigQuery(warehouse.Config{})
 		o.close = append(o.close, func() { _ = o.Warehouse.Close() })
 	}
-	svc, err := New(Config{Registry: reg, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Logger: parts.Logger})
+	dead := cfg.DeadLetters
+	if dead == nil && cfg.DeadLetterReader {
+		r, err := deadletter.New(ctx, deadletter.Config{Project: cfg.Registry.Workspaces[0].PubSub.Project, EmulatorHost: cfg.PubSubEmulatorHost})
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		o.close = append(o.close, func() { _ = r.Close() })
+		dead = r
+	}
+	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store})
 	if err != nil {
 		o.Close()
-		return nil, fmt.Errorf("delivery: %w", err)
+		return nil, err
 	}
 	o.Service = svc
 	return o, nil

@@ -56,10 +56,11 @@ func (s *Service) verify(ctx context.Context, workspaceID string) (VerifyResult,
 	if err != nil {
 		return res, err
 	}
-	st, err := s.Store(ctx, ws)
+	st, err := s.Lease(ctx, ws)
 	if err != nil {
 		return res, err
 	}
+	defer st.Release()
 	_, target, err := st.ActiveTarget(ctx)
 	if errors.Is(err, store.ErrNoActiveTarget) {
 		res.State = StateNoActiveTarget

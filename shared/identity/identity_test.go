@@ -18,11 +18,12 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/identity"
 	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
 
-func setup(t *testing.T) (*identity.Issuer, *identity.Verifier, *atomic.Int64) {
+func setup(t *testing.T) (*tokenissuer.Issuer, *identity.Verifier, *atomic.Int64) {
 	t.Helper()
-	iss, err := identity.NewIssuer("https://issuer.test", "k1")
+	iss, err := tokenissuer.New("https://issuer.test", "k1")
 	require.NoError(t, err)
 	var fetches atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -52,11 +53,11 @@ func TestVerify(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "runtime-w1", claims.Subject)
 
-	other, err := identity.NewIssuer(iss.URL, "k1")
+	other, err := tokenissuer.New(iss.URL, "k1")
 	require.NoError(t, err)
 	forged, err := other.Sign(good)
 	require.NoError(t, err)
-	unknownKid, err := identity.NewIssuer(iss.URL, "k2")
+	unknownKid, err := tokenissuer.New(iss.URL, "k2")
 	require.NoError(t, err)
 	unknown, err := unknownKid.Sign(good)
 	require.NoError(t, err)
@@ -109,7 +110,7 @@ func TestAuthorize(t *testing.T) {
 
 func TestKeysUnavailable(t *testing.T) {
 	t.Parallel()
-	iss, err := identity.NewIssuer("https://issuer.test", "k1")
+	iss, err := tokenissuer.New("https://issuer.test", "k1")
 	require.NoError(t, err)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusBadGateway) }))
 	defer srv.Close()

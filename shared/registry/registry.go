@@ -78,7 +78,9 @@ type Database struct {
 	IAMAuth bool `json:"iam_auth,omitempty"`
 	// PrivateIP connects to the instance's private IP.
 	PrivateIP bool `json:"private_ip,omitempty"`
-	// MaxConns caps this process's connections to the database. Default: 4.
+	// MaxConns caps each process's connections to the database. Default:
+	// the component's pool size (DATABASE_POOL_SIZE; 2 for the drain and
+	// the verifier, 4 for the job).
 	MaxConns int32 `json:"max_conns,omitempty"`
 }
 
@@ -88,10 +90,20 @@ type PubSub struct {
 	Project string `json:"project"`
 	// Topic is the topic id.
 	Topic string `json:"topic"`
+	// DeadLetterSubscription is the subscription that keeps the messages
+	// the BigQuery subscription dead-lettered, in the same project.
+	// Default: <topic>-dead-letter, as terraform/ names it.
+	DeadLetterSubscription string `json:"dead_letter_subscription,omitempty"`
 }
 
 // TopicName is the topic's full resource name.
 func (p PubSub) TopicName() string { return "projects/" + p.Project + "/topics/" + p.Topic }
+
+// DeadLetterSubscriptionName is the dead-letter subscription's full
+// resource name.
+func (p PubSub) DeadLetterSubscriptionName() string {
+	return "projects/" + p.Project + "/subscriptions/" + p.DeadLetterSubscription
+}
 
 // BigQuery is a workspace's events table.
 type BigQuery struct {
@@ -117,10 +129,6 @@ const (
 	PartitioningIngestionTime = "ingestion_time"
 	PartitioningNone          = "none"
 )
-
-// DefaultMaxConns is a workspace database's default connection cap: the
-// ontology service keeps only a handful of connections on the same instance.
-const DefaultMaxConns = 4
 
 // Load reads the registry from REPLICATION_WORKSPACES or, when that is
 // empty, the file named by REPLICATION_WORKSPACES_FILE, and validates it.
@@ -174,6 +182,9 @@ func (r *Registry) applyDefaults() {
 	}
 	for i := range r.Workspaces {
 		w := &r.Workspaces[i]
+		if w.PubSub.DeadLetterSubscription == "" && w.PubSub.Topic != "" {
+			w.PubSub.DeadLetterSubscription = w.PubSub.Topic + "-dead-letter"
+		}
 		if w.BigQuery.Project == "" {
 			w.BigQuery.Project = w.PubSub.Project
 		}
@@ -185,9 +196,6 @@ func (r *Registry) applyDefaults() {
 		}
 		if w.BigQuery.Partitioning == "" {
 			w.BigQuery.Partitioning = PartitioningIngestionTime
-		}
-		if w.Database.MaxConns == 0 {
-			w.Database.MaxConns = DefaultMaxConns
 		}
 	}
 }
@@ -253,6 +261,9 @@ func (r *Registry) Validate() error {
 		if !topicPattern.MatchString(w.PubSub.Topic) || strings.HasPrefix(w.PubSub.Topic, "goog") {
 			return fmt.Errorf("%s.pubsub.topic: %q is not a Pub/Sub topic id", at, w.PubSub.Topic)
 		}
+		if sub := w.PubSub.DeadLetterSubscription; !topicPattern.MatchString(sub) || strings.HasPrefix(sub, "goog") {
+			return fmt.Errorf("%s.pubsub.dead_letter_subscription: %q is not a Pub/Sub subscription id", at, sub)
+		}
 		bq := w.BigQuery
 		if !projectPattern.MatchString(bq.Project) {
 			return fmt.Errorf("%s.bigquery.project: %q is not a Google Cloud project id", at, bq.Project)
@@ -281,8 +292,8 @@ func (d Database) validate(at string) error {
 		return fmt.Errorf("%s: set url or instance, not both", at)
 	case d.URL == "" && d.Instance == "":
 		return fmt.Errorf("%s: set url (postgres://…) or instance (project:region:instance)", at)
-	case d.MaxConns < 1 || d.MaxConns > 32:
-		return fmt.Errorf("%s.max_conns: %d must be between 1 and 32", at, d.MaxConns)
+	case d.MaxConns < 0 || d.MaxConns > 32:
+		return fmt.Errorf("%s.max_conns: %d must be between 1 and 32 (or omitted)", at, d.MaxConns)
 	}
 	if d.URL != "" {
 		u, err := url.Parse(d.URL)

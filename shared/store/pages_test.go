@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 // walk reads pages to the end with one page query per cursor state and

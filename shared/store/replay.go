@@ -166,3 +166,26 @@ func (s *Store) AdvanceReplay(ctx context.Context, t Target) (ReplayPage, error)
 	}
 	return page, nil
 }
+
+// sqlReplayUndrained reports whether events at or below a replay's fence
+// are still waiting to be published (pending and not set aside): a replay
+// whose pages are done but whose drain did not finish. It reads the pending
+// index, stopping at the first such row.
+const sqlReplayUndrained = `SELECT EXISTS (SELECT 1 FROM _ontology_replication_delivery
+       WHERE generation = $1::uuid AND accepted_at IS NULL AND (is_baseline OR revision <= $2::bigint) AND ` + sqlClaimable + `)`
+
+// ReplayUndrained reports whether a replay's pages are done but some of its
+// events (at or below its fence) still wait to be published.
+func (s *Store) ReplayUndrained(ctx context.Context, t Target) (bool, error) {
+	if !t.UsesDelivery() || !t.ReplayComplete || t.InitialRevision == nil {
+		return false, nil
+	}
+	var undrained bool
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, sqlReplayUndrained, t.Generation, *t.InitialRevision, s.backoffs).Scan(&undrained)
+	})
+	if err != nil {
+		return false, fmt.Errorf("store: check the replay of %s: %w", t.Generation, err)
+	}
+	return undrained, nil
+}

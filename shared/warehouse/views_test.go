@@ -2,7 +2,6 @@ package warehouse_test
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"net/http/httptest"
 	"os"
@@ -12,10 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/segmentstream/ontology-replication/shared/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
@@ -23,14 +22,9 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 func demoTarget(t *testing.T, m sdkfixture.Manifest, sel []sdkfixture.Selection) store.Target {
 	t.Helper()
-	raw, err := json.Marshal(m)
+	tg, err := sdkfixture.StaticTarget(m, sel)
 	require.NoError(t, err)
-	var selection []store.Selection
-	for _, s := range sel {
-		selection = append(selection, store.Selection{EntityID: s.EntityID, Fields: s.Fields, Relationships: s.Relationships})
-	}
-	return store.Target{Generation: "0d9e8c7b-6a5f-4e3d-8c2b-1a0f9e8d7c6b", SourceID: "6f1c2a52-8b0e-4d7a-9a51-3c2b1d0e9f84",
-		Manifest: raw, Selection: selection}
+	return tg
 }
 
 func TestViewsGolden(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 )
 
 // V4Template is the Demo ontology at protocol 4 with replication paused and

@@ -21,8 +21,9 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
@@ -122,7 +123,7 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 	// refuses (it carries deadLetterMarker) until the dead-letter topic
 	// holds it.
 	var deadDone atomic.Bool
-	l.feeder = &warehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
+	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
 		Refuse: func(data []byte) bool { return !deadDone.Load() && bytes.Contains(data, []byte(deadLetterMarker)) }}
 	background.Go(func() { _ = l.feeder.Run(runCtx) })
 	background.Go(func() { l.watchDeadLetters(runCtx, &deadDone) })

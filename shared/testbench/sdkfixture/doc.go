@@ -26,4 +26,6 @@
 // type, a one-relationship and a many-relationship, and the built-in user
 // entity, which is never replicated. V3Template and V4Template build it for
 // pgtest.
+//
+// It serves tests and the local mode, and is never deployed.
 package sdkfixture

@@ -1,4 +1,7 @@
-package identity
+// Package tokenissuer is a local runtime identity issuer for tests and the
+// local mode: it signs the drain's wake-up tokens and serves its JWKS. It
+// is never deployed.
+package tokenissuer
 
 import (
 	"crypto/ecdsa"
@@ -24,8 +27,8 @@ type Issuer struct {
 	key   *ecdsa.PrivateKey
 }
 
-// NewIssuer returns an issuer with a fresh key.
-func NewIssuer(url, keyID string) (*Issuer, error) {
+// New returns an issuer with a fresh key.
+func New(url, keyID string) (*Issuer, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("identity: generate issuer key: %w", err)

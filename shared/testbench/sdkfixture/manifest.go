@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+
+	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // Manifest is the part of the SDK's OntologyManifest the replication schema
@@ -160,4 +162,19 @@ func (m Manifest) entityByID(id string) (Entity, error) {
 		}
 	}
 	return Entity{}, fmt.Errorf("sdkfixture: no entity with id %q", id)
+}
+
+// StaticTarget is a replication target of manifest m with selection sel and
+// fixed ids, for tests that render views without a database.
+func StaticTarget(m Manifest, sel []Selection) (store.Target, error) {
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return store.Target{}, err
+	}
+	selection := make([]store.Selection, len(sel))
+	for i, s := range sel {
+		selection[i] = store.Selection{EntityID: s.EntityID, Fields: s.Fields, Relationships: s.Relationships}
+	}
+	return store.Target{Generation: "0d9e8c7b-6a5f-4e3d-8c2b-1a0f9e8d7c6b", SourceID: "6f1c2a52-8b0e-4d7a-9a51-3c2b1d0e9f84",
+		Manifest: raw, Selection: selection}, nil
 }

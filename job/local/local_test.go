@@ -7,11 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/stretchr/testify/require"
 )
 
 // TestLocalRun runs the whole pipeline on embedded parts with a small
 // workload and checks the summary's invariants.
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
 func TestLocalRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the whole local pipeline")
@@ -20,13 +23,11 @@ func TestLocalRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"local", "--records", "300", "--writers", "3", "--json", "--timeout", "150s"},
+	err := runLocal(ctx, []string{"--records", "300", "--writers", "3", "--json", "--timeout", "150s"},
 		func(string) string { return "" }, &stdout, &stderr)
 	require.NoError(t, err, "logs:\n%s", stderr.String())
 	var sum summary
-	raw := stdout.Bytes()
-	raw = raw[bytes.IndexByte(raw, '{'):] // after the functions framework's "Serving function" lines
-	require.NoError(t, json.Unmarshal(raw, &sum), stdout.String())
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &sum), stdout.String())
 
 	require.Equal(t, 300, sum.Commits)
 	require.True(t, sum.FullyVerified, "every event verified")

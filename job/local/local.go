@@ -9,14 +9,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
@@ -25,13 +23,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/functions"
-	"github.com/segmentstream/ontology-replication/shared/bqserver"
-	"github.com/segmentstream/ontology-replication/shared/identity"
 	"github.com/segmentstream/ontology-replication/shared/logging"
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/store"
-	"github.com/segmentstream/ontology-replication/shared/warehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
 
 // localConfig is the local command's flags.
@@ -75,9 +73,9 @@ type local struct {
 	pubsub    *pstest.Server
 	client    *pubsub.Client
 	faults    *faultSwitch
-	wh        *warehouse.Local
-	feeder    *warehouse.Feeder
-	issuer    *identity.Issuer
+	wh        *localwarehouse.Local
+	feeder    *localwarehouse.Feeder
+	issuer    *tokenissuer.Issuer
 	urls      localURLs
 	registry  string
 	deadCount atomic.Int64
@@ -117,6 +115,12 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 	fs.DurationVar(&cfg.verifyEvery, "verify-every", 2*time.Second, "how often the verifier runs")
 	fs.DurationVar(&cfg.verifyTimeout, "timeout", 3*time.Minute, "how long to wait for full verification after the workload")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:")
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return err
+		}
 		return fmt.Errorf("local: %w", err)
 	}
 	if cfg.records < 20 || cfg.writers < 1 || cfg.writers > 32 {
@@ -126,8 +130,9 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 	// alone makes a hundred 503s). LOG_LEVEL=INFO shows every invocation.
 	level := slog.LevelError + 4
 	if raw := getenv("LOG_LEVEL"); raw != "" {
-		if err := level.UnmarshalText([]byte(raw)); err != nil {
-			return fmt.Errorf("local: LOG_LEVEL %q: want DEBUG, INFO, WARN or ERROR", raw)
+		var err error
+		if level, err = logging.ParseLevel(raw); err != nil {
+			return fmt.Errorf("local: LOG_LEVEL: %w", err)
 		}
 	}
 	l := &local{cfg: cfg, log: logging.New(stderr, level), out: stdout, logLevel: level.String()}
@@ -209,14 +214,14 @@ func (l *local) start(ctx context.Context) error {
 
 	// The warehouse, fed from the subscription, and a BigQuery REST server
 	// backed by it for the verifier's lookups.
-	if l.wh, err = warehouse.OpenLocal(ctx, warehouseURL); err != nil {
+	if l.wh, err = localwarehouse.Open(ctx, warehouseURL); err != nil {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.wh.Close)
 	if l.urls.bigquery, err = l.serve(bqserver.New(l.wh.QueryHandler())); err != nil {
 		return err
 	}
-	l.issuer, err = identity.NewIssuer("https://runtime.local", "local-key")
+	l.issuer, err = tokenissuer.New("https://runtime.local", "local-key")
 	if err != nil {
 		return err
 	}
@@ -233,22 +238,17 @@ func (l *local) start(ctx context.Context) error {
 		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, ontologyURL, localProject, localProject, l.urls.bigquery)
 	env := map[string]string{"REPLICATION_WORKSPACES": l.registry, "PUBSUB_EMULATOR_HOST": l.pubsub.Addr, "VERIFY_TIME_BUDGET": "10s",
 		"LOG_LEVEL": l.logLevel}
-	if err := functions.Configure(ctx, func(k string) string { return env[k] }, nil, l.log); err != nil {
-		return err
-	}
-	port, err := freePort()
+	handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log})
 	if err != nil {
 		return err
 	}
-	go func() {
-		if err := funcframework.StartHostPort("127.0.0.1", strconv.Itoa(port)); err != nil {
-			l.log.Error("functions server stopped", slog.Any("error", err))
-		}
-	}()
-	l.urls.functions = fmt.Sprintf("http://127.0.0.1:%d", port)
+	l.cleanup = append(l.cleanup, closeFunctions)
+	if l.urls.functions, err = l.serve(handler); err != nil {
+		return err
+	}
 	l.urls.drain = l.urls.functions + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
 	l.urls.verify = l.urls.functions + "/Verify"
-	return waitHTTP(ctx, l.urls.functions+"/Drain")
+	return nil
 }
 
 // serve serves h on a free loopback port until the run ends.
@@ -261,32 +261,6 @@ func (l *local) serve(h http.Handler) (string, error) {
 	go func() { _ = srv.Serve(ln) }()
 	l.cleanup = append(l.cleanup, func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String(), nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// waitHTTP waits until a server answers at url.
-func waitHTTP(ctx context.Context, url string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the functions server did not start: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // wake calls the drain as the ontology service does after a commit: POST

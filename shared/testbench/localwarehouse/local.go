@@ -1,4 +1,4 @@
-package warehouse
+package localwarehouse
 
 import (
 	"bytes"
@@ -12,9 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/segmentstream/ontology-replication/shared/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
 // Local is the local mode's stand-in for BigQuery: a PostgreSQL database
@@ -50,15 +51,15 @@ CREATE OR REPLACE FUNCTION safe_date(v text) RETURNS date LANGUAGE plpgsql STABL
 CREATE OR REPLACE FUNCTION safe_timestamp(v text) RETURNS timestamptz LANGUAGE plpgsql STABLE AS
   $$ BEGIN RETURN v::timestamptz; EXCEPTION WHEN OTHERS THEN RETURN NULL; END $$;`
 
-// OpenLocal prepares the local warehouse in the database at url.
-func OpenLocal(ctx context.Context, url string) (*Local, error) {
+// Open prepares the local warehouse in the database at url.
+func Open(ctx context.Context, url string) (*Local, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		return nil, fmt.Errorf("warehouse: local: %w", err)
+		return nil, fmt.Errorf("localwarehouse: %w", err)
 	}
 	if _, err := pool.Exec(ctx, sqlLocalSchema); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("warehouse: local: create the events table: %w", err)
+		return nil, fmt.Errorf("localwarehouse: create the events table: %w", err)
 	}
 	return &Local{pool: pool}, nil
 }
@@ -196,7 +197,7 @@ func pgLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") 
 // PostgreSQL renders the view's query for the local warehouse: the same
 // ranking, tombstones and typed columns as the BigQuery view, in
 // PostgreSQL's JSON operators and safe_* casts.
-func (v ViewSpec) PostgreSQL(t store.Target) string {
+func PostgreSQL(v warehouse.ViewSpec, t store.Target) string {
 	var columns []string
 	for _, c := range v.Columns {
 		value := "payload->>" + pgLiteral(c.Name)
@@ -218,7 +219,7 @@ func (v ViewSpec) PostgreSQL(t store.Target) string {
 // CreateViews creates or replaces the target's latest-state views in the
 // local warehouse and returns their names.
 func (l *Local) CreateViews(ctx context.Context, t store.Target) ([]string, error) {
-	specs, err := ViewSpecs(t)
+	specs, err := warehouse.ViewSpecs(t)
 	if err != nil {
 		return nil, err
 	}
@@ -227,8 +228,8 @@ func (l *Local) CreateViews(ctx context.Context, t store.Target) ([]string, erro
 		if _, err := l.pool.Exec(ctx, "DROP VIEW IF EXISTS "+pgx.Identifier{s.Name}.Sanitize()); err != nil {
 			return names, err
 		}
-		if _, err := l.pool.Exec(ctx, "CREATE VIEW "+pgx.Identifier{s.Name}.Sanitize()+" AS "+s.PostgreSQL(t)); err != nil {
-			return names, fmt.Errorf("warehouse: local view %s: %w", s.Name, err)
+		if _, err := l.pool.Exec(ctx, "CREATE VIEW "+pgx.Identifier{s.Name}.Sanitize()+" AS "+PostgreSQL(s, t)); err != nil {
+			return names, fmt.Errorf("localwarehouse view %s: %w", s.Name, err)
 		}
 		names = append(names, s.Name)
 	}
@@ -240,14 +241,14 @@ func (l *Local) Pool() *pgxpool.Pool { return l.pool }
 
 // ViewKeys returns the record keys a local view holds: each entity row's id,
 // or each edge's "<source_id>:<target_id>".
-func (l *Local) ViewKeys(ctx context.Context, spec ViewSpec) (map[string]bool, error) {
+func (l *Local) ViewKeys(ctx context.Context, spec warehouse.ViewSpec) (map[string]bool, error) {
 	query := `SELECT id FROM ` + pgx.Identifier{spec.Name}.Sanitize()
 	if spec.Kind != "entity" {
 		query = `SELECT source_id || ':' || target_id FROM ` + pgx.Identifier{spec.Name}.Sanitize()
 	}
 	rows, err := l.pool.Query(ctx, query)
 	if err != nil {
-		return nil, fmt.Errorf("warehouse: local view %s: %w", spec.Name, err)
+		return nil, fmt.Errorf("localwarehouse view %s: %w", spec.Name, err)
 	}
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {

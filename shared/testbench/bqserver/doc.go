@@ -4,5 +4,5 @@
 // empty answer or further pages), with rows a Handler computes from the query
 // and its named parameters. The client runs unchanged against it through
 // option.WithEndpoint and option.WithoutAuthentication, so the product's
-// BigQuery code path is exercised, not mocked.
+// BigQuery code path is exercised, not mocked. It is never deployed.
 package bqserver

@@ -22,4 +22,6 @@
 //		url := pgtest.NewDatabase(t, &sdkfixture.V4Template)
 //		...
 //	}
+//
+// It serves tests, benchmarks and the local mode, and is never deployed.
 package pgtest

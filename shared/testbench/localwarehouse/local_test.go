@@ -1,4 +1,4 @@
-package warehouse_test
+package localwarehouse_test
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
-	"github.com/segmentstream/ontology-replication/shared/pgtest"
-	"github.com/segmentstream/ontology-replication/shared/sdkfixture"
-	"github.com/segmentstream/ontology-replication/shared/warehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -32,7 +32,7 @@ func sample(key, kind, revision string, deleted bool, payload string) event.Even
 func TestLocalIngestFollowsTheTableSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, err := warehouse.OpenLocal(ctx, pgtest.NewDatabase(t, nil))
+	l, err := localwarehouse.Open(ctx, pgtest.NewDatabase(t, nil))
 	require.NoError(t, err)
 	defer l.Close()
 	good := string(wire(sample("k1", "entity", "7", false, `{"id":"k1"}`)))
@@ -55,7 +55,7 @@ func TestLocalIngestFollowsTheTableSchema(t *testing.T) {
 			require.NoError(t, err, c.name)
 			continue
 		}
-		require.ErrorIs(t, err, warehouse.ErrRejected, c.name)
+		require.ErrorIs(t, err, localwarehouse.ErrRejected, c.name)
 		require.ErrorContains(t, err, c.want, c.name)
 	}
 	var n int
@@ -87,14 +87,14 @@ func TestLocalFeederDeadLetters(t *testing.T) {
 	_, err = client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: "projects/p1/subscriptions/dead", Topic: "projects/p1/topics/dead"})
 	require.NoError(t, err)
 
-	l, err := warehouse.OpenLocal(ctx, pgtest.NewDatabase(t, nil))
+	l, err := localwarehouse.Open(ctx, pgtest.NewDatabase(t, nil))
 	require.NoError(t, err)
 	defer l.Close()
 	bad := []byte(`{"event_id":"x","deleted":false}`)
 	_, err = client.TopicAdminClient.Publish(ctx, &pubsubpb.PublishRequest{Topic: "projects/p1/topics/events", Messages: []*pubsubpb.PubsubMessage{
 		{Data: wire(sample("k1", "entity", "1", false, `{}`))}, {Data: bad}, {Data: wire(sample("k2", "entity", "2", false, `{}`))}}})
 	require.NoError(t, err)
-	f := &warehouse.Feeder{Client: client, Subscription: "projects/p1/subscriptions/bq", Warehouse: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	f := &localwarehouse.Feeder{Client: client, Subscription: "projects/p1/subscriptions/bq", Warehouse: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- f.Run(fctx) }()
@@ -113,7 +113,7 @@ func TestLocalFeederDeadLetters(t *testing.T) {
 func TestLocalViewsMatchTheModel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, err := warehouse.OpenLocal(ctx, pgtest.NewDatabase(t, nil))
+	l, err := localwarehouse.Open(ctx, pgtest.NewDatabase(t, nil))
 	require.NoError(t, err)
 	defer l.Close()
 	tg := demoTarget(t, sdkfixture.Demo, sdkfixture.Demo.FullSelection())

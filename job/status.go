@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/publish"
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// workspaceStatus is one workspace's line of `job status`.
+type workspaceStatus struct {
+	Workspace        string     `json:"workspace"`
+	Protocol         int        `json:"protocol"`
+	Generation       string     `json:"generation,omitempty"`
+	Enabled          bool       `json:"enabled"`
+	BaselineComplete bool       `json:"baseline_complete"`
+	BaselineCursor   any        `json:"baseline_cursor,omitempty"`
+	BackfillComplete bool       `json:"backfill_complete"`
+	BackfillCursor   any        `json:"backfill_cursor,omitempty"`
+	ReplayComplete   bool       `json:"replay_complete"`
+	ReplayCursor     *string    `json:"replay_cursor,omitempty"`
+	Total            int64      `json:"total"`
+	Accepted         int64      `json:"accepted"`
+	Verified         int64      `json:"verified"`
+	InitiallyReady   bool       `json:"initially_ready"`
+	Pending          int64      `json:"pending"`
+	OldestPending    *time.Time `json:"oldest_pending,omitempty"`
+	OldestPendingAge string     `json:"oldest_pending_age,omitempty"`
+	DueVerifications int64      `json:"due_verifications"`
+	// SetAside lists the events set aside because they cannot be
+	// published (with their reasons), seen from any process.
+	SetAside store.SetAsideReport `json:"set_aside"`
+	Error    string               `json:"error,omitempty"`
+}
+
+func rawCursor(raw []byte) any {
+	if len(raw) == 0 || string(raw) == "{}" {
+		return nil
+	}
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return string(raw)
+	}
+	return v
+}
+
+// status reads one workspace's status.
+func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatus, error) {
+	out := workspaceStatus{Workspace: ws.ID}
+	lease, err := e.svc.Lease(ctx, ws)
+	if err != nil {
+		return out, err
+	}
+	defer lease.Release()
+	state, t, err := lease.ActiveTarget(ctx)
+	out.Protocol, out.Enabled = state.Version, state.Enabled
+	if e.generation != "" && (err == nil || errors.Is(err, store.ErrNoActiveTarget)) {
+		t, err = lease.Target(ctx, e.generation)
+	}
+	if err != nil {
+		return out, err
+	}
+	out.Generation = t.Generation
+	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = t.BaselineComplete, t.BackfillComplete, t.ReplayComplete
+	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = rawCursor(t.BaselineCursor), rawCursor(t.BackfillCursor), t.ReplayCursor
+	s, err := lease.Status(ctx, t)
+	if err != nil {
+		return out, err
+	}
+	out.Total, out.Accepted, out.Verified, out.InitiallyReady = s.Total, s.Accepted, s.Verified, s.InitiallyReady
+	out.Pending, out.DueVerifications = s.Pending, s.DueVerifications
+	if !s.OldestPending.IsZero() {
+		oldest := s.OldestPending.UTC()
+		out.OldestPending = &oldest
+		out.OldestPendingAge = max(time.Since(oldest), 0).Round(time.Second).String()
+	}
+	out.SetAside, err = lease.SetAside(ctx, t, 100, publish.MaxMessageBytes)
+	return out, err
+}
+
+func runStatus(e *env) error {
+	for {
+		results := delivery.ForEach(e.ctx, e.workspaces, e.parallel, func(ctx context.Context, ws registry.Workspace) (any, error) {
+			return e.status(ctx, ws)
+		})
+		all := make([]workspaceStatus, len(results))
+		lines := make([]workspaceLine, len(results))
+		for i, r := range results {
+			all[i], _ = r.Detail.(workspaceStatus)
+			all[i].Workspace = r.Workspace
+			lines[i] = workspaceLine{Workspace: r.Workspace, OK: r.Err == nil}
+			if r.Err != nil {
+				all[i].Error = oneLine(r.Err.Error())
+				lines[i].Error = all[i].Error
+			}
+		}
+		if err := e.writeStatus(all); err != nil {
+			return err
+		}
+		if e.watch == 0 {
+			return failure("status", lines, false)
+		}
+		select {
+		case <-e.ctx.Done():
+			return nil
+		case <-time.After(e.watch):
+		}
+	}
+}
+
+func (e *env) writeStatus(all []workspaceStatus) error {
+	if e.json {
+		return e.writeJSON(all)
+	}
+	if e.watch != 0 && isTerminal(e.stdout) {
+		fmt.Fprint(e.stdout, "\033[H\033[2J") // refresh in place
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tOLDEST PENDING\tDUE\tSET ASIDE")
+	for _, s := range all {
+		if s.Error != "" {
+			fmt.Fprintf(tw, "%s\t%d\t%s\terror: %s\n", s.Workspace, s.Protocol, s.Generation, s.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%d\t%d\n", s.Workspace, s.Protocol, s.Generation,
+			yes(s.Enabled), done(s.BaselineComplete, s.BaselineCursor), done(s.BackfillComplete, s.BackfillCursor),
+			done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), s.Pending,
+			cmpOr(s.OldestPendingAge, "-"), s.DueVerifications, s.SetAside.Count)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range all {
+		if len(s.SetAside.Events) == 0 {
+			continue
+		}
+		fmt.Fprintf(e.stdout, "\nset aside in %s (%d):\n", s.Workspace, s.SetAside.Count)
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "HISTORY ID\tEVENT ID\tTABLE\tREASON\tSINCE\tNEXT ATTEMPT\tATTEMPTS")
+		for _, ev := range s.SetAside.Events {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", ev.HistoryID, ev.EventID, cmpOr(ev.HistoryTable, "(baseline)"), ev.Reason,
+				ev.Since.UTC().Format(time.RFC3339), ev.NextAttempt.UTC().Format(time.RFC3339), ev.Attempts)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func done(complete bool, cursor any) string {
+	if complete {
+		return "complete"
+	}
+	if c, ok := cursor.(*string); ok && c != nil {
+		return "at " + (*c)[:8] + "…"
+	}
+	if cursor != nil {
+		raw, _ := json.Marshal(cursor)
+		if s := string(raw); s != "null" {
+			return "at " + s
+		}
+	}
+	return "pending"
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

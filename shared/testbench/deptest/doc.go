@@ -1,0 +1,25 @@
+// Package deptest checks that the deployed binaries link none of the test
+// bench: its test runs `go list -deps` on ./job and ./functions/cmd and
+// fails on any package of BadDeps, as tailscale's tstest/deptest does. It
+// is never deployed.
+package deptest
+
+// BadDeps are the packages (or package trees, ending in "/...") the
+// deployed binaries must not link, with the reason.
+var BadDeps = map[string]string{
+	"github.com/segmentstream/ontology-replication/shared/testbench/...": "test harnesses, fixtures, fakes and the local warehouse serve tests and the local mode only",
+	"github.com/segmentstream/ontology-replication/job/local":            "the local mode is a demonstration, not the job",
+	"cloud.google.com/go/pubsub/v2/pstest":                               "the in-process Pub/Sub emulator",
+	"testing":                                                            "test code",
+	"github.com/stretchr/testify/...":                                    "test assertions",
+}
+
+// Binaries are the deployed main packages, with the packages each must not
+// link beyond BadDeps.
+var Binaries = map[string]map[string]string{
+	"./job": {
+		"github.com/segmentstream/ontology-replication/functions":   "its init loads the registry and builds a second delivery service on every job run",
+		"github.com/GoogleCloudPlatform/functions-framework-go/...": "the job serves no functions",
+	},
+	"./functions/cmd": {},
+}

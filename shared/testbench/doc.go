@@ -1,0 +1,7 @@
+// Package testbench is the root of everything that serves the tests and
+// the local mode and is never deployed: a throwaway PostgreSQL (pgtest),
+// SDK-shaped databases (sdkfixture), a BigQuery REST server (bqserver), the
+// local warehouse that stands in for BigQuery (localwarehouse), a runtime
+// token issuer (tokenissuer), and the test that keeps all of them out of
+// the deployed binaries (deptest).
+package testbench
