@@ -285,13 +285,13 @@ func TestCloudBuild(t *testing.T) {
 		for _, a := range s.Args {
 			for _, field := range strings.Fields(a) {
 				field = strings.TrimPrefix(field, "--env=GOOGLE_BUILDABLE=")
-				if strings.HasPrefix(field, "./") || strings.HasPrefix(field, "scripts/") {
+				if strings.HasPrefix(field, "./") || strings.HasPrefix(field, ".ci/") {
 					paths = append(paths, field)
 				}
 			}
 		}
 	}
-	require.ElementsMatch(t, []string{"scripts/test.sh", "./functions/cmd", "./job"}, paths)
+	require.ElementsMatch(t, []string{".ci/run", "./functions/cmd", "./job"}, paths)
 	for _, p := range paths {
 		_, err := os.Stat(filepath.Join("..", p))
 		require.NoError(t, err, "cloudbuild.yaml names %s", p)

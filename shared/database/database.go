@@ -186,8 +186,10 @@ func (p *Pools) release(id string, e *entry) {
 		idle = e.pool
 		delete(p.pools, id)
 	}
-	close(p.changed)
-	p.changed = make(chan struct{})
+	if !p.closed {
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
 	p.mu.Unlock()
 	if idle != nil {
 		// Nobody holds a lease, so no connection is out: Close returns
@@ -276,6 +278,15 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = p.cfg.ApplicationName
+	}
+	// Session defaults that bound every statement, including those the
+	// store's transactions cannot bound themselves (pgx prepares a
+	// pipeline's statements before it runs the first, SET LOCAL included);
+	// the store still sets both locally in every transaction.
+	for name, value := range map[string]string{"statement_timeout": "30s", "lock_timeout": "5s"} {
+		if _, ok := cfg.ConnConfig.RuntimeParams[name]; !ok {
+			cfg.ConnConfig.RuntimeParams[name] = value
+		}
 	}
 	if db.Instance == "" {
 		return cfg, nil

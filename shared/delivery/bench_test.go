@@ -1,11 +1,7 @@
 package delivery_test
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http/httptest"
 	"os"
 	"runtime"
 	"strconv"
@@ -14,92 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"cloud.google.com/go/pubsub/v2/pstest"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/segmentstream/ontology-replication/shared/database"
-	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/publish"
-	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
-	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
-	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
-
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// rig is a workspace over real parts for benchmarks.
-type rig struct {
-	ctx  context.Context
-	pool *pgxpool.Pool
-	srv  *pstest.Server
-	svc  *delivery.Service
-	bq   *bqserver.Server
-	gen  sdkfixture.Generation
-	// queries counts the service's round trips to PostgreSQL.
-	queries *counter
-}
-
-// counter counts the queries sent to PostgreSQL: one round trip each
-// (BEGIN and COMMIT included).
-type counter struct{ n atomic.Int64 }
-
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// A pipelined batch is one round trip.
-func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func newRig(tb testing.TB, maxConns int) *rig {
-	tb.Helper()
-	ctx := context.Background()
-	url := pgtest.NewDatabase(tb, &sdkfixture.V4Template)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(tb, err)
-	tb.Cleanup(pool.Close)
-	gen, err := sdkfixture.StartGeneration(ctx, pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
-	require.NoError(tb, err)
-	srv := pstest.NewServer()
-	tb.Cleanup(func() { _ = srv.Close() })
-	_, err = srv.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events"})
-	require.NoError(tb, err)
-	pub, err := publish.New(ctx, publish.Config{EmulatorHost: srv.Addr})
-	require.NoError(tb, err)
-	tb.Cleanup(func() { _ = pub.Close() })
-	r := &rig{ctx: ctx, pool: pool, srv: srv, gen: gen}
-	r.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
-		return bqserver.Strings("event_id", q.Params["ids"].Values), nil // everything landed
-	})
-	bqHTTP := httptest.NewServer(r.bq)
-	tb.Cleanup(bqHTTP.Close)
-	reg, err := registry.Parse([]byte(fmt.Sprintf(`{"workspaces": [{"id": "w1", "database": {"url": %q, "max_conns": %d},
-		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, url, maxConns, bqHTTP.URL)))
-	require.NoError(tb, err)
-	r.queries = &counter{}
-	pools, err := database.New(database.Config{Tracer: r.queries})
-	require.NoError(tb, err)
-	tb.Cleanup(pools.Close)
-	wh := warehouse.NewBigQuery(warehouse.Config{})
-	tb.Cleanup(func() { _ = wh.Close() })
-	r.svc, err = delivery.New(delivery.Config{Registry: reg, Pools: pools, Publisher: pub, Warehouse: wh,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(tb, err)
-	return r
-}
 
 // payloadKB writes n products whose captured events carry about 1 KB of
 // payload each.

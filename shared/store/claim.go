@@ -76,11 +76,20 @@ const claimPageSize = event.MaxBatchEvents
 // other drains hold.
 const maxClaimPages = 16
 
-// sqlClaimSession sets the timeouts of the claim's first read (local to its
+// sqlClaimSession sets the timeouts of a claim's read (local to its
 // implicit transaction) and the session's idle timeout, which ends a
-// session that sits idle holding claims (see above).
+// session that sits idle holding claims (see above), and takes the shared
+// lifecycle lock for the read only: a read of several tables in one
+// transaction then never holds one table's lock while a migration, which
+// takes the lifecycle lock exclusively first, holds another's. The read
+// commits within milliseconds, before anything is published.
 const sqlClaimSession = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
-  set_config('idle_session_timeout', $3, false)`
+  set_config('idle_session_timeout', $3, false), pg_advisory_xact_lock_shared(hashtextextended($4, 0))`
+
+// sqlReadShared is sqlSetTimeouts with the shared lifecycle lock, for the
+// claim's second read (see sqlClaimSession).
+const sqlReadShared = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
+  pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
 
 // sqlClaimable is what the store adds to the seed's pending predicate
 // (accepted_at IS NULL): a pending row that was set aside (see SetAside) is
@@ -171,7 +180,7 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 	}()
 	legacyHint := s.legacy.Load()
 	b := &pgx.Batch{}
-	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout))
+	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
 	b.Queue(sqlSchemaPresent)
 	b.Queue(sqlState)
 	if !legacyHint {
@@ -315,7 +324,7 @@ func (s *Store) Claim(ctx context.Context, t Target) (*Claim, error) {
 func (c *Claim) candidates(ctx context.Context, generation string, after *candidate) ([]candidate, error) {
 	s := c.store
 	b := &pgx.Batch{}
-	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout))
+	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
 	if after == nil {
 		b.Queue(fmt.Sprintf(sqlCandidates, ""), generation, ClaimLockClass, s.backoffs)
 	} else {
@@ -469,7 +478,7 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 		return nil, nil, err
 	}
 	b := &pgx.Batch{}
-	b.Queue(sqlSetTimeouts, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout))
+	b.Queue(sqlReadShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	b.Queue(sqlStillPending, t.Generation, list, s.backoffs)
 	for _, table := range order {
 		g := groups[table]

@@ -1,0 +1,166 @@
+package delivery_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/database"
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/publish"
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// rig is a workspace over real parts: an SDK database at protocol 4 with
+// an active generation, pstest, the BigQuery client against an in-test
+// server, and a Service over them.
+type rig struct {
+	ctx  context.Context
+	url  string
+	pool *pgxpool.Pool // the SDK's side: fixtures, writers, checks
+	srv  *pstest.Server
+	svc  *delivery.Service
+	bq   *bqserver.Server
+	gen  sdkfixture.Generation
+	w    *sdkfixture.Writer
+	// queries counts the service's round trips to PostgreSQL.
+	queries *counter
+	// newService builds another Service over the same parts (another
+	// instance).
+	newService func() *delivery.Service
+}
+
+// rigOption changes a rig.
+type rigOption func(*rigConfig)
+
+type rigConfig struct {
+	reactors []pstest.ServerReactorOption
+	store    store.Config
+}
+
+// withPublishReactor sees every Publish request before pstest.
+func withPublishReactor(r pstest.Reactor) rigOption {
+	return func(c *rigConfig) {
+		c.reactors = append(c.reactors, pstest.ServerReactorOption{FuncName: "Publish", Reactor: r})
+	}
+}
+
+func withStore(cfg store.Config) rigOption { return func(c *rigConfig) { c.store = cfg } }
+
+// counter counts the queries sent to PostgreSQL: one round trip each
+// (BEGIN and COMMIT included).
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A pipelined batch is one round trip.
+func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
+	tb.Helper()
+	var cfg rigConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ctx := context.Background()
+	url := pgtest.NewDatabase(tb, &sdkfixture.V4Template)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(tb, err)
+	tb.Cleanup(pool.Close)
+	gen, err := sdkfixture.StartGeneration(ctx, pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	require.NoError(tb, err)
+	srv := pstest.NewServer(cfg.reactors...)
+	tb.Cleanup(func() { _ = srv.Close() })
+	_, err = srv.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events"})
+	require.NoError(tb, err)
+	pub, err := publish.New(ctx, publish.Config{EmulatorHost: srv.Addr})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = pub.Close() })
+	r := &rig{ctx: ctx, url: url, pool: pool, srv: srv, gen: gen, w: sdkfixture.NewWriter(pool, sdkfixture.Demo)}
+	r.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+		return bqserver.Strings("event_id", q.Params["ids"].Values), nil // everything landed
+	})
+	bqHTTP := httptest.NewServer(r.bq)
+	tb.Cleanup(bqHTTP.Close)
+	reg, err := registry.Parse([]byte(fmt.Sprintf(`{"workspaces": [{"id": "w1", "database": {"url": %q, "max_conns": %d},
+		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, url, maxConns, bqHTTP.URL)))
+	require.NoError(tb, err)
+	r.queries = &counter{}
+	wh := warehouse.NewBigQuery(warehouse.Config{})
+	tb.Cleanup(func() { _ = wh.Close() })
+	r.newService = func() *delivery.Service {
+		pools, err := database.New(database.Config{Tracer: r.queries})
+		require.NoError(tb, err)
+		tb.Cleanup(pools.Close)
+		svc, err := delivery.New(delivery.Config{Registry: reg, Pools: pools, Publisher: pub, Warehouse: wh, Store: cfg.store,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		require.NoError(tb, err)
+		return svc
+	}
+	r.svc = r.newService()
+	return r
+}
+
+func (r *rig) count(tb testing.TB, query string, args ...any) int64 {
+	tb.Helper()
+	var n int64
+	require.NoError(tb, r.pool.QueryRow(r.ctx, query, args...).Scan(&n))
+	return n
+}
+
+// gate holds Publish requests while closed: a publish then takes as long
+// as the test needs. Entered is signalled when a request is held.
+type gate struct {
+	held    atomic.Bool
+	entered chan struct{}
+	open    chan struct{}
+	once    sync.Once
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}, 100), open: make(chan struct{})} }
+
+// React implements pstest.Reactor.
+func (g *gate) React(any) (bool, any, error) {
+	if g.held.Load() {
+		g.entered <- struct{}{}
+		<-g.open
+	}
+	return false, nil, nil
+}
+
+func (g *gate) hold() { g.held.Store(true) }
+
+// release lets every held request, and every later one, through.
+func (g *gate) release() {
+	g.held.Store(false)
+	g.once.Do(func() { close(g.open) })
+}
