@@ -42,8 +42,9 @@ type harness struct {
 	spaces map[string]*space
 	env    map[string]string
 	// onPublish, when set, sees every publish request before pstest
-	// handles it (to cut a run at an exact point of its drain).
-	onPublish func(*pubsubpb.PublishRequest)
+	// handles it (to cut a run at an exact point of its drain); an error
+	// it returns is Pub/Sub's answer.
+	onPublish func(*pubsubpb.PublishRequest) error
 }
 
 // publishHook lets a test watch publish requests as pstest receives them.
@@ -55,13 +56,22 @@ func (p publishHook) React(req any) (bool, any, error) {
 	f := p.h.onPublish
 	p.h.mu.Unlock()
 	if r, ok := req.(*pubsubpb.PublishRequest); ok && f != nil {
-		f(r)
+		if err := f(r); err != nil {
+			return true, nil, err
+		}
 	}
 	return false, nil, nil
 }
 
-// newHarness makes one workspace per template (w1, w2, …).
+// newHarness makes one workspace per template (w1, w2, …) on the shared
+// cluster.
 func newHarness(t testing.TB, templates ...*pgtest.Template) *harness {
+	t.Helper()
+	return newHarnessOn(t, pgtest.Shared(t), templates...)
+}
+
+// newHarnessOn makes one workspace per template on cluster c.
+func newHarnessOn(t testing.TB, c *pgtest.Cluster, templates ...*pgtest.Template) *harness {
 	t.Helper()
 	h := &harness{t: t, ctx: context.Background(), spaces: map[string]*space{}, env: map[string]string{}}
 	h.pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: publishHook{h}})
@@ -80,7 +90,7 @@ func newHarness(t testing.TB, templates ...*pgtest.Template) *harness {
 	var entries []string
 	for i, tpl := range templates {
 		id := fmt.Sprintf("w%d", i+1)
-		s := &space{id: id, url: pgtest.NewDatabase(t, tpl)}
+		s := &space{id: id, url: c.NewDatabase(t, tpl)}
 		var err error
 		s.pool, err = pgxpool.New(h.ctx, s.url)
 		require.NoError(t, err)

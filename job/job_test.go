@@ -203,10 +203,11 @@ func TestKillAndResume(t *testing.T) {
 	ctx, cancel := context.WithCancel(h.ctx)
 	var sent atomic.Int64
 	h.mu.Lock()
-	h.onPublish = func(r *pubsubpb.PublishRequest) {
+	h.onPublish = func(r *pubsubpb.PublishRequest) error {
 		if r.GetTopic() == "projects/p1/topics/events-w4" && sent.Add(int64(len(r.GetMessages()))) >= 300 {
 			cancel()
 		}
+		return nil
 	}
 	h.mu.Unlock()
 	_, _, err := h.run(ctx, "backfill", "--workspace", "w4")

@@ -89,6 +89,7 @@ type entry struct {
 	pool     *pgxpool.Pool
 	leases   int
 	lastUsed time.Time
+	closing  bool // being closed: it still counts as open
 }
 
 // New returns an empty set of pools.
@@ -132,23 +133,28 @@ func (p *Pools) Acquire(ctx context.Context, ws registry.Workspace) (*Lease, err
 			p.mu.Unlock()
 			return nil, ErrClosed
 		}
-		if e, ok := p.pools[ws.ID]; ok {
+		if e, ok := p.pools[ws.ID]; ok && !e.closing {
 			e.leases++
 			e.lastUsed = time.Now()
 			p.mu.Unlock()
 			return &Lease{Pool: e.pool, p: p, id: ws.ID, e: e}, nil
 		}
-		var evicted *pgxpool.Pool
-		if p.cfg.MaxOpen == 0 || len(p.pools) < p.cfg.MaxOpen || p.evictLocked(&evicted) {
+		_, closing := p.pools[ws.ID]
+		if !closing && (p.cfg.MaxOpen == 0 || len(p.pools) < p.cfg.MaxOpen) {
 			e, err := p.openLocked(ctx, ws)
 			p.mu.Unlock()
-			if evicted != nil {
-				evicted.Close()
-			}
 			if err != nil {
 				return nil, err
 			}
 			return &Lease{Pool: e.pool, p: p, id: ws.ID, e: e}, nil
+		}
+		if id, e := p.leastRecentlyUsedLocked(); !closing && e != nil {
+			// Close it, and only then count its slot free: the bound on
+			// open pools holds for their connections too.
+			e.closing = true
+			p.mu.Unlock()
+			p.finishClose(id, e)
+			continue
 		}
 		changed := p.changed
 		p.mu.Unlock()
@@ -160,42 +166,52 @@ func (p *Pools) Acquire(ctx context.Context, ws registry.Workspace) (*Lease, err
 	}
 }
 
-// evictLocked removes the least recently used pool nobody holds, if any,
-// for the caller to close once it has unlocked.
-func (p *Pools) evictLocked(evicted **pgxpool.Pool) bool {
+// leastRecentlyUsedLocked returns the least recently used pool nobody
+// holds, if any.
+func (p *Pools) leastRecentlyUsedLocked() (string, *entry) {
 	var oldest string
+	var found *entry
 	for id, e := range p.pools {
-		if e.leases == 0 && (oldest == "" || e.lastUsed.Before(p.pools[oldest].lastUsed)) {
-			oldest = id
+		if e.leases == 0 && !e.closing && (found == nil || e.lastUsed.Before(found.lastUsed)) {
+			oldest, found = id, e
 		}
 	}
-	if oldest == "" {
-		return false
+	return oldest, found
+}
+
+// finishClose closes a pool marked closing (nobody holds a lease, so no
+// connection is out and Close returns once they are closed), then frees
+// its slot.
+func (p *Pools) finishClose(id string, e *entry) {
+	e.pool.Close()
+	p.mu.Lock()
+	if p.pools[id] == e {
+		delete(p.pools, id)
 	}
-	*evicted = p.pools[oldest].pool
-	delete(p.pools, oldest)
-	return true
+	p.signalLocked()
+	p.mu.Unlock()
+}
+
+// signalLocked wakes the callers waiting for a slot.
+func (p *Pools) signalLocked() {
+	if !p.closed {
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
 }
 
 func (p *Pools) release(id string, e *entry) {
 	p.mu.Lock()
 	e.leases--
 	e.lastUsed = time.Now()
-	var idle *pgxpool.Pool
-	if e.leases == 0 && p.cfg.IdleTimeout < 0 && p.pools[id] == e {
-		idle = e.pool
-		delete(p.pools, id)
+	if e.leases == 0 && p.cfg.IdleTimeout < 0 && p.pools[id] == e && !e.closing {
+		e.closing = true
+		p.mu.Unlock()
+		p.finishClose(id, e)
+		return
 	}
-	if !p.closed {
-		close(p.changed)
-		p.changed = make(chan struct{})
-	}
+	p.signalLocked()
 	p.mu.Unlock()
-	if idle != nil {
-		// Nobody holds a lease, so no connection is out: Close returns
-		// once they are closed.
-		idle.Close()
-	}
 }
 
 // closeIdle closes pools idle for IdleTimeout, until Close.
@@ -212,17 +228,17 @@ func (p *Pools) closeIdle() {
 		case <-p.stop:
 			return
 		case now := <-tick.C:
-			var idle []*pgxpool.Pool
+			idle := map[string]*entry{}
 			p.mu.Lock()
 			for id, e := range p.pools {
-				if e.leases == 0 && now.Sub(e.lastUsed) >= p.cfg.IdleTimeout {
-					idle = append(idle, e.pool)
-					delete(p.pools, id)
+				if e.leases == 0 && !e.closing && now.Sub(e.lastUsed) >= p.cfg.IdleTimeout {
+					e.closing = true
+					idle[id] = e
 				}
 			}
 			p.mu.Unlock()
-			for _, pool := range idle {
-				pool.Close()
+			for id, e := range idle {
+				p.finishClose(id, e)
 			}
 		}
 	}

@@ -48,6 +48,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Store configures each workspace's store (timeouts).
 	Store store.Config
+	// RequeueReportAfter is how many times the verifier may send an event
+	// back to pending before it reports it (VerifyResult.RequeuedRepeatedly).
+	// Default: 3.
+	RequeueReportAfter int
 }
 
 // Service is the one orchestration of delivery: claim → publish →
@@ -59,6 +63,8 @@ type Service struct {
 
 	mu     sync.Mutex
 	stores map[string]cachedStore
+
+	requeues requeueCounts
 }
 
 // cachedStore is a workspace's store over the pool it was built on.
@@ -83,6 +89,9 @@ func New(cfg Config) (*Service, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	if cfg.RequeueReportAfter == 0 {
+		cfg.RequeueReportAfter = 3
 	}
 	return &Service{cfg: cfg, log: log, stores: map[string]cachedStore{}}, nil
 }

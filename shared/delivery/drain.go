@@ -139,6 +139,7 @@ type publishing struct {
 	rejected []store.SetAside
 	requests int
 	elapsed  time.Duration
+	refusal  error // Pub/Sub's last refusal
 }
 
 // send sends events as one Publish request.
@@ -158,48 +159,79 @@ func (p *publishing) send(ctx context.Context, events []store.Pending) error {
 }
 
 // publish sends a group of events as one request. When Pub/Sub refuses the
-// request's content (INVALID_ARGUMENT), it finds the events it refuses by
-// bisection: it sends the first half of the refused run; if Pub/Sub takes
-// it, the refusal is in the second half, otherwise in the first, whose
-// second half is sent, with every other run not yet tried, in one request
-// once the refused event is found. One refused event among n costs
-// 2 + ⌈log₂ n⌉ requests. Any other failure ends the publishing.
+// request's content (INVALID_ARGUMENT), it finds the events it refuses:
+// first one of them, by sending the first half of the refused run (if
+// Pub/Sub takes it, the refusal is in the second half, otherwise in the
+// first), and then every run not yet tried, in one request. One refused
+// event among n costs at most 2 + ⌈log₂ n⌉ requests. If that request is
+// refused too, the rest is searched half by half (each half sent once, a
+// half known to hold a refusal not sent again): n events, however many are
+// refused, cost at most 2n + ⌈log₂ n⌉ + 2 requests. Any other failure ends
+// the publishing.
 func (p *publishing) publish(ctx context.Context, events []store.Pending) error {
 	if len(events) == 0 {
 		return nil
 	}
 	err := p.send(ctx, events)
-	for {
-		if err == nil {
-			return nil
+	if err == nil {
+		return nil
+	}
+	if !publish.Rejected(err) {
+		return fmt.Errorf("%w: %w", errPublish, err)
+	}
+	// events is refused: find one event it refuses.
+	var untried []store.Pending
+	refused := events
+	for len(refused) > 1 {
+		half := refused[:len(refused)/2]
+		switch herr := p.send(ctx, half); {
+		case herr == nil:
+			refused = refused[len(refused)/2:]
+		case publish.Rejected(herr):
+			untried = append(untried, refused[len(refused)/2:]...)
+			refused, err = half, herr
+		default:
+			return fmt.Errorf("%w: %w", errPublish, herr)
 		}
-		if !publish.Rejected(err) {
+	}
+	p.reject(refused[0], err)
+	p.refusal = err
+	if len(untried) == 0 {
+		return nil
+	}
+	return p.bisect(ctx, untried, false)
+}
+
+// bisect publishes events, sending them as one request unless known to be
+// refused, and searches a refused run half by half.
+func (p *publishing) bisect(ctx context.Context, events []store.Pending, knownRefused bool) error {
+	if !knownRefused {
+		err := p.send(ctx, events)
+		switch {
+		case err == nil:
+			return nil
+		case !publish.Rejected(err):
 			return fmt.Errorf("%w: %w", errPublish, err)
 		}
-		// events is refused: find one event it refuses.
-		var untried []store.Pending
-		refused := events
-		for len(refused) > 1 {
-			half := refused[:len(refused)/2]
-			switch herr := p.send(ctx, half); {
-			case herr == nil:
-				refused = refused[len(refused)/2:]
-			case publish.Rejected(herr):
-				untried = append(untried, refused[len(refused)/2:]...)
-				refused, err = half, herr
-			default:
-				return fmt.Errorf("%w: %w", errPublish, herr)
-			}
-		}
-		bad := refused[0]
-		p.rejected = append(p.rejected, store.SetAside{HistoryID: bad.HistoryID, HistoryTable: bad.HistoryTable, EventID: bad.EventID,
-			Reason: store.ReasonRejected, Cause: err})
-		if len(untried) == 0 {
-			return nil
-		}
-		events = untried
-		err = p.send(ctx, events)
+		p.refusal = err
 	}
+	if len(events) == 1 {
+		p.reject(events[0], p.refusal)
+		return nil
+	}
+	before := len(p.rejected)
+	if err := p.bisect(ctx, events[:len(events)/2], false); err != nil {
+		return err
+	}
+	// A refused run whose first half Pub/Sub took entirely holds its
+	// refusal in the second half: that half is not sent as a whole.
+	return p.bisect(ctx, events[len(events)/2:], knownRefused && len(p.rejected) == before)
+}
+
+// reject records an event Pub/Sub refused.
+func (p *publishing) reject(e store.Pending, cause error) {
+	p.rejected = append(p.rejected, store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
+		Reason: store.ReasonRejected, Cause: cause})
 }
 
 // logSetAside names the events a drain set aside: one error line per drain,

@@ -46,6 +46,9 @@ type rig struct {
 	// newService builds another Service over the same parts (another
 	// instance).
 	newService func() *delivery.Service
+
+	mu      sync.Mutex
+	missing map[string]bool // event ids BigQuery does not hold
 }
 
 // rigOption changes a rig.
@@ -107,7 +110,16 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 	tb.Cleanup(func() { _ = pub.Close() })
 	r := &rig{ctx: ctx, url: url, pool: pool, srv: srv, gen: gen, w: sdkfixture.NewWriter(pool, sdkfixture.Demo)}
 	r.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
-		return bqserver.Strings("event_id", q.Params["ids"].Values), nil // everything landed
+		// Everything landed but the events the test says did not.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		var present []string
+		for _, id := range q.Params["ids"].Values {
+			if !r.missing[id] {
+				present = append(present, id)
+			}
+		}
+		return bqserver.Strings("event_id", present), nil
 	})
 	bqHTTP := httptest.NewServer(r.bq)
 	tb.Cleanup(bqHTTP.Close)

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
@@ -28,6 +30,11 @@ type VerifyResult struct {
 	Requeued int `json:"requeued"`
 	// Swept is how many pending events the sweep published.
 	Swept int `json:"swept"`
+	// RequeuedRepeatedly lists the events this pass sent back to pending
+	// that this verifier has sent back more than Config.RequeueReportAfter
+	// times: events that keep not landing (a message the BigQuery
+	// subscription dead-letters, for example; `job dead-letter` shows it).
+	RequeuedRepeatedly []RequeuedEvent `json:"requeued_repeatedly,omitempty"`
 	// Error is the failure that ended this workspace's run, if any.
 	Error string `json:"error,omitempty"`
 }
@@ -118,11 +125,12 @@ func (s *Service) verify(ctx context.Context, workspaceID string) (VerifyResult,
 			return res, err
 		}
 		res.Retried += len(absent)
-		res.Requeued += int(requeued)
+		res.Requeued += len(requeued)
+		res.RequeuedRepeatedly = append(res.RequeuedRepeatedly, s.countRequeues(ws.ID, target, requeued)...)
 		if len(due) < store.MaxVerifyBatch {
 			return res, nil
 		}
-		if !target.UsesDelivery() && n == 0 && requeued == 0 {
+		if !target.UsesDelivery() && n == 0 && len(requeued) == 0 {
 			// The legacy read returns every unverified receipt, not only due
 			// ones; a round that changed nothing would repeat itself.
 			return res, nil
@@ -187,4 +195,53 @@ func (s *Service) VerifyAll(ctx context.Context, workspaces []string, budget tim
 		results = append(results, res)
 	}
 	return results
+}
+
+// RequeuedEvent is an event the verifier has sent back to pending again and
+// again.
+type RequeuedEvent struct {
+	HistoryID string `json:"history_id"`
+	EventID   string `json:"event_id"`
+	// Times is how many times this verifier sent it back to pending.
+	Times int `json:"times"`
+}
+
+// requeueCounts counts, per event, how many times this verifier sent an
+// event back to pending. The schema keeps nothing that survives an event's
+// requeue and acknowledgement, so the count lives with the verifier
+// instance (one Cloud Run instance, kept warm by the schedule) and starts
+// again when the instance does; the dead-letter subscription's copies of an
+// event are the lasting count. It holds at most maxRequeueCounts events.
+type requeueCounts struct {
+	mu     sync.Mutex
+	counts map[string]int // workspace/generation/history id → times
+}
+
+const maxRequeueCounts = 100_000
+
+// countRequeues counts the events a round sent back to pending and returns
+// those sent back more than RequeueReportAfter times, logging each.
+func (s *Service) countRequeues(workspace string, t store.Target, requeued []string) []RequeuedEvent {
+	if len(requeued) == 0 {
+		return nil
+	}
+	var out []RequeuedEvent
+	s.requeues.mu.Lock()
+	if s.requeues.counts == nil || len(s.requeues.counts) > maxRequeueCounts {
+		s.requeues.counts = map[string]int{}
+	}
+	for _, id := range requeued {
+		key := workspace + "/" + t.Generation + "/" + id
+		s.requeues.counts[key]++
+		if n := s.requeues.counts[key]; n > s.cfg.RequeueReportAfter {
+			out = append(out, RequeuedEvent{HistoryID: id, EventID: event.ID(t.SourceID, id, t.Generation), Times: n})
+		}
+	}
+	s.requeues.mu.Unlock()
+	for _, e := range out {
+		s.log.Error("replication event sent back to pending again and again: it keeps not landing in BigQuery (see job dead-letter)",
+			slog.String("workspace", workspace), slog.String("generation", t.Generation), slog.String("history_id", e.HistoryID),
+			slog.String("event_id", e.EventID), slog.Int("times", e.Times))
+	}
+	return out
 }

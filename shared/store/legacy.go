@@ -69,10 +69,12 @@ const sqlLegacyVerify = `UPDATE _ontology_replication_receipts SET verified_at =
 
 // sqlLegacyRetry is the legacy branch of retryUnverifiedReplication (seed
 // 000): even legacy recovery retries only checked missing IDs, never the
-// unchecked backlog.
+// unchecked backlog. It returns the ids sent back to pending (a RETURNING
+// clause the seed's statement does not have).
 const sqlLegacyRetry = `DELETE FROM _ontology_replication_receipts WHERE generation = $1::uuid
          AND verified_at IS NULL AND accepted_at < now() - interval '15 minutes'
-         AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))`
+         AND event_id IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb))
+       RETURNING event_id::text`
 
 // sqlLegacyReplay is replayReplication of seed 001: every receipt of the
 // generation goes, so every event is pending again.

@@ -90,9 +90,9 @@ func TestLegacyPaths(t *testing.T) {
 	// Legacy retry deletes the receipt of checked, absent events accepted
 	// more than 15 minutes ago, and nothing else.
 	e.exec(t, `UPDATE _ontology_replication_receipts SET accepted_at = now() - interval '20 minutes' WHERE event_id = ANY($1::uuid[])`, ids[100:110])
-	n, err = e.store.Retry(e.ctx, tg, ids[100:120])
+	back, err := e.store.Retry(e.ctx, tg, ids[100:120])
 	require.NoError(t, err)
-	require.EqualValues(t, 10, n)
+	require.ElementsMatch(t, ids[100:110], back)
 	st, err = e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
 	require.Equal(t, store.Status{Total: 124, Accepted: 114, Verified: 100, Pending: 10, DueVerifications: 14}, st)

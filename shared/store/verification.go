@@ -61,8 +61,10 @@ const (
       WHERE generation = $1::uuid AND (CASE WHEN accepted_at IS NOT NULL AND verified_at IS NULL THEN true END)
         AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
       RETURNING event_id, accepted_at
-    ) DELETE FROM _ontology_replication_receipts r USING checked c
-      WHERE r.generation = $1::uuid AND r.event_id = c.event_id AND c.accepted_at IS NULL`
+    ), receipts AS (
+      DELETE FROM _ontology_replication_receipts r USING checked c
+      WHERE r.generation = $1::uuid AND r.event_id = c.event_id AND c.accepted_at IS NULL
+    ) SELECT event_id::text FROM checked WHERE accepted_at IS NULL`
 )
 
 // DueUnverified returns up to MaxVerifyBatch accepted events to look up in
@@ -126,30 +128,33 @@ func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int6
 // Retry handles events that were looked up and found absent (history ids):
 // at protocol 4 each is checked again in 30 seconds, and one accepted more
 // than 15 minutes ago goes back to pending with its receipt deleted; on the
-// legacy path only the latter (the receipt is deleted). It returns how many
-// went back to pending.
-func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string) (int64, error) {
+// legacy path only the latter (the receipt is deleted). It returns the
+// history ids that went back to pending.
+func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string) ([]string, error) {
 	if len(missingHistoryIDs) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	query, list := sqlLegacyRetry, any(nil)
 	if t.DeliveryVersion >= ProtocolDelivery {
 		ids, err := uuids(missingHistoryIDs)
 		if err != nil {
-			return 0, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
+			return nil, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
 		}
 		query, list = sqlRetry, ids
 	} else {
 		list = idsJSON(missingHistoryIDs)
 	}
-	var n int64
+	var requeued []string
 	err := s.inKeyOrderTx(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, query, t.Generation, list)
-		n = tag.RowsAffected()
+		rows, err := tx.Query(ctx, query, t.Generation, list)
+		if err != nil {
+			return err
+		}
+		requeued, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
+		return nil, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
 	}
-	return n, nil
+	return requeued, nil
 }

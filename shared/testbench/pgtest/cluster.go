@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -39,6 +40,8 @@ type Cluster struct {
 	dir     string   // data directory of an owned cluster, "" otherwise
 	process *exec.Cmd
 	exited  chan struct{}
+	// templates are the template databases built on this cluster, by name.
+	templates sync.Map
 }
 
 // Start returns a cluster: $DATABASE_URL's server when that is set, otherwise
@@ -284,9 +287,12 @@ func (c *Cluster) DropDatabase(ctx context.Context, name string) error {
 }
 
 // Stop shuts a throwaway cluster down and removes its files; on a
-// $DATABASE_URL cluster it does nothing.
+// $DATABASE_URL cluster it drops the template databases it built.
 func (c *Cluster) Stop() error {
 	if c.process == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c.dropTemplates(ctx)
 		return nil
 	}
 	_ = c.process.Process.Signal(syscall.SIGINT) // fast shutdown

@@ -26,10 +26,10 @@ var (
 	sharedOnce    sync.Once
 	sharedCluster *Cluster
 	sharedErr     error
-	templates     sync.Map // template name → *templateState
 	counter       atomic.Int64
 )
 
+// templateState is one template database of one cluster.
 type templateState struct {
 	once sync.Once
 	name string
@@ -41,27 +41,11 @@ type templateState struct {
 func Main(m *testing.M) {
 	code := m.Run()
 	if sharedCluster != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		for _, name := range templateNames() {
-			_ = sharedCluster.DropDatabase(ctx, name)
-		}
-		cancel()
 		if err := sharedCluster.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}
 	}
 	os.Exit(code)
-}
-
-func templateNames() []string {
-	var names []string
-	templates.Range(func(_, v any) bool {
-		if s := v.(*templateState); s.err == nil && s.name != "" {
-			names = append(names, s.name)
-		}
-		return true
-	})
-	return names
 }
 
 // Shared returns the test binary's cluster, starting it on first use. The
@@ -85,17 +69,23 @@ func uniqueName(prefix string) string {
 	return fmt.Sprintf("%s_%d_%d_%d", prefix, os.Getpid(), time.Now().UnixNano()%1e6, counter.Add(1))
 }
 
-// NewDatabase creates a fresh database for one test, as a copy of tpl (built
-// on first use) or empty when tpl is nil, drops it when the test ends, and
-// returns its URL.
+// NewDatabase creates a fresh database on the shared cluster for one test;
+// see Cluster.NewDatabase.
 func NewDatabase(t testing.TB, tpl *Template) string {
 	t.Helper()
-	c := Shared(t)
+	return Shared(t).NewDatabase(t, tpl)
+}
+
+// NewDatabase creates a fresh database for one test, as a copy of tpl (built
+// on this cluster on first use) or empty when tpl is nil, drops it when the
+// test ends, and returns its URL.
+func (c *Cluster) NewDatabase(t testing.TB, tpl *Template) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	from := ""
 	if tpl != nil {
-		v, _ := templates.LoadOrStore(tpl.Name, &templateState{})
+		v, _ := c.templates.LoadOrStore(tpl.Name, &templateState{})
 		s := v.(*templateState)
 		s.once.Do(func() {
 			s.name = uniqueName("tpl_" + tpl.Name)
@@ -125,4 +115,14 @@ func NewDatabase(t testing.TB, tpl *Template) string {
 		}
 	})
 	return url
+}
+
+// dropTemplates drops the template databases built on this cluster.
+func (c *Cluster) dropTemplates(ctx context.Context) {
+	c.templates.Range(func(_, v any) bool {
+		if s := v.(*templateState); s.err == nil && s.name != "" {
+			_ = c.DropDatabase(ctx, s.name)
+		}
+		return true
+	})
 }

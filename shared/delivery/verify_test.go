@@ -1,0 +1,44 @@
+package delivery_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+)
+
+// TestVerifierReportsEventsThatKeepNotLanding: an event BigQuery never
+// holds is sent back to pending each time it has been accepted for 15
+// minutes and republished; past the third time, the verifier's result
+// names it (with the times), while the event stays in the cycle.
+func TestVerifierReportsEventsThatKeepNotLanding(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 2)
+	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 3, 3))
+	var lost string
+	require.NoError(t, r.pool.QueryRow(r.ctx, "SELECT event_id::text FROM _ontology_replication_delivery ORDER BY revision LIMIT 1").Scan(&lost))
+	lostEvent := event.ID(r.gen.SourceID, lost, r.gen.Generation)
+	r.mu.Lock()
+	r.missing = map[string]bool{lostEvent: true}
+	r.mu.Unlock()
+
+	var last delivery.VerifyResult
+	for cycle := 1; cycle <= 5; cycle++ {
+		_, err := r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
+		require.NoError(t, err)
+		// It was accepted more than 15 minutes ago, and its check is due.
+		_, err = r.pool.Exec(r.ctx, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '16 minutes',
+			next_verify_at = now() WHERE event_id = $1::uuid AND verified_at IS NULL`, lost)
+		require.NoError(t, err)
+		last, err = r.svc.Verify(r.ctx, "w1")
+		require.NoError(t, err)
+		require.Equal(t, 1, last.Requeued, "cycle %d: sent back to pending", cycle)
+		if cycle <= 3 {
+			require.Empty(t, last.RequeuedRepeatedly, "cycle %d", cycle)
+		}
+	}
+	require.Equal(t, []delivery.RequeuedEvent{{HistoryID: lost, EventID: lostEvent, Times: 5}}, last.RequeuedRepeatedly)
+}
