@@ -121,12 +121,28 @@ const sqlCandidates = `WITH candidates AS MATERIALIZED (
 
 const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
 
-// sqlStillPending keeps the claimed rows ($2) that are still pending and not
-// set aside, in a snapshot taken after their locks (see above), found by
-// primary key (see byKey and ids.go).
-const sqlStillPending = `SELECT event_id::text FROM _ontology_replication_delivery
-     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
-       AND (CASE WHEN accepted_at IS NULL AND ` + sqlClaimable + ` THEN true END)`
+// sqlPendingBaselineEvents and sqlPendingHistoryEvents are the per-table
+// reads of pendingReplicationEvents (sqlBaselineEvents, sqlHistoryEvents)
+// for the claimed rows ($2) that are still pending and not set aside, in a
+// snapshot taken after their locks (see above): each claimed row comes back
+// with its event, or with NULL when its history (or baseline) row is gone.
+// Delivery and event rows are found by primary key (see byKey and ids.go).
+// %s is the history table's quoted identifier, checked against the
+// capture-trigger tables.
+const (
+	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event FROM _ontology_replication_delivery d
+       LEFT JOIN _ontology_replication_baselines b ON b.generation = $1::uuid AND b.id = d.event_id
+     WHERE d.generation = $1::uuid AND d.event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+       AND (CASE WHEN d.accepted_at IS NULL AND ` + sqlClaimableD + ` THEN true END)`
+	sqlPendingHistoryEvents = `SELECT d.event_id::text, h.replication FROM _ontology_replication_delivery d
+       LEFT JOIN %s h ON h.id = d.event_id
+     WHERE d.generation = $1::uuid AND d.event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+       AND (CASE WHEN d.accepted_at IS NULL AND ` + sqlClaimableD + ` THEN true END)`
+)
+
+// sqlClaimableD is sqlClaimable on the delivery row d.
+const sqlClaimableD = `NOT (d.next_verify_at > now() AND d.last_checked_at IS NOT NULL
+         AND (extract(epoch FROM d.next_verify_at - d.last_checked_at) * 1000000)::bigint = ANY ($3::bigint[]))`
 
 // sqlUnlockClaims releases every claim lock of the session.
 const sqlUnlockClaims = `SELECT pg_advisory_unlock_all()`
@@ -181,7 +197,11 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 	legacyHint := s.legacy.Load()
 	b := &pgx.Batch{}
 	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
-	b.Queue(sqlSchemaPresent)
+	if legacyHint {
+		b.Queue(sqlSchemaPresent)
+	}
+	// At protocol 4 the schema check is the state read itself: without the
+	// singleton it cannot be prepared (undefined_table, handled below).
 	b.Queue(sqlState)
 	if !legacyHint {
 		b.Queue(sqlActiveTargetV4)
@@ -263,12 +283,14 @@ func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State,
 	if _, err := results.Exec(); err != nil {
 		return State{}, Target{}, nil, err
 	}
-	var present bool
-	if err := results.QueryRow().Scan(&present); err != nil {
-		return State{}, Target{}, nil, err
-	}
-	if !present {
-		return State{}, Target{}, nil, ErrNoSchema
+	if !v4 {
+		var present bool
+		if err := results.QueryRow().Scan(&present); err != nil {
+			return State{}, Target{}, nil, err
+		}
+		if !present {
+			return State{}, Target{}, nil, ErrNoSchema
+		}
 	}
 	st, err := readStateRow(results.QueryRow())
 	if err != nil || !v4 {
@@ -473,27 +495,37 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 		}
 		g.ids = append(g.ids, cd.id)
 	}
-	list, err := uuids(ids)
-	if err != nil {
-		return nil, nil, err
-	}
 	b := &pgx.Batch{}
 	b.Queue(sqlReadShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	b.Queue(sqlStillPending, t.Generation, list, s.backoffs)
 	for _, table := range order {
 		g := groups[table]
 		gl, err := uuids(g.ids)
 		if err != nil {
 			return nil, nil, err
 		}
-		query := sqlBaselineEvents
+		query := sqlPendingBaselineEvents
 		if table != "" {
-			query = fmt.Sprintf(sqlHistoryEvents, g.ident)
+			query = fmt.Sprintf(sqlPendingHistoryEvents, g.ident)
 		}
-		b.Queue(query, t.Generation, gl)
+		b.Queue(query, t.Generation, gl, s.backoffs)
+	}
+	var unknownIDs []string
+	for _, cd := range claimed {
+		if cd.table != nil && unknown[*cd.table] != nil {
+			unknownIDs = append(unknownIDs, cd.id)
+		}
+	}
+	if len(unknownIDs) > 0 {
+		// Rows of tables without a capture trigger are only checked to be
+		// still pending: their table is never read.
+		ul, err := uuids(unknownIDs)
+		if err != nil {
+			return nil, nil, err
+		}
+		b.Queue(sqlPendingBaselineEvents, t.Generation, ul, s.backoffs)
 	}
 	results := conn.SendBatch(ctx, b)
-	events, pending, err := readEventResults(results, order)
+	events, pending, err := readEventResults(results, len(order)+min(len(unknownIDs), 1))
 	if cerr := results.Close(); err == nil {
 		err = cerr
 	}
@@ -520,36 +552,30 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 	return items, aside, nil
 }
 
-// readEventResults reads readEventsOnce's pipeline: the timeouts, the ids
-// still pending and each table's events.
-func readEventResults(results pgx.BatchResults, order []string) (map[string][]byte, map[string]bool, error) {
+// readEventResults reads readEventsOnce's pipeline: the timeouts, then
+// each read's claimed rows still pending with their events.
+func readEventResults(results pgx.BatchResults, reads int) (map[string][]byte, map[string]bool, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, nil, err
 	}
-	rows, err := results.Query()
-	if err != nil {
-		return nil, nil, err
-	}
 	pending := map[string]bool{}
+	events := map[string][]byte{}
 	var id string
-	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { pending[id] = true; return nil }); err != nil {
-		return nil, nil, err
-	}
-	events := make(map[string][]byte, len(pending))
-	for _, table := range order {
+	var raw []byte
+	for range reads {
 		rows, err := results.Query()
 		if err != nil {
-			return nil, nil, fmt.Errorf("read events from %s: %w", cmpOr(table, "baselines"), err)
+			return nil, nil, fmt.Errorf("read events: %w", err)
 		}
-		var raw []byte
 		_, err = pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
+			pending[id] = true
 			if raw != nil {
 				events[id] = append([]byte(nil), raw...)
 			}
 			return nil
 		})
 		if err != nil {
-			return nil, nil, fmt.Errorf("read events from %s: %w", cmpOr(table, "baselines"), err)
+			return nil, nil, fmt.Errorf("read events: %w", err)
 		}
 	}
 	return events, pending, nil

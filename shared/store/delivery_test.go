@@ -42,19 +42,28 @@ func TestStateAndTargets(t *testing.T) {
 	}
 }
 
+// TestSchemaErrors: a database without the replication schema, with an
+// empty singleton table, or at an unknown protocol version is refused with
+// the error naming it, by the state read and by a drain's claim alike.
 func TestSchemaErrors(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
-	_, err := e.store.State(e.ctx)
-	require.ErrorIs(t, err, store.ErrNoSchema)
-	require.False(t, store.Retryable(err))
+	both := func(want error, msg string) {
+		t.Helper()
+		_, err := e.store.State(e.ctx)
+		require.ErrorIs(t, err, want, msg)
+		require.False(t, store.Retryable(err))
+		_, _, c, err := e.store.ClaimActive(e.ctx)
+		require.ErrorIs(t, err, want, "claim: %s", msg)
+		require.Nil(t, c)
+	}
+	both(store.ErrNoSchema, "no schema")
 	e.exec(t, `CREATE TABLE _ontology_replication (id boolean PRIMARY KEY DEFAULT true, version integer NOT NULL,
 		source_id uuid NOT NULL DEFAULT gen_random_uuid(), enabled boolean NOT NULL DEFAULT false, active_generation uuid)`)
-	_, err = e.store.State(e.ctx)
-	require.ErrorIs(t, err, store.ErrNoSchema, "no singleton row")
+	both(store.ErrNoSchema, "no singleton row")
 	e.exec(t, `INSERT INTO _ontology_replication (version) VALUES (5)`)
-	_, err = e.store.State(e.ctx)
-	require.ErrorIs(t, err, store.ErrUnsupportedProtocol)
+	both(store.ErrUnsupportedProtocol, "version 5")
+	_, err := e.store.State(e.ctx)
 	require.ErrorContains(t, err, "version 5")
 }
 
