@@ -3,15 +3,23 @@
 //
 // # Drain
 //
-// Drain publishes at most one batch of a workspace's pending events: in one
-// transaction it takes the shared lifecycle lock, reads the replication
-// state and claims the oldest pending events (FOR UPDATE SKIP LOCKED, so
-// concurrent drains take disjoint batches); it publishes them as one Pub/Sub
-// request and acknowledges them only after Pub/Sub accepted the whole batch.
-// A failed or timed-out publish acknowledges nothing; a lost response only
-// ever yields duplicates. An event Pub/Sub can never take is held back (it
-// stays pending and is logged with its ids) without blocking the events
-// behind it.
+// Drain publishes at most one batch of a workspace's pending events: it
+// claims the oldest pending events (disjoint from concurrent drains, holding
+// no lock the SDK waits on; see the store's claims), publishes them as one
+// Pub/Sub request and acknowledges them only after Pub/Sub accepted them. A
+// failed or timed-out publish acknowledges nothing; a lost response only
+// ever yields duplicates. Events that cannot be published are set aside
+// with a backoff, and the events behind them go on: those the store found
+// unpublishable (missing history row, table without a capture trigger,
+// malformed capture), those larger than a request may be, and those Pub/Sub
+// refuses, found by bisection of the refused request. Events set aside
+// before, whose backoff has passed, go in a request of their own. Each
+// drain that sets events aside logs one error line naming them.
+//
+// DrainAll runs several drains of one workspace until nothing publishable
+// is left, optionally while backfill or replay pages run beside them;
+// Backfill and Replay are those page loops. ForEach walks many workspaces a
+// bounded number at a time, carrying on past failures.
 //
 // # Verify
 //
@@ -19,5 +27,13 @@
 // lookup, verify the present, retry the absent" until nothing is due or the
 // budget is spent; Sweep then publishes what no wake-up will come for.
 // VerifyAll does both for every workspace within one budget, and one
-// workspace's failure does not stop the others.
+// workspace's failure does not stop the others. DeadLetters reads a
+// workspace's dead-letter subscription and republishes its messages.
+//
+// # Connections
+//
+// A Service leases each workspace's store from its database.Pools for the
+// length of an operation (Lease); the pools bound the connections per
+// workspace and how many workspaces are open at once, and close what is
+// idle.
 package delivery

@@ -15,7 +15,7 @@ import (
 // the time the acknowledgement runs (after Pub/Sub accepted the batch); a
 // lost publish response leaves the same ids pending, producing duplicates
 // only. The state predicate and the id list are written so that the rows
-// are found by primary key (see byKey and ids.go).
+// are found by primary key (see Finding rows by key in the package doc).
 const sqlAcknowledge = `WITH accepted AS (
           UPDATE _ontology_replication_delivery SET accepted_at = now(), next_verify_at = now()
           WHERE generation = $1::uuid AND (CASE WHEN accepted_at IS NULL THEN true END)
@@ -23,21 +23,6 @@ const sqlAcknowledge = `WITH accepted AS (
           RETURNING event_id, accepted_at
         ) INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at)
           SELECT $1::uuid, event_id, accepted_at FROM accepted ON CONFLICT DO NOTHING`
-
-// byKey: the seed's statements that update a list of delivery rows
-// (acknowledge, verify, retry) also filter on the rows' state, accepted_at
-// IS NULL or accepted_at IS NOT NULL AND verified_at IS NULL, which is the
-// predicate of a partial index (_ontology_delivery_pending,
-// _ontology_delivery_verify). When the statistics were taken with that
-// index nearly empty (everything verified, then a replay made a million
-// events pending, faster than autovacuum analyses), PostgreSQL believes the
-// index holds nothing, scans all of it and hash-joins the ids. The store
-// writes the same predicate as (CASE WHEN <predicate> THEN true END): true
-// exactly when the predicate is, NULL (not selected) otherwise, and not a
-// predicate a partial index can be matched with, so the rows are found by
-// the primary key (generation, event_id) whatever the statistics say.
-// TestStateUpdatesUsePrimaryKey checks the plans on stale statistics and
-// TestStateUpdatesMatchTheSeed the results against the seed's statements.
 
 // sqlSetAside is the store's own statement (no seed): it sets aside pending
 // events that cannot be published ($2, each with its backoff in

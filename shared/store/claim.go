@@ -121,13 +121,13 @@ const sqlCandidates = `WITH candidates AS MATERIALIZED (
 
 const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
 
-// sqlPendingBaselineEvents and sqlPendingHistoryEvents are the per-table
-// reads of pendingReplicationEvents (sqlBaselineEvents, sqlHistoryEvents)
-// for the claimed rows ($2) that are still pending and not set aside, in a
-// snapshot taken after their locks (see above): each claimed row comes back
-// with its event, or with NULL when its history (or baseline) row is gone.
-// Delivery and event rows are found by primary key (see byKey and ids.go).
-// %s is the history table's quoted identifier, checked against the
+// sqlPendingBaselineEvents and sqlPendingHistoryEvents are the per-table reads
+// of pendingReplicationEvents (sqlBaselineEvents, sqlHistoryEvents) for the
+// claimed rows ($2) that are still pending and not set aside, in a snapshot
+// taken after their locks (see above): each claimed row comes back with its
+// event, or with NULL when its history (or baseline) row is gone. Delivery and
+// event rows are found by primary key (see Finding rows by key in the package
+// doc). %s is the history table's quoted identifier, checked against the
 // capture-trigger tables.
 const (
 	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event FROM _ontology_replication_delivery d

@@ -7,19 +7,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Id lists. The seed sends a list of ids as a JSON array and expands it
-// with IN (SELECT value::uuid FROM jsonb_array_elements_text($2::jsonb)).
-// The store's own statements take the list as a uuid[] parameter and match
-// it with = ANY (ARRAY(SELECT unnest($2::uuid[]))): the same rows (set
-// membership either way), looked up in the primary key whatever the sizes
-// of the list and the table. The planner cannot see the length of the
-// ARRAY(SELECT …) sub-plan's result, so it always costs a short list of key
-// lookups; given the JSON array it guesses 100 elements and, on a small
-// table, hash-joins them to a scan of the whole table, and given the bare
-// array it knows the length and prefers a scan of the whole table to 1,000
-// lookups. TestStateUpdatesUsePrimaryKey checks the plans and
-// TestStateUpdatesMatchTheSeed the results against the seed's statements.
-
 // uuids converts ids in their text form to the uuid[] parameter of the
 // store's statements, which pgx sends as 16 bytes each.
 func uuids(ids []string) ([]pgtype.UUID, error) {

@@ -230,13 +230,13 @@ const sqlSetTimeouts = `SELECT set_config('statement_timeout', $1, true), set_co
 // sqlSetKeyOrder is sqlSetTimeouts for a transaction that updates a set of
 // delivery rows (acknowledge, set aside, verify, retry, a replay page); it
 // also turns sequential and bitmap scans off, so that each such statement
-// finds its rows by the primary key (generation, event_id) and so locks
-// them in key order. Acknowledgements, replay pages and the verifier's
-// retries can want the same rows at once; locked in the same order, they
-// wait for each other instead of deadlocking (a bitmap scan locks them in
-// the table's physical order). Every such statement matches its rows with
-// a state predicate no partial index has (see byKey), so the primary key
-// is the only index it can use.
+// finds its rows by the primary key (generation, event_id) and so locks them
+// in key order. Acknowledgements, replay pages and the verifier's retries can
+// want the same rows at once; locked in the same order, they wait for each
+// other instead of deadlocking (a bitmap scan locks them in the table's
+// physical order). Every such statement matches its rows with a state
+// predicate no partial index has (see Finding rows by key in the package doc),
+// so the primary key is the only index it can use.
 const sqlSetKeyOrder = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
   set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 

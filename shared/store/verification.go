@@ -31,16 +31,16 @@ const sqlDueUnverified = `SELECT event_id::text AS id, accepted_at FROM _ontolog
      WHERE generation = $1::uuid AND accepted_at IS NOT NULL AND verified_at IS NULL
        AND next_verify_at <= now() ORDER BY next_verify_at, event_id LIMIT 1000`
 
-// sqlVerify is verifyReplicationEventsV4 (seed 000): the target row is
-// locked first (FOR NO KEY UPDATE) so concurrent verifiers serialise their
+// sqlVerify is verifyReplicationEventsV4 (seed 000): the target row is locked
+// first (FOR NO KEY UPDATE) so concurrent verifiers serialise their
 // verified_count updates; delivery rows and receipts get verified_at. It
 // returns the number of events verified (a RETURNING clause the seed's
 // statement does not have). sqlRetry is retryUnverifiedReplicationV4 (seed
-// 000): only ids that were checked and found absent; each is checked again
-// in 30 seconds, and one accepted more than 15 minutes ago goes back to
-// pending and loses its receipt. A verification backlog is never a
-// delivery failure. Both write their state predicate and id list so that
-// the rows are found by primary key (see byKey and ids.go); the seed's
+// 000): only ids that were checked and found absent; each is checked again in
+// 30 seconds, and one accepted more than 15 minutes ago goes back to pending
+// and loses its receipt. A verification backlog is never a delivery failure.
+// Both write their state predicate and id list so that the rows are found by
+// primary key (see Finding rows by key in the package doc); the seed's
 // statements are in seed_test.go, and the tests run both.
 const (
 	sqlVerify = `WITH locked AS MATERIALIZED (
