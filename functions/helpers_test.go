@@ -170,7 +170,8 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	pub, err := publish.New(h.ctx, publish.Config{Timeout: 5 * time.Second, Options: clientOpts})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	wh := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 3 * time.Second})
+	wh, err := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 3 * time.Second})
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = wh.Close() })
 	log := slog.New(slog.NewJSONHandler(&lockedWriter{b: h.logs}, nil))
 	h.instance = func() http.Handler {

@@ -116,8 +116,20 @@ func (h *harness) start(id string) sdkfixture.Generation {
 
 // run runs the job with the harness's environment.
 func (h *harness) run(ctx context.Context, args ...string) (string, string, error) {
+	return h.runEnv(ctx, nil, args...)
+}
+
+// runEnv runs the job with the harness's environment, some variables
+// replaced.
+func (h *harness) runEnv(ctx context.Context, replace map[string]string, args ...string) (string, string, error) {
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, args, func(k string) string { return h.env[k] }, &stdout, &stderr)
+	getenv := func(k string) string {
+		if v, ok := replace[k]; ok {
+			return v
+		}
+		return h.env[k]
+	}
+	err := run(ctx, args, getenv, &stdout, &stderr)
 	return stdout.String(), stderr.String(), err
 }
 

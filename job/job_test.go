@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -298,6 +300,9 @@ func TestReplayWhileWritersCommit(t *testing.T) {
 	require.EqualValues(t, 3000+writes.Load(), h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
 }
 
+// TestTaskSharding: with CLOUD_RUN_TASK_COUNT tasks, each task drains
+// exactly its share of the workspaces (every count-th in id order), and
+// together they drain each workspace once.
 func TestTaskSharding(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, &sdkfixture.V4Template, &sdkfixture.V4Template, &sdkfixture.V4Template)
@@ -305,10 +310,25 @@ func TestTaskSharding(t *testing.T) {
 		h.start(id)
 		h.products(id, 10)
 	}
-	h.env["CLOUD_RUN_TASK_COUNT"] = "2"
-	for _, index := range []string{"0", "1"} {
-		h.env["CLOUD_RUN_TASK_INDEX"] = index
-		h.mustRun("drain")
+	for index, want := range [][]string{{"w1", "w3"}, {"w2"}} {
+		before := map[string]int{}
+		for _, id := range []string{"w1", "w2", "w3"} {
+			before[id] = len(h.published(id))
+		}
+		out, logs, err := h.runEnv(h.ctx, map[string]string{"CLOUD_RUN_TASK_COUNT": "2", "CLOUD_RUN_TASK_INDEX": strconv.Itoa(index)}, "drain")
+		require.NoError(t, err, logs)
+		var touched []string
+		for _, id := range []string{"w1", "w2", "w3"} {
+			if len(h.published(id)) > before[id] {
+				touched = append(touched, id)
+			}
+		}
+		require.Equal(t, want, touched, "task %d drained only its share", index)
+		var listed []string
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			listed = append(listed, strings.SplitN(line, "\t", 2)[0])
+		}
+		require.Equal(t, want, listed, "task %d reports only its share", index)
 	}
 	for _, id := range []string{"w1", "w2", "w3"} {
 		pub := h.published(id)
@@ -317,45 +337,87 @@ func TestTaskSharding(t *testing.T) {
 			require.Equal(t, 1, n, "%s processed by exactly one task", id)
 		}
 	}
-	h.env["CLOUD_RUN_TASK_INDEX"] = "2"
-	_, _, err := h.run(h.ctx, "drain")
-	require.ErrorContains(t, err, "CLOUD_RUN_TASK_INDEX")
 }
 
+// TestBadInput: every mistake in the command line or the configuration
+// gets a one-line cause naming it; a usage error is told apart (the job
+// exits 2 for it, 1 for any other failure); nothing changes.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, &sdkfixture.V4Template)
 	h.start("w1")
 	h.products("w1", 3)
 	cases := []struct {
-		name string
-		args []string
-		env  map[string]string
-		want string
+		name  string
+		args  []string
+		env   map[string]string
+		want  string
+		usage bool
 	}{
-		{"no command", nil, nil, "no command given"},
-		{"unknown command", []string{"publish"}, nil, `unknown command "publish"`},
-		{"unknown workspace", []string{"drain", "--workspace", "w9"}, nil, `unknown workspace "w9"`},
-		{"unknown generation", []string{"replay", "--workspace", "w1", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "unknown replication generation"},
-		{"malformed generation", []string{"status", "--workspace", "w1", "--generation", "nope"}, nil, "status failed for w1"},
-		{"generation without workspace", []string{"replay", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "--generation needs --workspace"},
-		{"unknown flag", []string{"drain", "--everything"}, nil, "flag provided but not defined"},
-		{"missing registry", []string{"drain"}, map[string]string{"REPLICATION_WORKSPACES": ""}, "no workspace registry"},
-		{"bad registry", []string{"drain"}, map[string]string{"REPLICATION_WORKSPACES": `{"workspaces": [{"id": "w1"}]}`}, "workspaces[0] (w1).database"},
+		{"no command", nil, nil, "no command given", true},
+		{"unknown command", []string{"publish"}, nil, `unknown command "publish"`, true},
+		{"the old local command", []string{"local"}, nil, "go run ./job/local", true},
+		{"unknown workspace", []string{"drain", "--workspace", "w9"}, nil, `unknown workspace "w9"`, true},
+		{"unknown generation", []string{"replay", "--workspace", "w1", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "unknown replication generation", false},
+		{"malformed generation", []string{"status", "--workspace", "w1", "--generation", "nope"}, nil, "status failed for w1: ", false},
+		{"generation without workspace", []string{"replay", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "--generation needs --workspace", true},
+		{"unknown flag", []string{"drain", "--everything"}, nil, "flag provided but not defined", true},
+		{"a flag of another command", []string{"drain", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "flag provided but not defined: -generation", true},
+		{"budget zero", []string{"verify", "--budget", "0"}, nil, "--budget 0s: want 1s to 1h", true},
+		{"budget too long", []string{"verify", "--budget", "2h"}, nil, "--budget 2h0m0s: want 1s to 1h", true},
+		{"parallel zero", []string{"drain", "--parallel", "0"}, nil, "--parallel 0: want 1 to 64", true},
+		{"an argument", []string{"drain", "w1"}, nil, `unexpected argument "w1"`, true},
+		{"missing registry", []string{"drain"}, map[string]string{"REPLICATION_WORKSPACES": ""}, "no workspace registry", false},
+		{"bad registry", []string{"drain"}, map[string]string{"REPLICATION_WORKSPACES": `{"workspaces": [{"id": "w1"}]}`}, "workspaces[0] (w1).database", false},
+		{"bad pool size", []string{"drain"}, map[string]string{"DATABASE_POOL_SIZE": "100"}, "DATABASE_POOL_SIZE", false},
+		{"bad log level", []string{"drain"}, map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL", false},
+		{"bad task index", []string{"drain"}, map[string]string{"CLOUD_RUN_TASK_COUNT": "2", "CLOUD_RUN_TASK_INDEX": "2"}, "CLOUD_RUN_TASK_INDEX", true},
 	}
 	for _, c := range cases {
-		saved := map[string]string{}
-		for k, v := range c.env {
-			saved[k] = h.env[k]
-			h.env[k] = v
-		}
-		_, _, err := h.run(h.ctx, c.args...)
-		require.ErrorContains(t, err, c.want, c.name)
-		require.NotContains(t, strings.TrimSpace(err.Error()), "\n", "%s: a one-line cause", c.name)
-		for k, v := range saved {
-			h.env[k] = v
-		}
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := h.runEnv(h.ctx, c.env, c.args...)
+			require.ErrorContains(t, err, c.want)
+			require.NotContains(t, strings.TrimSpace(oneLine(err.Error())), "\n", "a one-line cause")
+			var usage usageError
+			require.Equal(t, c.usage, errors.As(err, &usage), "told apart as a usage error: %v", err)
+		})
 	}
 	require.Empty(t, h.pubsub.Messages(), "nothing changed")
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+}
+
+// TestHelp: -h on the job and on every command prints its usage and
+// succeeds.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	out, _, err := h.run(h.ctx, "-h")
+	require.NoError(t, err)
+	for _, c := range commands {
+		require.Contains(t, out, c.name)
+		cmdOut, _, err := h.run(h.ctx, c.name, "-h")
+		require.NoError(t, err, c.name)
+		require.Contains(t, cmdOut, "usage: job "+c.name)
+		require.Contains(t, cmdOut, "--workspace")
+		for _, f := range c.flags {
+			require.Contains(t, cmdOut, "--"+f, "%s documents --%s", c.name, f)
+		}
+	}
+}
+
+// TestJSONIsOneDocument: --json writes one document, whatever the number
+// of workspaces.
+func TestJSONIsOneDocument(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template, &sdkfixture.V4Template)
+	h.start("w1")
+	h.start("w2")
+	for _, args := range [][]string{{"drain", "--json"}, {"status", "--json"}, {"set-aside", "--json"}, {"verify", "--json"}} {
+		out := h.mustRun(args...)
+		dec := json.NewDecoder(strings.NewReader(out))
+		var doc any
+		require.NoError(t, dec.Decode(&doc), "%v", args)
+		require.False(t, dec.More(), "%v: one document", args)
+		require.Equal(t, 1, strings.Count(strings.TrimSpace(out), "\n")+1, "%v: compact when not on a terminal", args)
+	}
 }

@@ -70,14 +70,14 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 	out.Generation = t.Generation
 	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = t.BaselineComplete, t.BackfillComplete, t.ReplayComplete
 	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = rawCursor(t.BaselineCursor), rawCursor(t.BackfillCursor), t.ReplayCursor
-	s, err := lease.Status(ctx, t)
+	counts, err := lease.Status(ctx, t)
 	if err != nil {
 		return out, err
 	}
-	out.Total, out.Accepted, out.Verified, out.InitiallyReady = s.Total, s.Accepted, s.Verified, s.InitiallyReady
-	out.Pending, out.DueVerifications = s.Pending, s.DueVerifications
-	if !s.OldestPending.IsZero() {
-		oldest := s.OldestPending.UTC()
+	out.Total, out.Accepted, out.Verified, out.InitiallyReady = counts.Total, counts.Accepted, counts.Verified, counts.InitiallyReady
+	out.Pending, out.DueVerifications = counts.Pending, counts.DueVerifications
+	if !counts.OldestPending.IsZero() {
+		oldest := counts.OldestPending.UTC()
 		out.OldestPending = &oldest
 		out.OldestPendingAge = max(time.Since(oldest), 0).Round(time.Second).String()
 	}

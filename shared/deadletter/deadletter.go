@@ -42,8 +42,20 @@ type Reader struct {
 	timeout time.Duration
 }
 
+// Validate reports the first invalid field (a zero field takes its
+// default).
+func (c Config) Validate() error {
+	if c.PullTimeout != 0 && (c.PullTimeout < 100*time.Millisecond || c.PullTimeout > time.Minute) {
+		return fmt.Errorf("PullTimeout %v: must be between 100ms and 1m", c.PullTimeout)
+	}
+	return nil
+}
+
 // New returns a Reader. It does not contact Pub/Sub.
 func New(ctx context.Context, cfg Config) (*Reader, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("deadletter: invalid config: %w", err)
+	}
 	opts := cfg.Options
 	if cfg.EmulatorHost != "" {
 		opts = append([]option.ClientOption{option.WithEndpoint(cfg.EmulatorHost), option.WithoutAuthentication(),

@@ -73,18 +73,28 @@ type cachedStore struct {
 	st   *store.Store
 }
 
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.Registry == nil:
+		return errors.New("Registry is required")
+	case c.Pools == nil:
+		return errors.New("Pools is required")
+	case c.Publisher == nil:
+		return errors.New("Publisher is required")
+	case c.RequeueReportAfter < 0:
+		return fmt.Errorf("RequeueReportAfter %d: must not be negative", c.RequeueReportAfter)
+	}
+	if err := c.Store.Validate(); err != nil {
+		return fmt.Errorf("Store.%w", err)
+	}
+	return nil
+}
+
 // New returns a Service.
 func New(cfg Config) (*Service, error) {
-	switch {
-	case cfg.Registry == nil:
-		return nil, errors.New("delivery: invalid config: Registry is required")
-	case cfg.Pools == nil:
-		return nil, errors.New("delivery: invalid config: Pools is required")
-	case cfg.Publisher == nil:
-		return nil, errors.New("delivery: invalid config: Publisher is required")
-	}
-	if err := cfg.Store.Validate(); err != nil {
-		return nil, fmt.Errorf("delivery: invalid config: Store.%w", err)
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("delivery: invalid config: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {

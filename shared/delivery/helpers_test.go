@@ -127,7 +127,8 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, url, maxConns, bqHTTP.URL)))
 	require.NoError(tb, err)
 	r.queries = &counter{}
-	wh := warehouse.NewBigQuery(warehouse.Config{})
+	wh, err := warehouse.NewBigQuery(warehouse.Config{})
+	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = wh.Close() })
 	r.newService = func() *delivery.Service {
 		pools, err := database.New(database.Config{Tracer: r.queries})

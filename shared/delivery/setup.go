@@ -76,8 +76,13 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 	}
 	o.Warehouse = cfg.Warehouse
 	if o.Warehouse == nil {
-		o.Warehouse = warehouse.NewBigQuery(warehouse.Config{})
-		o.close = append(o.close, func() { _ = o.Warehouse.Close() })
+		wh, err := warehouse.NewBigQuery(warehouse.Config{})
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		o.Warehouse = wh
+		o.close = append(o.close, func() { _ = wh.Close() })
 	}
 	dead := cfg.DeadLetters
 	if dead == nil && cfg.DeadLetterReader {

@@ -45,6 +45,15 @@ type Config struct {
 	Options []option.ClientOption
 }
 
+// Validate reports the first invalid field (a zero field takes its
+// default).
+func (c Config) Validate() error {
+	if c.Timeout != 0 && (c.Timeout < 100*time.Millisecond || c.Timeout > time.Minute) {
+		return fmt.Errorf("Timeout %v: must be between 100ms and 1m", c.Timeout)
+	}
+	return nil
+}
+
 // Publisher publishes one batch as one Publish RPC: every message is stored
 // or none is reported stored.
 type Publisher struct {
@@ -54,11 +63,11 @@ type Publisher struct {
 
 // New returns a Publisher. Creating it does not contact Pub/Sub.
 func New(ctx context.Context, cfg Config) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("publish: invalid config: %w", err)
+	}
 	cfg.Project = cmp.Or(cfg.Project, "replication")
 	cfg.Timeout = cmp.Or(cfg.Timeout, 10*time.Second)
-	if cfg.Timeout < 100*time.Millisecond || cfg.Timeout > time.Minute {
-		return nil, fmt.Errorf("publish: invalid config: Timeout %v: must be between 100ms and 1m", cfg.Timeout)
-	}
 	opts := cfg.Options
 	if cfg.EmulatorHost != "" {
 		opts = append([]option.ClientOption{option.WithEndpoint(cfg.EmulatorHost), option.WithoutAuthentication(),

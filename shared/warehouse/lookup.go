@@ -34,9 +34,21 @@ type BigQuery struct {
 }
 
 // NewBigQuery returns a BigQuery warehouse. Clients are created on first use.
-func NewBigQuery(cfg Config) *BigQuery {
+func NewBigQuery(cfg Config) (*BigQuery, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("warehouse: invalid config: %w", err)
+	}
 	cfg.LookupTimeout = cmp.Or(cfg.LookupTimeout, 20*time.Second)
-	return &BigQuery{cfg: cfg, clients: map[string]*bigquery.Client{}}
+	return &BigQuery{cfg: cfg, clients: map[string]*bigquery.Client{}}, nil
+}
+
+// Validate reports the first invalid field (a zero field takes its
+// default).
+func (c Config) Validate() error {
+	if c.LookupTimeout != 0 && (c.LookupTimeout < time.Second || c.LookupTimeout > 10*time.Minute) {
+		return fmt.Errorf("LookupTimeout %v: must be between 1s and 10m", c.LookupTimeout)
+	}
+	return nil
 }
 
 func (b *BigQuery) client(ctx context.Context, bq registry.BigQuery) (*bigquery.Client, error) {

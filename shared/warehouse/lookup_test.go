@@ -52,7 +52,8 @@ func TestPresent(t *testing.T) {
 			srv.PageSize = c.pageSize
 			hs := httptest.NewServer(srv)
 			defer hs.Close()
-			wh := warehouse.NewBigQuery(warehouse.Config{})
+			wh, err := warehouse.NewBigQuery(warehouse.Config{})
+			require.NoError(t, err)
 			defer wh.Close()
 			ws := registry.Workspace{BigQuery: registry.BigQuery{Project: "p1", Dataset: "ontology_internal", Table: "events",
 				Location: "EU", Endpoint: hs.URL, Partitioning: c.partitioning}}
@@ -83,10 +84,11 @@ func TestPresentFailure(t *testing.T) {
 		return bqserver.Result{}, &bqserver.Error{Status: 400, Reason: "invalidQuery", Message: "no such table"}
 	}))
 	defer hs.Close()
-	wh := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 2 * time.Second})
+	wh, err := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 2 * time.Second})
+	require.NoError(t, err)
 	defer wh.Close()
 	ws := registry.Workspace{BigQuery: registry.BigQuery{Project: "p1", Dataset: "d", Table: "events", Endpoint: hs.URL}}
-	_, err := wh.Present(context.Background(), ws, "g", []string{"a"}, time.Time{})
+	_, err = wh.Present(context.Background(), ws, "g", []string{"a"}, time.Time{})
 	require.ErrorContains(t, err, "no such table")
 	got, err := wh.Present(context.Background(), ws, "g", nil, time.Time{})
 	require.NoError(t, err)

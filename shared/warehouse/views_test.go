@@ -111,7 +111,8 @@ func TestCreateViewsThroughTheClient(t *testing.T) {
 		return bqserver.Result{}, nil
 	}))
 	defer srv.Close()
-	wh := warehouse.NewBigQuery(warehouse.Config{})
+	wh, err := warehouse.NewBigQuery(warehouse.Config{})
+	require.NoError(t, err)
 	defer wh.Close()
 	ws := registry.Workspace{ID: "w1", BigQuery: registry.BigQuery{Project: "p1", Dataset: "ontology_internal", Table: "events", Location: "EU", Endpoint: srv.URL}}
 	created, err := wh.CreateViews(context.Background(), ws, demoTarget(t, sdkfixture.Demo, sdkfixture.Demo.FullSelection()))
