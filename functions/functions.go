@@ -1,6 +1,7 @@
 package functions
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +33,9 @@ const (
 	// EnvSweepBatches is how many pending batches the verifier's sweep
 	// publishes per workspace per run. Default: 20.
 	EnvSweepBatches = "VERIFY_SWEEP_BATCHES"
+	// EnvVerifyWorkers is how many workspaces the verifier verifies at
+	// once. Default: 8.
+	EnvVerifyWorkers = "VERIFY_WORKERS"
 )
 
 // FunctionNames are the functions this package registers, the values
@@ -39,7 +43,12 @@ const (
 var FunctionNames = []string{"Drain", "Verify"}
 
 // Env lists every environment variable the functions read.
-var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches)
+var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers)
+
+// defaultMaxOpenPools bounds the workspace pools an instance keeps open:
+// with defaultPoolSize, at most 128 connections an instance holds across
+// the fleet (one per open pool, mostly, and each closed after 30 s idle).
+const defaultMaxOpenPools = 64
 
 // defaultPoolSize is each instance's connections per workspace database:
 // a drain holds one while its batch is published.
@@ -118,12 +127,13 @@ type dependencies struct {
 
 // server holds the functions' state, shared by every request of an instance.
 type server struct {
-	err          error
-	log          *slog.Logger
-	svc          *delivery.Service
-	verifier     *identity.Verifier // nil when the registry has no identity
-	verifyBudget time.Duration
-	sweepBatches int
+	err           error
+	log           *slog.Logger
+	svc           *delivery.Service
+	verifier      *identity.Verifier // nil when the registry has no identity
+	verifyBudget  time.Duration
+	sweepBatches  int
+	verifyWorkers int
 	// close releases the server's pools and clients (tests; a deployed
 	// instance keeps them until it ends).
 	close func()
@@ -138,7 +148,7 @@ func newServerFromEnv() *server {
 }
 
 func newServer(ctx context.Context, getenv func(string) string, deps dependencies) (*server, error) {
-	s := &server{verifyBudget: 50 * time.Second, sweepBatches: 20}
+	s := &server{verifyBudget: 50 * time.Second, sweepBatches: 20, verifyWorkers: 8}
 	if raw := getenv(EnvVerifyBudget); raw != "" {
 		d, err := time.ParseDuration(raw)
 		if err != nil || d < time.Second || d > time.Hour {
@@ -152,6 +162,13 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 			return nil, fmt.Errorf("functions: %s: %q must be a whole number from 0 to 1000", EnvSweepBatches, raw)
 		}
 		s.sweepBatches = n
+	}
+	if raw := getenv(EnvVerifyWorkers); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > 64 {
+			return nil, fmt.Errorf("functions: %s: %q must be a whole number from 1 to 64", EnvVerifyWorkers, raw)
+		}
+		s.verifyWorkers = n
 	}
 	settings, err := config.Read(getenv, defaultPoolSize)
 	if err != nil {
@@ -173,7 +190,7 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 	opened, err := delivery.Open(ctx, delivery.OpenConfig{
 		Registry:           reg,
 		PubSubEmulatorHost: settings.EmulatorHost,
-		Pools:              database.Config{MaxConns: settings.PoolSize},
+		Pools:              database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, defaultMaxOpenPools)},
 		Publisher:          deps.publisher,
 		Warehouse:          deps.warehouse,
 		Logger:             log,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
@@ -63,15 +65,17 @@ type workspaceDB struct {
 // harness is a functions server over real parts: PostgreSQL, pstest, a
 // local token issuer and an in-test BigQuery server.
 type harness struct {
-	t       *testing.T
-	ctx     context.Context
-	srv     *server
-	pubsub  *pstest.Server
-	faults  *switchable
-	issuer  *tokenissuer.Issuer
-	bq      *bqserver.Server
-	bqRows  atomic.Pointer[func(bqserver.Query) (bqserver.Result, error)]
-	spaces  map[string]*workspaceDB
+	t      *testing.T
+	ctx    context.Context
+	srv    *server
+	pubsub *pstest.Server
+	faults *switchable
+	issuer *tokenissuer.Issuer
+	bq     *bqserver.Server
+	bqRows atomic.Pointer[bqserver.Handler]
+	spaces map[string]*workspaceDB
+	// cluster is the workspaces' cluster, when it is the test's own.
+	cluster *pgtest.Cluster
 	logs    *strings.Builder
 	handler http.Handler
 	// instance starts another instance of the functions over the same
@@ -87,6 +91,22 @@ type harnessConfig struct {
 	workspaces []string
 	legacy     map[string]bool
 	env        map[string]string
+	// sharedTable puts every workspace's events in one BigQuery table;
+	// otherwise each has its own dataset.
+	sharedTable bool
+	// cluster holds the workspaces' databases; default: the shared one.
+	cluster *pgtest.Cluster
+}
+
+// withCluster puts the workspaces' databases on a cluster of the test's
+// own.
+func withCluster(c *pgtest.Cluster) option_ {
+	return func(c_ *harnessConfig) { c_.cluster = c }
+}
+
+// withSharedTable puts every workspace's events in one BigQuery table.
+func withSharedTable() option_ {
+	return func(c *harnessConfig) { c.sharedTable = true }
 }
 
 // withLegacy makes a workspace's database protocol 3.
@@ -126,9 +146,9 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	jwks := httptest.NewServer(h.issuer)
 	t.Cleanup(jwks.Close)
 
-	h.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+	h.bq = bqserver.New(func(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
 		if f := h.bqRows.Load(); f != nil {
-			return (*f)(q)
+			return (*f)(ctx, q)
 		}
 		return h.landed(q)
 	})
@@ -142,20 +162,31 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 		if cfg.legacy[id] {
 			tpl = &sdkfixture.V3Template
 		}
-		ws.url = pgtest.NewDatabase(t, tpl)
+		if cfg.cluster != nil {
+			ws.url = cfg.cluster.NewDatabase(t, tpl)
+		} else {
+			ws.url = pgtest.NewDatabase(t, tpl)
+		}
 		ws.pool, err = pgxpool.New(h.ctx, ws.url)
 		require.NoError(t, err)
 		t.Cleanup(ws.pool.Close)
 		ws.w = sdkfixture.NewWriter(ws.pool, sdkfixture.Demo)
 		ws.gen, err = sdkfixture.StartGeneration(h.ctx, ws.pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
 		require.NoError(t, err)
+		if cfg.cluster != nil {
+			ws.pool.Reset() // a fleet's test connections do not add up
+		}
 		topic := "projects/p1/topics/events-" + id
 		_, err = h.pubsub.GServer.CreateTopic(h.ctx, &pubsubpb.Topic{Name: topic})
 		require.NoError(t, err)
 		h.spaces[id] = ws
+		dataset := "ds_" + id
+		if cfg.sharedTable {
+			dataset = "ontology_internal"
+		}
 		spaces = append(spaces, fmt.Sprintf(`{"id": %q, "organization_id": %q, "runtime_subject": %q,
 			"database": {"url": %q}, "pubsub": {"project": "p1", "topic": "events-%s"},
-			"bigquery": {"project": "p1", "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, ws.url, id, bqHTTP.URL))
+			"bigquery": {"project": "p1", "dataset": %q, "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, ws.url, id, dataset, bqHTTP.URL))
 	}
 	cfg.env["REPLICATION_WORKSPACES"] = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q}, "workspaces": [%s]}`,
 		h.issuer.URL, jwks.URL, strings.Join(spaces, ","))
@@ -241,11 +272,11 @@ func (h *harness) callOn(handler http.Handler, method, path, token, org string) 
 }
 
 // verify calls the Verify function.
-func (h *harness) verify(body string) (int, verifyResponse) {
+func (h *harness) verify(body string) (int, delivery.VerifyPass) {
 	req := httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader(body))
 	rec := httptest.NewRecorder()
 	h.handler.ServeHTTP(rec, req)
-	var resp verifyResponse
+	var resp delivery.VerifyPass
 	require.NoError(h.t, json.Unmarshal(rec.Body.Bytes(), &resp), "body %s", rec.Body.String())
 	return rec.Code, resp
 }
@@ -275,11 +306,11 @@ func (h *harness) published(workspace string) []event.Event {
 // landed answers a lookup from what Pub/Sub holds, as a BigQuery
 // subscription would have written it.
 func (h *harness) landed(q bqserver.Query) (bqserver.Result, error) {
-	ids, gen := q.Params["ids"], q.Params["generation"].Value
+	ids, gens := q.Params["ids"], q.Params["generations"].Values
 	held := map[string]bool{}
 	for _, m := range h.pubsub.Messages() {
 		var e event.Event
-		if json.Unmarshal(m.Data, &e) == nil && e.Generation == gen {
+		if json.Unmarshal(m.Data, &e) == nil && slices.Contains(gens, e.Generation) {
 			held[e.EventID] = true
 		}
 	}

@@ -1,9 +1,11 @@
 package functions
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,15 +14,45 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
-// verifyRequest is the Verify function's optional JSON body.
+// verifyRequest is the Verify function's optional JSON body: one
+// workspace, or one shard of the registry (each scheduler job of a sharded
+// deployment names its own).
 type verifyRequest struct {
 	// Workspace limits the run to one workspace; empty means all.
-	Workspace string `json:"workspace"`
+	Workspace string `json:"workspace,omitempty"`
+	// Shard and Shards: this run verifies the workspaces whose position in
+	// id order is Shard modulo Shards.
+	Shard  *int `json:"shard,omitempty"`
+	Shards int  `json:"shards,omitempty"`
 }
 
-// verifyResponse is the Verify function's answer.
-type verifyResponse struct {
-	Workspaces []delivery.VerifyResult `json:"workspaces"`
+// parseVerifyRequest reads and checks the body: empty, {}, {"workspace":
+// …} or {"shard": i, "shards": n}; anything else is an error naming the
+// field.
+func parseVerifyRequest(body []byte) (verifyRequest, error) {
+	var req verifyRequest
+	if len(bytes.TrimSpace(body)) == 0 {
+		return req, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("the body must be {}, {\"workspace\": \"<id>\"} or {\"shard\": i, \"shards\": n}: %v", err)
+	}
+	if dec.More() {
+		return req, errors.New("the body must be one JSON object")
+	}
+	switch {
+	case req.Shard != nil && req.Workspace != "":
+		return req, errors.New("workspace and shard: give one or the other")
+	case req.Shard == nil && req.Shards != 0:
+		return req, errors.New("shards without shard")
+	case req.Shard != nil && (req.Shards < 1 || req.Shards > 1000):
+		return req, fmt.Errorf("shards %d: must be between 1 and 1000", req.Shards)
+	case req.Shard != nil && (*req.Shard < 0 || *req.Shard >= req.Shards):
+		return req, fmt.Errorf("shard %d: must be between 0 and %d", *req.Shard, req.Shards-1)
+	}
+	return req, nil
 }
 
 // serveVerify is the Verify function, run by Cloud Scheduler every minute
@@ -42,39 +74,42 @@ func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 		out.fail(http.StatusMethodNotAllowed, "method_not_allowed", "use POST", nil)
 		return
 	}
-	var req verifyRequest
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
-	if err == nil && len(body) > 0 {
-		err = json.Unmarshal(body, &req)
-	}
 	if err != nil {
-		out.fail(http.StatusBadRequest, "bad_request", `the body must be empty or {"workspace": "<id>"}`, err)
+		out.fail(http.StatusBadRequest, "bad_request", "the body could not be read", err)
 		return
 	}
-	var workspaces []string
+	req, err := parseVerifyRequest(body)
+	if err != nil {
+		out.fail(http.StatusBadRequest, "bad_request", err.Error(), err)
+		return
+	}
+	opts := delivery.VerifyAllOptions{Budget: s.verifyBudget, SweepBatches: s.sweepBatches, Workers: s.verifyWorkers}
 	if req.Workspace != "" {
 		if _, err := s.svc.Workspace(req.Workspace); err != nil {
 			out.fail(http.StatusNotFound, "unknown_workspace", "unknown workspace", err)
 			return
 		}
-		workspaces = []string{req.Workspace}
+		opts.Workspaces = []string{req.Workspace}
 		out.fields = append(out.fields, slog.String("workspace", req.Workspace))
 	}
+	if req.Shard != nil {
+		opts.Shard, opts.Shards = *req.Shard, req.Shards
+		out.fields = append(out.fields, slog.Int("shard", *req.Shard), slog.Int("shards", req.Shards))
+	}
 	ctx := context.WithoutCancel(r.Context())
-	results := s.svc.VerifyAll(ctx, workspaces, s.verifyBudget, s.sweepBatches)
+	pass := s.svc.VerifyAll(ctx, opts)
 	failed := 0
-	for _, res := range results {
-		s.log.Info("replication verify workspace", slog.String("workspace", res.Workspace), slog.String("generation", res.Generation),
-			slog.Int("rounds", res.Rounds), slog.Int("checked", res.Checked), slog.Int("verified", res.Verified),
-			slog.Int("retried", res.Retried), slog.Int("requeued", res.Requeued), slog.Int("swept", res.Swept), slog.String("error", res.Error))
-		if res.Error != "" {
+	for _, res := range pass.Workspaces {
+		if res.Outcome == delivery.OutcomeFailed {
 			failed++
 		}
 	}
-	out.fields = append(out.fields, slog.Int("workspaces", len(results)), slog.Int("failed", failed))
+	out.fields = append(out.fields, slog.Int("workspaces", len(pass.Workspaces)), slog.Int("failed", failed),
+		slog.Int("not_reached", len(pass.NotReached)), slog.Int("lookups", pass.Lookups), slog.Int("shared_lookups", pass.SharedLookups))
 	if failed > 0 {
-		out.status, out.name, out.body, out.err = http.StatusInternalServerError, "partial_failure", verifyResponse{results}, errors.New("some workspaces failed; see their results")
+		out.status, out.name, out.body, out.err = http.StatusInternalServerError, "partial_failure", pass, errors.New("some workspaces failed; see their results")
 		return
 	}
-	out.ok(verifyResponse{results})
+	out.ok(pass)
 }

@@ -80,14 +80,19 @@ func runVerify(e *env) error {
 	for i, ws := range e.workspaces {
 		names[i] = ws.ID
 	}
-	results := e.svc.VerifyAll(e.ctx, names, e.budget, 20)
-	out := make([]delivery.WorkspaceResult, len(results))
-	for i, r := range results {
+	pass := e.svc.VerifyAll(e.ctx, delivery.VerifyAllOptions{Workspaces: names, Budget: e.budget, SweepBatches: 20, Workers: e.parallel})
+	out := make([]delivery.WorkspaceResult, len(pass.Workspaces))
+	for i, r := range pass.Workspaces {
 		out[i] = delivery.WorkspaceResult{Workspace: r.Workspace, Detail: verifyResult{r}}
-		if r.Error != "" {
+		switch r.Outcome {
+		case delivery.OutcomeFailed:
 			out[i].Err = fmt.Errorf("%s", r.Error)
+		case delivery.OutcomeNotReached:
+			out[i].Err = fmt.Errorf("not reached within the --budget of %v: run verify again, or with a longer budget", e.budget)
 		}
 	}
+	e.log.Info("verify pass", "workspaces", len(pass.Workspaces), "lookups", pass.Lookups, "shared_lookups", pass.SharedLookups,
+		"not_reached", len(pass.NotReached))
 	return e.summarise("verify", out)
 }
 
@@ -112,8 +117,8 @@ func runViews(e *env) error {
 type verifyResult struct{ delivery.VerifyResult }
 
 func (r verifyResult) text() []string {
-	return []string{fmt.Sprintf("%d rounds: %d checked, %d verified, %d absent (%d sent back to pending), %d swept",
-		r.Rounds, r.Checked, r.Verified, r.Retried, r.Requeued, r.Swept)}
+	return []string{fmt.Sprintf("%s: %d rounds: %d checked, %d verified, %d absent (%d sent back to pending), %d swept",
+		r.Outcome, r.Rounds, r.Checked, r.Verified, r.Retried, r.Requeued, r.Swept)}
 }
 
 // viewNames are the views a command created, one line each.

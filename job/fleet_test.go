@@ -3,82 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"os"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
-
-// openConnections counts this process's TCP connections to port: its
-// sockets (/proc/self/fd) that /proc/net/tcp lists as established to it.
-func openConnections(port int) int {
-	raw, err := os.ReadFile("/proc/net/tcp")
-	if err != nil {
-		return -1
-	}
-	toServer := map[string]bool{} // socket inodes
-	for _, line := range strings.Split(string(raw), "\n")[1:] {
-		f := strings.Fields(line)
-		if len(f) < 10 || f[3] != "01" { // 01: ESTABLISHED
-			continue
-		}
-		if remote := strings.Split(f[2], ":"); len(remote) == 2 && remote[1] == fmt.Sprintf("%04X", port) {
-			toServer[f[9]] = true
-		}
-	}
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return -1
-	}
-	n := 0
-	for _, fd := range fds {
-		link, err := os.Readlink("/proc/self/fd/" + fd.Name())
-		if err == nil && strings.HasPrefix(link, "socket:[") && toServer[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] {
-			n++
-		}
-	}
-	return n
-}
-
-// watchConnections samples this process's connections to the cluster
-// until stop is called, and returns the most it saw.
-func watchConnections(t *testing.T, c *pgtest.Cluster) (stop func() int64) {
-	t.Helper()
-	u, err := url.Parse(c.AdminURL())
-	require.NoError(t, err)
-	port, err := strconv.Atoi(u.Port())
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, openConnections(port), 0, "needs /proc")
-	var peak atomic.Int64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			if n := int64(openConnections(port)); n > peak.Load() {
-				peak.Store(n)
-			}
-			select {
-			case <-done:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	})
-	return func() int64 {
-		close(done)
-		wg.Wait()
-		return peak.Load()
-	}
-}
 
 // TestFortyWorkspacesWithinTheConnectionBudget: `job drain` and `job
 // verify` over 40 workspaces whose databases share one PostgreSQL server
@@ -106,7 +37,7 @@ func TestFortyWorkspacesWithinTheConnectionBudget(t *testing.T) {
 		h.products(id, 30)
 		h.spaces[id].pool.Reset() // the test's own connections go
 	}
-	stop := watchConnections(t, c)
+	stop := c.WatchClientConnections(t)
 	h.mustRun("drain")
 	h.mustRun("verify", "--budget", "2m")
 	peak := stop()

@@ -191,7 +191,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		PubSubEmulatorHost: settings.EmulatorHost,
 		// A command walks many workspaces: at most --parallel pools open,
 		// each closed as soon as its workspace is done.
-		Pools:            database.Config{MaxConns: settings.PoolSize, MaxOpen: e.parallel, IdleTimeout: -1},
+		Pools:            database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, e.parallel), IdleTimeout: -1},
 		Logger:           e.log,
 		DeadLetterReader: name == "dead-letter",
 	})

@@ -151,6 +151,10 @@ resource "google_cloud_run_v2_service" "verify" {
         value = var.verify_time_budget
       }
       env {
+        name  = "VERIFY_WORKERS"
+        value = tostring(var.verify_workers)
+      }
+      env {
         name  = "LOG_LEVEL"
         value = var.log_level
       }
@@ -176,8 +180,12 @@ resource "google_cloud_run_v2_service_iam_member" "verify_invoker" {
   member   = "serviceAccount:${google_service_account.scheduler.email}"
 }
 
+# One scheduler job per verifier shard: each names its shard of the
+# registry, so that a fleet too large for one pass is verified by several
+# (the workspaces whose position in id order is the shard modulo the count).
 resource "google_cloud_scheduler_job" "verify" {
-  name             = "replication-verify"
+  for_each         = { for shard in range(var.verifier_shards) : tostring(shard) => shard }
+  name             = var.verifier_shards == 1 ? "replication-verify" : "replication-verify-${each.key}"
   region           = var.region
   schedule         = var.verify_schedule
   attempt_deadline = "120s"
@@ -185,13 +193,18 @@ resource "google_cloud_scheduler_job" "verify" {
   http_target {
     uri         = google_cloud_run_v2_service.verify.uri
     http_method = "POST"
-    body        = base64encode("{}")
+    body        = base64encode(var.verifier_shards == 1 ? "{}" : jsonencode({ shard = each.value, shards = var.verifier_shards }))
     headers     = { "Content-Type" = "application/json" }
     oidc_token {
       service_account_email = google_service_account.scheduler.email
       audience              = google_cloud_run_v2_service.verify.uri
     }
   }
+}
+
+moved {
+  from = google_cloud_scheduler_job.verify
+  to   = google_cloud_scheduler_job.verify["0"]
 }
 
 resource "google_cloud_run_v2_job" "replication" {

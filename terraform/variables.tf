@@ -77,6 +77,26 @@ variable "verify_time_budget" {
   default     = "50s"
 }
 
+variable "verify_workers" {
+  description = "Workspaces one verifier pass verifies at once."
+  type        = number
+  default     = 8
+  validation {
+    condition     = var.verify_workers >= 1 && var.verify_workers <= 64
+    error_message = "verify_workers must be between 1 and 64."
+  }
+}
+
+variable "verifier_shards" {
+  description = "Scheduler jobs the registry is split across, each verifying its shard in its own pass (all on the verifier service). Raise it when passes report workspaces not reached."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.verifier_shards >= 1 && var.verifier_shards <= 100 && floor(var.verifier_shards) == var.verifier_shards
+    error_message = "verifier_shards must be a whole number between 1 and 100."
+  }
+}
+
 variable "log_level" {
   description = "Log level of the services and the job: DEBUG, INFO, WARN or ERROR."
   type        = string

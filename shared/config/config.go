@@ -24,10 +24,16 @@ const (
 	// workspace's registry entry sets database.max_conns. Default: the
 	// component's (2 for the drain and the verifier, 4 for the job).
 	EnvPoolSize = "DATABASE_POOL_SIZE"
+	// EnvMaxOpenPools bounds the workspace pools open at once in this
+	// process (past it, the least recently used idle pool is closed): with
+	// DATABASE_POOL_SIZE, the bound on this process's connections across
+	// the fleet. Default: the component's (64 for the functions; the job's
+	// --parallel).
+	EnvMaxOpenPools = "DATABASE_MAX_OPEN_POOLS"
 )
 
 // Names lists every variable Read reads.
-var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize}
+var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools}
 
 // Settings are the shared settings.
 type Settings struct {
@@ -40,6 +46,9 @@ type Settings struct {
 	EmulatorHost string
 	// PoolSize is DATABASE_POOL_SIZE, or the component's default.
 	PoolSize int32
+	// MaxOpenPools is DATABASE_MAX_OPEN_POOLS; 0 when unset (the
+	// component's default applies).
+	MaxOpenPools int
 }
 
 // Read reads and checks the shared settings; defaultPoolSize is the
@@ -56,6 +65,13 @@ func Read(getenv func(string) string, defaultPoolSize int32) (Settings, error) {
 			return Settings{}, fmt.Errorf("%s: %q must be a whole number from 1 to 32", EnvPoolSize, raw)
 		}
 		s.PoolSize = int32(n)
+	}
+	if raw := getenv(EnvMaxOpenPools); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > 100_000 {
+			return Settings{}, fmt.Errorf("%s: %q must be a whole number from 1 to 100000", EnvMaxOpenPools, raw)
+		}
+		s.MaxOpenPools = n
 	}
 	if s.Registry, err = registry.Load(getenv); err != nil {
 		return Settings{}, err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
 // Publisher publishes one batch as one request: all messages stored, one id
@@ -23,12 +23,11 @@ type Publisher interface {
 }
 
 // Warehouse looks accepted events up where they should have landed.
+// *warehouse.BigQuery is the implementation.
 type Warehouse interface {
-	// Present returns which of eventIDs (wire event ids of one generation)
-	// the workspace's events table holds. It is one query, whatever the
-	// number of ids (at most store.MaxVerifyBatch). acceptedSince is the
-	// oldest acceptance among them, which bounds where they can have landed.
-	Present(ctx context.Context, ws registry.Workspace, generation string, eventIDs []string, acceptedSince time.Time) ([]string, error)
+	// Present returns which of the lookups' event ids the events table
+	// holds: one query for all of them (at most warehouse.MaxLookupIDs).
+	Present(ctx context.Context, table registry.BigQuery, lookups []warehouse.Lookup) ([]string, error)
 }
 
 // Config configures a Service.
@@ -65,6 +64,8 @@ type Service struct {
 	stores map[string]cachedStore
 
 	requeues requeueCounts
+	// behind are the workspaces the last verifier pass did not reach.
+	behind map[string]bool
 }
 
 // cachedStore is a workspace's store over the pool it was built on.

@@ -1,23 +1,50 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
-// VerifyResult is what one verifier run did for one workspace.
+// Outcomes of a workspace's verification in a pass.
+const (
+	// OutcomeVerified: every due event was looked up (or none was due).
+	OutcomeVerified = "verified"
+	// OutcomePartial: the workspace's share of the budget ran out with
+	// events still due; they are due again next pass.
+	OutcomePartial = "partial"
+	// OutcomeNotReached: the pass's budget ran out before the workspace's
+	// turn; the next pass starts with it.
+	OutcomeNotReached = "not_reached"
+	// OutcomeFailed: see Error.
+	OutcomeFailed = "failed"
+	// OutcomeInactive: replication has no active target.
+	OutcomeInactive = "inactive"
+)
+
+// VerifyResult is what one verifier pass did for one workspace.
 type VerifyResult struct {
 	Workspace  string `json:"workspace"`
 	Generation string `json:"generation,omitempty"`
 	State      string `json:"state,omitempty"`
-	// Rounds is how many lookups were made (one per up to 1,000 due events).
+	// Outcome is one of the Outcome constants: never a silent success for
+	// a workspace that got no round.
+	Outcome string `json:"outcome"`
+	// Rounds is how many rounds looked events up (up to 1,000 due events
+	// each).
 	Rounds int `json:"rounds"`
 	// Checked is how many accepted events were looked up.
 	Checked int `json:"checked"`
@@ -35,108 +62,413 @@ type VerifyResult struct {
 	// times: events that keep not landing (a message the BigQuery
 	// subscription dead-letters, for example; `job dead-letter` shows it).
 	RequeuedRepeatedly []RequeuedEvent `json:"requeued_repeatedly,omitempty"`
+	// LookupTime is the time spent waiting for BigQuery.
+	LookupTime time.Duration `json:"-"`
 	// Error is the failure that ended this workspace's run, if any.
 	Error string `json:"error,omitempty"`
 }
 
-// Verify runs verification rounds for a workspace until nothing is due or
+// Verify runs verification rounds for one workspace until nothing is due or
 // ctx ends: take up to 1,000 due accepted events, look them up in one
 // warehouse query, mark the present verified and retry the absent (checked
 // ones only). A failed lookup changes nothing for its round. Ids the lookup
-// returns that were not asked for are ignored.
+// returns that were not asked for are ignored. Running out of time is not a
+// failure: what committed stays, the rest is due again.
 func (s *Service) Verify(ctx context.Context, workspaceID string) (VerifyResult, error) {
-	res, err := s.verify(ctx, workspaceID)
-	if err != nil && ctx.Err() != nil {
-		// The budget ran out mid-round: whatever committed stays, the rest
-		// is due again next run. That is not a failure.
-		return res, nil
-	}
-	return res, err
-}
-
-func (s *Service) verify(ctx context.Context, workspaceID string) (VerifyResult, error) {
-	res := VerifyResult{Workspace: workspaceID}
-	if s.cfg.Warehouse == nil {
-		return res, errors.New("delivery: no warehouse configured for verification")
-	}
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
-		return res, err
+		return VerifyResult{Workspace: workspaceID, Outcome: OutcomeFailed, Error: err.Error()}, err
 	}
-	st, err := s.Lease(ctx, ws)
-	if err != nil {
-		return res, err
-	}
-	defer st.Release()
-	_, target, err := st.ActiveTarget(ctx)
-	if errors.Is(err, store.ErrNoActiveTarget) {
-		res.State = StateNoActiveTarget
-		return res, nil
-	}
-	if err != nil {
-		return res, err
-	}
-	res.Generation, res.State = target.Generation, StateActive
-	for ctx.Err() == nil {
-		due, err := st.DueUnverified(ctx, target)
-		if err != nil {
-			return res, err
-		}
-		if len(due) == 0 {
-			return res, nil
-		}
-		ids := make([]string, len(due))
-		byEvent := make(map[string]string, len(due))
-		since := due[0].AcceptedAt
-		for i, r := range due {
-			ids[i] = r.EventID
-			byEvent[r.EventID] = r.HistoryID
-			if r.AcceptedAt.Before(since) {
-				since = r.AcceptedAt
-			}
-		}
-		present, err := s.cfg.Warehouse.Present(ctx, ws, target.Generation, ids, since)
-		if err != nil {
-			return res, fmt.Errorf("look up %d events: %w", len(ids), err)
-		}
-		res.Rounds++
-		res.Checked += len(due)
-		found := map[string]bool{}
-		var verified []string
-		for _, id := range present {
-			if h, ok := byEvent[id]; ok && !found[id] {
-				found[id] = true
-				verified = append(verified, h)
-			}
-		}
-		var absent []string
-		for _, r := range due {
-			if !found[r.EventID] {
-				absent = append(absent, r.HistoryID)
-			}
-		}
-		n, err := st.Verify(ctx, target, verified)
-		if err != nil {
-			return res, err
-		}
-		res.Verified += int(n)
-		requeued, err := st.Retry(ctx, target, absent)
-		if err != nil {
-			return res, err
-		}
-		res.Retried += len(absent)
-		res.Requeued += len(requeued)
-		res.RequeuedRepeatedly = append(res.RequeuedRepeatedly, s.countRequeues(ws.ID, target, requeued)...)
-		if len(due) < store.MaxVerifyBatch {
-			return res, nil
-		}
-		if !target.UsesDelivery() && n == 0 && len(requeued) == 0 {
-			// The legacy read returns every unverified receipt, not only due
-			// ones; a round that changed nothing would repeat itself.
-			return res, nil
-		}
+	u := s.newUnit([]registry.Workspace{ws})
+	u.verify(ctx, time.Time{})
+	res := u.members[0].res
+	if res.Error != "" {
+		return res, u.members[0].err
 	}
 	return res, nil
+}
+
+// VerifyAllOptions configures a verifier pass.
+type VerifyAllOptions struct {
+	// Workspaces limits the pass to these workspace ids; empty means every
+	// workspace of the registry (of the shard).
+	Workspaces []string
+	// Shard and Shards split the registry across verifier runs: with
+	// Shards > 1 the pass takes the workspaces whose position in id order
+	// is Shard modulo Shards.
+	Shard, Shards int
+	// Budget bounds the whole pass, shared by its workspaces. Default: 50s.
+	Budget time.Duration
+	// SweepBatches is how many pending batches each workspace's sweep
+	// publishes at most. Default: 0 (no sweep).
+	SweepBatches int
+	// Workers is how many workspaces (or groups sharing a table) are
+	// verified at once. Default: 8.
+	Workers int
+}
+
+// VerifyPass is what a verifier pass did.
+type VerifyPass struct {
+	// Workspaces has one result per workspace, in the order taken.
+	Workspaces []VerifyResult `json:"workspaces"`
+	// Lookups is how many BigQuery queries the pass made; SharedLookups is
+	// how many workspace rounds were answered by a query of another
+	// workspace sharing the table (the queries saved).
+	Lookups       int `json:"lookups"`
+	SharedLookups int `json:"shared_lookups"`
+	// NotReached lists the workspaces the budget did not reach.
+	NotReached []string `json:"not_reached,omitempty"`
+}
+
+// Failed reports whether any workspace failed or was not reached.
+func (p VerifyPass) Failed() bool {
+	for _, r := range p.Workspaces {
+		if r.Outcome == OutcomeFailed || r.Outcome == OutcomeNotReached {
+			return true
+		}
+	}
+	return false
+}
+
+// unitSize is how many workspaces sharing an events table are verified
+// together: their due events are looked up in one query (up to 1,000 each,
+// within warehouse.MaxLookupIDs).
+const unitSize = warehouse.MaxLookupIDs / store.MaxVerifyBatch
+
+// minSlice is the least time worth starting a workspace's verification
+// with.
+const minSlice = 200 * time.Millisecond
+
+// VerifyAll runs a verifier pass: each workspace's verification rounds and
+// then its sweep, Workers at a time, within one budget shared fairly (each
+// unit of work gets at most its share of what remains, so a slow workspace
+// cannot starve the others, and time one does not need goes to the rest).
+// Workspaces sharing an events table are verified together, one lookup per
+// round for all of them. A workspace the budget does not reach is reported
+// as such, and the next pass of this Service starts with it. One
+// workspace's failure does not stop the others.
+func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPass {
+	budget := cmp.Or(opts.Budget, 50*time.Second)
+	deadline := time.Now().Add(budget)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	units := s.passUnits(opts)
+	var pass VerifyPass
+	var mu sync.Mutex
+	var g errgroup.Group
+	workers := cmp.Or(opts.Workers, 8)
+	g.SetLimit(workers)
+	remaining := len(units)
+	for _, u := range units {
+		g.Go(func() error {
+			mu.Lock()
+			share := time.Until(deadline) * time.Duration(workers) / time.Duration(max(remaining, 1))
+			remaining--
+			mu.Unlock()
+			if time.Until(deadline) < minSlice {
+				u.notReached()
+			} else {
+				// The slice bounds when the unit may start a round (or a
+				// sweep batch); a round started runs to its end within the
+				// pass's deadline, so a slow lookup is not cut short and
+				// wasted. The rounds get most of the slice, the sweep the
+				// rest.
+				slice := max(share, minSlice)
+				start := time.Now()
+				if opts.SweepBatches == 0 {
+					u.verify(ctx, start.Add(slice))
+				} else {
+					u.verify(ctx, start.Add(slice*4/5))
+					u.sweep(ctx, opts.SweepBatches, start.Add(slice))
+				}
+			}
+			mu.Lock()
+			pass.Lookups += u.lookups
+			pass.SharedLookups += u.shared
+			mu.Unlock()
+			return nil
+		})
+	}
+	_ = g.Wait()
+	var notReached []string
+	for _, u := range units {
+		for _, m := range u.members {
+			pass.Workspaces = append(pass.Workspaces, m.res)
+			if m.res.Outcome == OutcomeNotReached {
+				notReached = append(notReached, m.ws.ID)
+			}
+			if m.res.Outcome == OutcomeFailed {
+				s.log.ErrorContext(ctx, "replication verification failed for a workspace", slog.String("workspace", m.ws.ID), slog.String("error", m.res.Error))
+			}
+		}
+	}
+	pass.NotReached = notReached
+	if len(notReached) > 0 {
+		s.log.WarnContext(ctx, "replication verification: the pass's budget did not reach every workspace; the next pass starts with them",
+			slog.Int("not_reached", len(notReached)), slog.Int("workspaces", len(pass.Workspaces)), slog.Duration("budget", budget))
+	}
+	// Remember, for this pass's workspaces only (shards share the
+	// instance), which it did not reach.
+	s.mu.Lock()
+	if s.behind == nil {
+		s.behind = map[string]bool{}
+	}
+	for _, r := range pass.Workspaces {
+		delete(s.behind, r.Workspace)
+	}
+	for _, id := range notReached {
+		s.behind[id] = true
+	}
+	s.mu.Unlock()
+	return pass
+}
+
+// passUnits chooses a pass's workspaces, puts those the last pass did not
+// reach first, and groups those sharing an events table into units.
+func (s *Service) passUnits(opts VerifyAllOptions) []*unit {
+	var chosen []registry.Workspace
+	if len(opts.Workspaces) > 0 {
+		for _, id := range opts.Workspaces {
+			if ws, ok := s.cfg.Registry.Workspace(id); ok {
+				chosen = append(chosen, ws)
+			}
+		}
+	} else {
+		chosen = Shard(s.cfg.Registry.Workspaces, opts.Shard, opts.Shards)
+	}
+	s.mu.Lock()
+	behind := maps.Clone(s.behind)
+	s.mu.Unlock()
+	slices.SortStableFunc(chosen, func(a, b registry.Workspace) int {
+		switch {
+		case behind[a.ID] == behind[b.ID]:
+			return 0
+		case behind[a.ID]:
+			return -1
+		}
+		return 1
+	})
+	var units []*unit
+	byTable := map[string]*unit{}
+	for _, ws := range chosen {
+		key := warehouse.TableKey(ws.BigQuery)
+		u := byTable[key]
+		if u == nil || len(u.members) == unitSize {
+			u = s.newUnit(nil)
+			byTable[key] = u
+			units = append(units, u)
+		}
+		u.members = append(u.members, &member{ws: ws, res: VerifyResult{Workspace: ws.ID}})
+	}
+	return units
+}
+
+// Shard returns workspaces whose position in id order is shard modulo
+// shards (all of them when shards < 2).
+func Shard(all []registry.Workspace, shard, shards int) []registry.Workspace {
+	if shards < 2 {
+		return slices.Clone(all)
+	}
+	sorted := slices.Clone(all)
+	slices.SortFunc(sorted, func(a, b registry.Workspace) int { return cmp.Compare(a.ID, b.ID) })
+	var mine []registry.Workspace
+	for i, ws := range sorted {
+		if i%shards == shard {
+			mine = append(mine, ws)
+		}
+	}
+	return mine
+}
+
+// unit is workspaces verified together: those sharing an events table.
+type unit struct {
+	svc     *Service
+	members []*member
+	lookups int
+	shared  int
+}
+
+// member is one workspace of a unit, during its verification.
+type member struct {
+	ws     registry.Workspace
+	target store.Target
+	res    VerifyResult
+	err    error
+	done   bool
+}
+
+// withStore runs f with the member's store, holding its workspace's pool
+// only meanwhile: a unit takes its members' pools one at a time, so it
+// never holds more than one, and a bound on open pools (the job's
+// --parallel) cannot leave it waiting on itself.
+func (m *member) withStore(ctx context.Context, s *Service, f func(*Lease) error) error {
+	l, err := s.Lease(ctx, m.ws)
+	if err != nil {
+		return err
+	}
+	defer l.Release()
+	return f(l)
+}
+
+func (s *Service) newUnit(members []registry.Workspace) *unit {
+	u := &unit{svc: s}
+	for _, ws := range members {
+		u.members = append(u.members, &member{ws: ws, res: VerifyResult{Workspace: ws.ID}})
+	}
+	return u
+}
+
+func (u *unit) notReached() {
+	for _, m := range u.members {
+		m.res.Outcome = OutcomeNotReached
+	}
+}
+
+// fail ends a member's verification with err, unless it is the unit's time
+// running out, which leaves it partial.
+func (m *member) fail(ctx context.Context, err error) {
+	m.done = true
+	if ctx.Err() != nil {
+		m.res.Outcome = OutcomePartial
+		return
+	}
+	m.err = err
+	m.res.Outcome, m.res.Error = OutcomeFailed, err.Error()
+}
+
+// verify runs the unit's rounds until no member has events due, ctx ends
+// or it is time to start no more rounds (the zero time: no such time): each
+// round takes up to 1,000 due events of every member, looks them all up in
+// one query, and verifies and retries each member's.
+func (u *unit) verify(ctx context.Context, startBefore time.Time) {
+	s := u.svc
+	for _, m := range u.members {
+		if s.cfg.Warehouse == nil {
+			m.fail(ctx, errors.New("delivery: no warehouse configured for verification"))
+			continue
+		}
+		var t store.Target
+		err := m.withStore(ctx, s, func(l *Lease) (err error) {
+			_, t, err = l.ActiveTarget(ctx)
+			return err
+		})
+		switch {
+		case errors.Is(err, store.ErrNoActiveTarget):
+			m.done, m.res.State, m.res.Outcome = true, StateNoActiveTarget, OutcomeInactive
+		case err != nil:
+			m.fail(ctx, err)
+		default:
+			m.target, m.res.Generation, m.res.State = t, t.Generation, StateActive
+		}
+	}
+	for {
+		type due struct {
+			m    *member
+			refs []store.Ref
+		}
+		var round []due
+		var lookups []warehouse.Lookup
+		for _, m := range u.members {
+			if m.done {
+				continue
+			}
+			if ctx.Err() != nil || !startBefore.IsZero() && time.Now().After(startBefore) {
+				m.done, m.res.Outcome = true, OutcomePartial
+				continue
+			}
+			var refs []store.Ref
+			err := m.withStore(ctx, s, func(l *Lease) (err error) {
+				refs, err = l.DueUnverified(ctx, m.target)
+				return err
+			})
+			if err != nil {
+				m.fail(ctx, err)
+				continue
+			}
+			if len(refs) == 0 {
+				m.done, m.res.Outcome = true, OutcomeVerified
+				continue
+			}
+			l := warehouse.Lookup{Generation: m.target.Generation, AcceptedSince: refs[0].AcceptedAt}
+			for _, r := range refs {
+				l.EventIDs = append(l.EventIDs, r.EventID)
+				if r.AcceptedAt.Before(l.AcceptedSince) {
+					l.AcceptedSince = r.AcceptedAt
+				}
+			}
+			round = append(round, due{m, refs})
+			lookups = append(lookups, l)
+		}
+		if len(round) == 0 {
+			return
+		}
+		started := time.Now()
+		present, err := s.cfg.Warehouse.Present(ctx, round[0].m.ws.BigQuery, lookups)
+		took := time.Since(started)
+		u.lookups++
+		u.shared += len(round) - 1
+		found := make(map[string]bool, len(present))
+		for _, id := range present {
+			found[id] = true
+		}
+		for _, d := range round {
+			m := d.m
+			m.res.LookupTime += took
+			if err != nil {
+				m.fail(ctx, fmt.Errorf("look up %d events: %w", len(d.refs), err))
+				continue
+			}
+			m.res.Rounds++
+			m.res.Checked += len(d.refs)
+			var verified, absent []string
+			for _, r := range d.refs {
+				if found[r.EventID] {
+					verified = append(verified, r.HistoryID)
+				} else {
+					absent = append(absent, r.HistoryID)
+				}
+			}
+			var n int64
+			var requeued []string
+			err := m.withStore(ctx, s, func(l *Lease) (err error) {
+				if n, err = l.Verify(ctx, m.target, verified); err != nil {
+					return err
+				}
+				requeued, err = l.Retry(ctx, m.target, absent)
+				return err
+			})
+			if err != nil {
+				m.fail(ctx, err)
+				continue
+			}
+			m.res.Verified += int(n)
+			m.res.Retried += len(absent)
+			m.res.Requeued += len(requeued)
+			m.res.RequeuedRepeatedly = append(m.res.RequeuedRepeatedly, s.countRequeues(m.ws.ID, m.target, requeued)...)
+			if len(d.refs) < store.MaxVerifyBatch || (!m.target.UsesDelivery() && n == 0 && len(requeued) == 0) {
+				// Nothing more is due (the legacy read returns every
+				// unverified receipt, not only due ones: a round that
+				// changed nothing would repeat itself).
+				m.done, m.res.Outcome = true, OutcomeVerified
+			}
+		}
+	}
+}
+
+// sweep publishes up to batches batches of each verified member's pending
+// events (those no wake-up will come for), starting none after
+// startBefore.
+func (u *unit) sweep(ctx context.Context, batches int, startBefore time.Time) {
+	for _, m := range u.members {
+		if m.res.State != StateActive || m.res.Outcome == OutcomeFailed {
+			continue
+		}
+		n, err := u.svc.sweep(ctx, m.ws.ID, batches, startBefore)
+		m.res.Swept += n
+		if err != nil && ctx.Err() == nil {
+			m.fail(ctx, fmt.Errorf("sweep: %w", err))
+		}
+	}
 }
 
 // Sweep publishes up to maxBatches batches of a workspace's pending events:
@@ -144,9 +476,13 @@ func (s *Service) verify(ctx context.Context, workspaceID string) (VerifyResult,
 // backfill). It is the drain, repeated while more is pending. It returns how
 // many events were published.
 func (s *Service) Sweep(ctx context.Context, workspaceID string, maxBatches int) (int, error) {
+	return s.sweep(ctx, workspaceID, maxBatches, time.Time{})
+}
+
+func (s *Service) sweep(ctx context.Context, workspaceID string, maxBatches int, startBefore time.Time) (int, error) {
 	published := 0
 	for range maxBatches {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !startBefore.IsZero() && time.Now().After(startBefore) {
 			return published, nil
 		}
 		res, err := s.Drain(ctx, workspaceID)
@@ -162,39 +498,6 @@ func (s *Service) Sweep(ctx context.Context, workspaceID string, maxBatches int)
 		}
 	}
 	return published, nil
-}
-
-// VerifyAll runs Verify and then Sweep for each workspace (all of the
-// registry's when workspaces is empty) within budget, shared fairly: each
-// workspace gets the remaining time divided by the workspaces left. One
-// workspace's failure does not stop the others; it is reported in its
-// result and logged.
-func (s *Service) VerifyAll(ctx context.Context, workspaces []string, budget time.Duration, sweepBatches int) []VerifyResult {
-	if len(workspaces) == 0 {
-		for _, ws := range s.cfg.Registry.Workspaces {
-			workspaces = append(workspaces, ws.ID)
-		}
-	}
-	deadline := time.Now().Add(budget)
-	results := make([]VerifyResult, 0, len(workspaces))
-	for i, id := range workspaces {
-		share := time.Until(deadline) / time.Duration(len(workspaces)-i)
-		wctx, cancel := context.WithTimeout(ctx, share)
-		// Verification gets most of the share; the sweep the rest.
-		vctx, vcancel := context.WithTimeout(wctx, share*4/5)
-		res, err := s.Verify(vctx, id)
-		vcancel()
-		if err == nil && res.State == StateActive && sweepBatches > 0 {
-			res.Swept, err = s.Sweep(wctx, id, sweepBatches)
-		}
-		cancel()
-		if err != nil {
-			res.Error = err.Error()
-			s.log.ErrorContext(ctx, "replication verification failed for a workspace", slog.String("workspace", id), slog.Any("error", err))
-		}
-		results = append(results, res)
-	}
-	return results
 }
 
 // RequeuedEvent is an event the verifier has sent back to pending again and

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -94,46 +95,76 @@ func tableRef(bq registry.BigQuery) string {
 
 // The lookup reads only the event_id column and filters on generation (the
 // table's first clustering column) and the ids (its second), so BigQuery
-// reads only the blocks that can hold them. On the ingestion-time
+// reads only the blocks that can hold them. Several workspaces' events in
+// one table are looked up together: event ids are hashes of the source,
+// the history row and the generation, unique across generations, so the
+// two filters select exactly the asked events. On the ingestion-time
 // partitioned table terraform creates, it also prunes partitions older than
 // the day before the oldest acceptance (an event lands after it is
 // published, and is published before it is accepted); rows not yet in a
 // partition (_PARTITIONTIME NULL) are included.
 const (
 	sqlLookup = `SELECT event_id FROM %s
-WHERE generation = @generation AND event_id IN UNNEST(@ids)`
+WHERE generation IN UNNEST(@generations) AND event_id IN UNNEST(@ids)`
 	sqlLookupPartitioned = sqlLookup + `
   AND (_PARTITIONTIME IS NULL OR _PARTITIONTIME >= TIMESTAMP_TRUNC(@since, DAY))`
 )
 
-// Present returns which of eventIDs the workspace's events table holds for
-// the generation: one parameterised query, never ids pasted into SQL.
-// acceptedSince is the oldest acceptance time among the events (zero when
-// unknown, which disables partition pruning).
-func (b *BigQuery) Present(ctx context.Context, ws registry.Workspace, generation string, eventIDs []string, acceptedSince time.Time) ([]string, error) {
-	if len(eventIDs) == 0 {
+// Lookup is one generation's events to look for: their ids and the oldest
+// time any of them was accepted (zero when unknown, which disables
+// partition pruning).
+type Lookup struct {
+	Generation    string
+	EventIDs      []string
+	AcceptedSince time.Time
+}
+
+// MaxLookupIDs bounds the ids of one query (BigQuery takes up to 1 MB of
+// query parameters; 10,000 ids of 64 hex digits is two thirds of it).
+const MaxLookupIDs = 10_000
+
+// Present returns which of the lookups' event ids the events table holds:
+// one parameterised query for all of them (at most MaxLookupIDs ids), never
+// ids pasted into SQL.
+func (b *BigQuery) Present(ctx context.Context, table registry.BigQuery, lookups []Lookup) ([]string, error) {
+	var ids, generations []string
+	var since time.Time
+	for _, l := range lookups {
+		if len(l.EventIDs) == 0 {
+			continue
+		}
+		ids = append(ids, l.EventIDs...)
+		generations = append(generations, l.Generation)
+		if since.IsZero() || l.AcceptedSince.IsZero() || l.AcceptedSince.Before(since) {
+			since = l.AcceptedSince
+		}
+	}
+	if len(ids) == 0 {
 		return nil, nil
 	}
-	c, err := b.client(ctx, ws.BigQuery)
+	if len(ids) > MaxLookupIDs {
+		return nil, fmt.Errorf("warehouse: lookup in %s: %d ids, more than one query takes (%d)", tableRef(table), len(ids), MaxLookupIDs)
+	}
+	c, err := b.client(ctx, table)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.LookupTimeout, fmt.Errorf("BigQuery lookup in %s: no answer within %v", tableRef(ws.BigQuery), b.cfg.LookupTimeout))
+	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.LookupTimeout, fmt.Errorf("BigQuery lookup in %s: no answer within %v", tableRef(table), b.cfg.LookupTimeout))
 	defer cancel()
-	params := []bigquery.QueryParameter{{Name: "generation", Value: generation}, {Name: "ids", Value: eventIDs}}
-	sql := fmt.Sprintf(sqlLookup, tableRef(ws.BigQuery))
-	if ws.BigQuery.Partitioning == registry.PartitioningIngestionTime && !acceptedSince.IsZero() {
-		sql = fmt.Sprintf(sqlLookupPartitioned, tableRef(ws.BigQuery))
-		params = append(params, bigquery.QueryParameter{Name: "since", Value: acceptedSince.Add(-24 * time.Hour).UTC()})
+	params := []bigquery.QueryParameter{{Name: "generations", Value: generations}, {Name: "ids", Value: ids}}
+	sql := fmt.Sprintf(sqlLookup, tableRef(table))
+	if table.Partitioning == registry.PartitioningIngestionTime && !since.IsZero() {
+		sql = fmt.Sprintf(sqlLookupPartitioned, tableRef(table))
+		params = append(params, bigquery.QueryParameter{Name: "since", Value: since.Add(-24 * time.Hour).UTC()})
 	}
 	q := c.Query(sql)
 	q.Parameters = params
-	q.Location = ws.BigQuery.Location // not taken from the client on the fast path
+	q.Location = table.Location // not taken from the client on the fast path
 	it, err := q.Read(ctx)
 	if err != nil {
-		return nil, lookupError(ctx, ws, err)
+		return nil, lookupError(ctx, table, err)
 	}
-	present := make([]string, 0, len(eventIDs))
+	present := make([]string, 0, len(ids))
 	for {
 		var row []bigquery.Value
 		err := it.Next(&row)
@@ -141,7 +172,7 @@ func (b *BigQuery) Present(ctx context.Context, ws registry.Workspace, generatio
 			break
 		}
 		if err != nil {
-			return nil, lookupError(ctx, ws, err)
+			return nil, lookupError(ctx, table, err)
 		}
 		if len(row) == 1 {
 			if id, ok := row[0].(string); ok {
@@ -152,9 +183,15 @@ func (b *BigQuery) Present(ctx context.Context, ws registry.Workspace, generatio
 	return present, nil
 }
 
-func lookupError(ctx context.Context, ws registry.Workspace, err error) error {
+func lookupError(ctx context.Context, table registry.BigQuery, err error) error {
 	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 		return fmt.Errorf("warehouse: %w (%w)", cause, err)
 	}
-	return fmt.Errorf("warehouse: lookup in %s: %w", tableRef(ws.BigQuery), err)
+	return fmt.Errorf("warehouse: lookup in %s: %w", tableRef(table), err)
+}
+
+// TableKey identifies an events table (and how it is reached): workspaces
+// with the same key share one table, and their lookups one query.
+func TableKey(table registry.BigQuery) string {
+	return strings.Join([]string{table.Endpoint, table.Project, table.Dataset, table.Table, table.Location, table.Partitioning}, "\x00")
 }

@@ -55,24 +55,29 @@ func TestPresent(t *testing.T) {
 			wh, err := warehouse.NewBigQuery(warehouse.Config{})
 			require.NoError(t, err)
 			defer wh.Close()
-			ws := registry.Workspace{BigQuery: registry.BigQuery{Project: "p1", Dataset: "ontology_internal", Table: "events",
-				Location: "EU", Endpoint: hs.URL, Partitioning: c.partitioning}}
-			got, err := wh.Present(context.Background(), ws, "gen-1", ids, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+			table := registry.BigQuery{Project: "p1", Dataset: "ontology_internal", Table: "events",
+				Location: "EU", Endpoint: hs.URL, Partitioning: c.partitioning}
+			accepted := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+			got, err := wh.Present(context.Background(), table, []warehouse.Lookup{
+				{Generation: "gen-1", EventIDs: ids[:600], AcceptedSince: accepted.Add(time.Hour)},
+				{Generation: "gen-2", EventIDs: ids[600:], AcceptedSince: accepted},
+			})
 			require.NoError(t, err)
 			require.ElementsMatch(t, c.landed, got)
-			require.EqualValues(t, 1, srv.Queries(), "one query per lookup")
+			require.EqualValues(t, 1, srv.Queries(), "one query for both generations")
 			require.Equal(t, "ARRAY", last.Params["ids"].Type)
 			require.Equal(t, "STRING", last.Params["ids"].ArrayType)
-			require.Len(t, last.Params["ids"].Values, 1000)
-			require.Equal(t, "gen-1", last.Params["generation"].Value)
+			require.Equal(t, ids, last.Params["ids"].Values)
+			require.Equal(t, []string{"gen-1", "gen-2"}, last.Params["generations"].Values)
 			require.Equal(t, "EU", last.Location)
-			require.Contains(t, last.SQL, "SELECT event_id FROM `p1.ontology_internal.events`")
-			require.Contains(t, last.SQL, "event_id IN UNNEST(@ids)")
-			require.NotContains(t, last.SQL, ids[0], "ids are parameters, never SQL")
-			require.Equal(t, c.wantSince, strings.Contains(last.SQL, "_PARTITIONTIME >= TIMESTAMP_TRUNC(@since, DAY)"))
+			want := "SELECT event_id FROM `p1.ontology_internal.events`\nWHERE generation IN UNNEST(@generations) AND event_id IN UNNEST(@ids)"
+			if c.wantSince {
+				want += "\n  AND (_PARTITIONTIME IS NULL OR _PARTITIONTIME >= TIMESTAMP_TRUNC(@since, DAY))"
+			}
+			require.Equal(t, want, last.SQL, "the whole statement")
 			if c.wantSince {
 				require.Equal(t, "TIMESTAMP", last.Params["since"].Type)
-				require.True(t, strings.HasPrefix(last.Params["since"].Value, "2026-11-29 12:00:00"), last.Params["since"].Value)
+				require.True(t, strings.HasPrefix(last.Params["since"].Value, "2026-11-29 12:00:00"), "a day before the oldest acceptance: %s", last.Params["since"].Value)
 			}
 		})
 	}
@@ -87,10 +92,12 @@ func TestPresentFailure(t *testing.T) {
 	wh, err := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	defer wh.Close()
-	ws := registry.Workspace{BigQuery: registry.BigQuery{Project: "p1", Dataset: "d", Table: "events", Endpoint: hs.URL}}
-	_, err = wh.Present(context.Background(), ws, "g", []string{"a"}, time.Time{})
+	table := registry.BigQuery{Project: "p1", Dataset: "d", Table: "events", Endpoint: hs.URL}
+	_, err = wh.Present(context.Background(), table, []warehouse.Lookup{{Generation: "g", EventIDs: []string{"a"}}})
 	require.ErrorContains(t, err, "no such table")
-	got, err := wh.Present(context.Background(), ws, "g", nil, time.Time{})
+	got, err := wh.Present(context.Background(), table, []warehouse.Lookup{{Generation: "g"}})
 	require.NoError(t, err)
 	require.Empty(t, got, "no ids, no query")
+	_, err = wh.Present(context.Background(), table, []warehouse.Lookup{{Generation: "g", EventIDs: make([]string, warehouse.MaxLookupIDs+1)}})
+	require.ErrorContains(t, err, "more than one query takes")
 }

@@ -163,7 +163,7 @@ func (l *Local) Ingest(ctx context.Context, messages [][]byte) error {
 }
 
 // sqlLocalLookup is the verifier's lookup against the local table.
-const sqlLocalLookup = `SELECT DISTINCT event_id FROM events WHERE generation = $1 AND event_id = ANY($2::text[])`
+const sqlLocalLookup = `SELECT DISTINCT event_id FROM events WHERE generation = ANY($1::text[]) AND event_id = ANY($2::text[])`
 
 // QueryHandler answers the BigQuery verifier lookup (generation and ids
 // parameters) from the local table, so that the real BigQuery client path
@@ -176,7 +176,7 @@ func (l *Local) QueryHandler() bqserver.Handler {
 		if !ok {
 			return bqserver.Result{Columns: []string{"event_id"}}, nil
 		}
-		rows, err := l.pool.Query(ctx, sqlLocalLookup, q.Params["generation"].Value, ids.Values)
+		rows, err := l.pool.Query(ctx, sqlLocalLookup, q.Params["generations"].Values, ids.Values)
 		if err != nil {
 			return bqserver.Result{}, err
 		}

@@ -1,0 +1,259 @@
+package functions
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+)
+
+// fleet starts a cluster of the test's own, with max_connections as given,
+// and a harness of n workspaces w001… on it, each with events of its own
+// drained and accepted. The test's own connections are closed afterwards,
+// so that the cluster's bound is the product's.
+func fleet(t *testing.T, n, events, maxConnections int, opts ...option_) *harness {
+	t.Helper()
+	c, err := pgtest.Start(context.Background(), pgtest.Config{Settings: map[string]string{"max_connections": fmt.Sprint(maxConnections)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("w%03d", i+1)
+	}
+	h := newHarness(t, append([]option_{withCluster(c), withWorkspaces(ids...)}, opts...)...)
+	h.cluster = c
+	for _, id := range ids {
+		h.products(id, events)
+		h.drainAll(id)
+		h.spaces[id].pool.Reset()
+	}
+	return h
+}
+
+// slowly answers lookups as the events Pub/Sub holds, after latency (a
+// realistic jobs.query latency is 1–2 s), counting them.
+func (h *harness) slowly(latency time.Duration, lookups *atomic.Int64) {
+	h.answerCtx(func(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
+		lookups.Add(1)
+		select {
+		case <-time.After(latency):
+			return h.landed(q)
+		case <-ctx.Done():
+			return bqserver.Result{}, ctx.Err()
+		}
+	})
+}
+
+// verifiedIn counts a workspace's verified events, with a connection
+// closed afterwards.
+func (h *harness) verifiedIn(id string) int64 {
+	defer h.spaces[id].pool.Reset()
+	return h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL")
+}
+
+// TestVerifyFortyWorkspacesWithSlowBigQuery: 40 workspaces on one
+// PostgreSQL, BigQuery answering after 2 s, a 20 s budget: one pass
+// verifies every event of every workspace (one after another, it would
+// take 80 s).
+func TestVerifyFortyWorkspacesWithSlowBigQuery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server of its own with 40 databases")
+	}
+	t.Parallel()
+	h := fleet(t, 40, 25, 100, withEnv(EnvVerifyBudget, "20s"), withEnv(EnvSweepBatches, "0"))
+	var lookups atomic.Int64
+	h.slowly(2*time.Second, &lookups)
+	stop := h.cluster.WatchClientConnections(t)
+	code, pass := h.verify("")
+	peak := stop()
+	require.Equal(t, http.StatusOK, code, pass)
+	require.Len(t, pass.Workspaces, 40)
+	require.Empty(t, pass.NotReached)
+	for _, r := range pass.Workspaces {
+		require.Equal(t, delivery.OutcomeVerified, r.Outcome, r)
+		require.Equal(t, 25, r.Verified, r.Workspace)
+		require.EqualValues(t, 25, h.verifiedIn(r.Workspace), r.Workspace)
+	}
+	require.EqualValues(t, 40, lookups.Load(), "one lookup per workspace (each its own table)")
+	require.Equal(t, 40, pass.Lookups)
+	t.Logf("peak connections: %d", peak)
+	require.LessOrEqual(t, peak, int64(defaultMaxOpenPools*defaultPoolSize))
+}
+
+// TestVerifySharedTableIsOneLookup: workspaces sharing one events table
+// are looked up together, ten to a query, and the pass reports the
+// queries saved.
+func TestVerifySharedTableIsOneLookup(t *testing.T) {
+	t.Parallel()
+	ids := make([]string, 12)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("s%02d", i)
+	}
+	h := newHarness(t, withWorkspaces(ids...), withSharedTable(), withEnv(EnvSweepBatches, "0"))
+	for _, id := range ids {
+		h.products(id, 7)
+		h.drainAll(id)
+	}
+	var sizes []int
+	var lookups atomic.Int64
+	h.answer(func(q bqserver.Query) (bqserver.Result, error) {
+		lookups.Add(1)
+		sizes = append(sizes, len(q.Params["generations"].Values))
+		return h.landed(q)
+	})
+	code, pass := h.verify("")
+	require.Equal(t, http.StatusOK, code, pass)
+	require.EqualValues(t, 2, lookups.Load(), "12 workspaces of one table: a lookup for ten, one for two")
+	slices.Sort(sizes)
+	require.Equal(t, []int{2, 10}, sizes, "each lookup asks for every member's generation")
+	require.Equal(t, 2, pass.Lookups)
+	require.Equal(t, 10, pass.SharedLookups, "the queries saved")
+	for _, r := range pass.Workspaces {
+		require.Equal(t, 7, r.Verified, r.Workspace)
+		require.EqualValues(t, 7, h.count(r.Workspace, "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL"), r.Workspace)
+	}
+}
+
+// TestVerifyReportsWorkspacesNotReached: 200 workspaces, a 1 s budget and
+// lookups of 150 ms: a pass reaches some; those it does not are reported
+// (never a silent success), the next pass starts with them, and passes in
+// turn verify every workspace.
+func TestVerifyReportsWorkspacesNotReached(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server of its own with 200 databases")
+	}
+	t.Parallel()
+	h := fleet(t, 200, 3, 150, withEnv(EnvVerifyBudget, "1s"), withEnv(EnvSweepBatches, "0"), withEnv("DATABASE_MAX_OPEN_POOLS", "40"))
+	var lookups atomic.Int64
+	h.slowly(150*time.Millisecond, &lookups)
+
+	code, first := h.verify("")
+	require.Equal(t, http.StatusOK, code, first)
+	require.Len(t, first.Workspaces, 200)
+	require.NotEmpty(t, first.NotReached, "a 1 s pass cannot reach 200 workspaces at 150 ms a lookup")
+	var notReached []string
+	for _, r := range first.Workspaces {
+		if r.Outcome == delivery.OutcomeNotReached {
+			notReached = append(notReached, r.Workspace)
+			require.Zero(t, r.Checked, r.Workspace)
+		}
+	}
+	require.Equal(t, notReached, first.NotReached, "the response lists exactly the workspaces it did not reach")
+	require.Contains(t, h.logs.String(), "the pass's budget did not reach every workspace")
+	t.Logf("pass 1 reached %d of 200 workspaces", 200-len(first.NotReached))
+
+	// A pass over other workspaces (another shard, one workspace) does not
+	// make the instance forget the ones this pass did not reach.
+	var reached string
+	for _, r := range first.Workspaces {
+		if r.Outcome != delivery.OutcomeNotReached {
+			reached = r.Workspace
+		}
+	}
+	code, _ = h.verify(fmt.Sprintf(`{"workspace": %q}`, reached))
+	require.Equal(t, http.StatusOK, code)
+
+	code, second := h.verify("")
+	require.Equal(t, http.StatusOK, code, second)
+	var startedWith []string
+	for _, r := range second.Workspaces[:len(notReached)] {
+		startedWith = append(startedWith, r.Workspace)
+	}
+	require.Equal(t, notReached, startedWith, "the next pass starts with the workspaces the last one did not reach")
+	require.NotEqual(t, delivery.OutcomeNotReached, second.Workspaces[0].Outcome)
+
+	// Pass after pass, every workspace is verified.
+	passes := 2
+	for ; passes < 40; passes++ {
+		if len(second.NotReached) == 0 {
+			break
+		}
+		code, second = h.verify("")
+		require.Equal(t, http.StatusOK, code, second)
+	}
+	require.Empty(t, second.NotReached, "passes in turn reach every workspace")
+	t.Logf("%d passes reached every workspace", passes)
+	for id := range h.spaces {
+		require.EqualValues(t, 3, h.verifiedIn(id), id)
+	}
+}
+
+// TestVerifyShards: scheduler jobs naming shards 0…n-1 verify every
+// workspace exactly once between them.
+func TestVerifyShards(t *testing.T) {
+	t.Parallel()
+	ids := []string{"a1", "b2", "c3", "d4", "e5", "f6", "g7"}
+	h := newHarness(t, withWorkspaces(ids...), withEnv(EnvSweepBatches, "0"))
+	for _, id := range ids {
+		h.products(id, 2)
+		h.drainAll(id)
+	}
+	h.answer(h.landed)
+	seen := map[string]int{}
+	for shard := range 3 {
+		code, pass := h.verify(fmt.Sprintf(`{"shard": %d, "shards": 3}`, shard))
+		require.Equal(t, http.StatusOK, code, pass)
+		require.NotEmpty(t, pass.Workspaces, "shard %d", shard)
+		for _, r := range pass.Workspaces {
+			seen[r.Workspace]++
+			require.Equal(t, 2, r.Verified, r.Workspace)
+		}
+	}
+	for _, id := range ids {
+		require.Equal(t, 1, seen[id], "workspace %s verified once across the shards", id)
+		require.EqualValues(t, 2, h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL"), id)
+	}
+	require.Len(t, seen, len(ids))
+}
+
+// TestVerifyRequestBody: the bodies the Verify function takes, and the
+// ones it refuses with a 400 naming what is wrong.
+func TestVerifyRequestBody(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withWorkspaces("w1", "w2"), withEnv(EnvSweepBatches, "0"))
+	h.answer(h.landed)
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		workspaces int
+		mentions   string
+	}{
+		{"empty", "", http.StatusOK, 2, ""},
+		{"empty object", "{}", http.StatusOK, 2, ""},
+		{"one workspace", `{"workspace": "w2"}`, http.StatusOK, 1, ""},
+		{"a shard", `{"shard": 1, "shards": 2}`, http.StatusOK, 1, ""},
+		{"one shard of one", `{"shard": 0, "shards": 1}`, http.StatusOK, 2, ""},
+		{"unknown workspace", `{"workspace": "nope"}`, http.StatusNotFound, 0, "unknown workspace"},
+		{"not JSON", `{`, http.StatusBadRequest, 0, "must be"},
+		{"unknown field", `{"workspaces": ["w1"]}`, http.StatusBadRequest, 0, "workspaces"},
+		{"two objects", `{} {}`, http.StatusBadRequest, 0, "one JSON object"},
+		{"shard out of range", `{"shard": 2, "shards": 2}`, http.StatusBadRequest, 0, "shard 2"},
+		{"negative shard", `{"shard": -1, "shards": 2}`, http.StatusBadRequest, 0, "shard -1"},
+		{"shards without shard", `{"shards": 2}`, http.StatusBadRequest, 0, "shards without shard"},
+		{"shard without shards", `{"shard": 0}`, http.StatusBadRequest, 0, "shards 0"},
+		{"workspace and shard", `{"workspace": "w1", "shard": 0, "shards": 2}`, http.StatusBadRequest, 0, "one or the other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, raw := h.verifyRaw(tc.body)
+			require.Equal(t, tc.status, code, raw)
+			if tc.mentions != "" {
+				require.Contains(t, raw, tc.mentions)
+			}
+			if tc.status == http.StatusOK {
+				var pass delivery.VerifyPass
+				require.NoError(t, json.Unmarshal([]byte(raw), &pass))
+				require.Len(t, pass.Workspaces, tc.workspaces)
+			}
+		})
+	}
+}
