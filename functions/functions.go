@@ -183,6 +183,7 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 	if reg.Identity.Configured() {
 		cfg := deps.identity
 		cfg.Identity = reg.Identity
+		cfg.Logger = cmp.Or(cfg.Logger, log)
 		if s.verifier, err = identity.New(cfg); err != nil {
 			return nil, err
 		}

@@ -71,6 +71,7 @@ func TestVerifyAllPresent(t *testing.T) {
 	require.EqualValues(t, 1, h.bq.Queries())
 	require.EqualValues(t, 30, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
 	require.EqualValues(t, 30, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts WHERE verified_at IS NOT NULL"))
+	require.Contains(t, h.logs.String(), "unauthenticated: right for a local or test server only", "the registry's endpoint is warned about")
 }
 
 func TestVerifyRetriesAbsentEventsAndSweeps(t *testing.T) {

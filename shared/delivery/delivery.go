@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -64,8 +65,9 @@ type Service struct {
 	stores map[string]cachedStore
 
 	requeues requeueCounts
-	// behind are the workspaces the last verifier pass did not reach.
-	behind map[string]bool
+	// lastDone is when each workspace's verification last came to an end
+	// (verified, inactive or failed) in a pass of this Service.
+	lastDone map[string]time.Time
 }
 
 // cachedStore is a workspace's store over the pool it was built on.

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,13 @@ func (o *Opened) Close() {
 func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 	if cfg.Registry == nil {
 		return nil, fmt.Errorf("delivery: invalid config: Registry is required")
+	}
+	log := cmp.Or(cfg.Logger, slog.Default())
+	for _, ws := range cfg.Registry.Workspaces {
+		if ws.BigQuery.Endpoint != "" {
+			log.WarnContext(ctx, "replication: a workspace's BigQuery lookups go to the registry's endpoint, unauthenticated: right for a local or test server only",
+				slog.String("workspace", ws.ID), slog.String("endpoint", ws.BigQuery.Endpoint), slog.Bool("remote_allowed", ws.BigQuery.AllowRemoteEndpoint))
+		}
 	}
 	o := &Opened{}
 	pools, err := database.New(cfg.Pools)

@@ -145,7 +145,8 @@ const minSlice = 200 * time.Millisecond
 // cannot starve the others, and time one does not need goes to the rest).
 // Workspaces sharing an events table are verified together, one lookup per
 // round for all of them. A workspace the budget does not reach is reported
-// as such, and the next pass of this Service starts with it. One
+// as such, and the next pass of this Service starts with it (and with those
+// it did not finish). One
 // workspace's failure does not stop the others.
 func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPass {
 	budget := cmp.Or(opts.Budget, 50*time.Second)
@@ -207,24 +208,27 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 		s.log.WarnContext(ctx, "replication verification: the pass's budget did not reach every workspace; the next pass starts with them",
 			slog.Int("not_reached", len(notReached)), slog.Int("workspaces", len(pass.Workspaces)), slog.Duration("budget", budget))
 	}
-	// Remember, for this pass's workspaces only (shards share the
-	// instance), which it did not reach.
+	// Remember when each workspace's verification last came to an end, so
+	// that the next pass starts with those that waited longest: the ones
+	// this pass did not reach or did not finish.
 	s.mu.Lock()
-	if s.behind == nil {
-		s.behind = map[string]bool{}
+	if s.lastDone == nil {
+		s.lastDone = map[string]time.Time{}
 	}
+	now := time.Now()
 	for _, r := range pass.Workspaces {
-		delete(s.behind, r.Workspace)
-	}
-	for _, id := range notReached {
-		s.behind[id] = true
+		switch r.Outcome {
+		case OutcomeVerified, OutcomeInactive, OutcomeFailed:
+			s.lastDone[r.Workspace] = now
+		}
 	}
 	s.mu.Unlock()
 	return pass
 }
 
-// passUnits chooses a pass's workspaces, puts those the last pass did not
-// reach first, and groups those sharing an events table into units.
+// passUnits chooses a pass's workspaces, puts first those whose
+// verification came to an end longest ago (never, for those no pass reached
+// or finished), and groups those sharing an events table into units.
 func (s *Service) passUnits(opts VerifyAllOptions) []*unit {
 	var chosen []registry.Workspace
 	if len(opts.Workspaces) > 0 {
@@ -237,16 +241,10 @@ func (s *Service) passUnits(opts VerifyAllOptions) []*unit {
 		chosen = Shard(s.cfg.Registry.Workspaces, opts.Shard, opts.Shards)
 	}
 	s.mu.Lock()
-	behind := maps.Clone(s.behind)
+	lastDone := maps.Clone(s.lastDone)
 	s.mu.Unlock()
 	slices.SortStableFunc(chosen, func(a, b registry.Workspace) int {
-		switch {
-		case behind[a.ID] == behind[b.ID]:
-			return 0
-		case behind[a.ID]:
-			return -1
-		}
-		return 1
+		return lastDone[a.ID].Compare(lastDone[b.ID])
 	})
 	var units []*unit
 	byTable := map[string]*unit{}

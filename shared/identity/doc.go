@@ -2,12 +2,24 @@
 //
 // The ontology service calls the drain with x-segmentstream-runtime-identity,
 // a JWT of the workspace runtime, and x-segmentstream-organization-id. A
-// Verifier checks the token's signature against the issuer's JWKS (fetched
-// and cached, refetched at most every 30 s for an unknown key id), its
-// algorithm (asymmetric ones only: never none, never HMAC), issuer, audience
-// and expiry; Authorize then checks that its subject is the workspace's
-// runtime and the organisation header the workspace's organisation.
+// Verifier checks the token's signature against the issuer's JWKS, its
+// algorithm (asymmetric ones only: never none, never HMAC), issuer,
+// audience, expiry, lifetime (exp − iat at most 24 h by default), its typ
+// header when the registry sets identity.token_type, and reads the
+// organisation claim the registry may name; Authorize then checks that its
+// subject is the workspace's runtime, the organisation header the
+// workspace's organisation, and the claim, when there is one, too.
 //
-// Issuer is a local issuer (a key pair and its JWKS) for the local mode and
-// tests.
+// # Keys for a fleet
+//
+// The JWKS is fetched on first use and kept. Keys older than KeysTTL (10
+// minutes) are refreshed in the background: requests go on with the keys
+// held and never wait for the issuer while those keys are usable. A token
+// with an unknown key id (the issuer rotated its keys) waits for a refetch,
+// at most one per RefetchInterval (30 s) shared by every request waiting,
+// so forged key ids cost the issuer one fetch per interval, also while it
+// fails. Failed fetches back off from 1 s to RefetchInterval. Keys that
+// could not be refreshed for MaxStaleness (1 hour) are no longer trusted:
+// tokens are then refused as unverifiable (ErrKeysUnavailable, the drain's
+// 503) until the issuer answers.
 package identity

@@ -99,6 +99,72 @@ func TestVerify(t *testing.T) {
 	require.LessOrEqual(t, fetches.Load(), int64(2), "an unknown key id refetches the JWKS at most once per interval")
 }
 
+// TestTokenPolicy: the lifetime bound, the typ header when the registry
+// sets a token type, and the organisation claim when it names one.
+func TestTokenPolicy(t *testing.T) {
+	t.Parallel()
+	iss, err := tokenissuer.New("https://issuer.test", "k1")
+	require.NoError(t, err)
+	srv := httptest.NewServer(iss)
+	t.Cleanup(srv.Close)
+	verifier := func(id registry.Identity) *identity.Verifier {
+		id.Issuer, id.Audience, id.JWKSURL = iss.URL, "replication", srv.URL
+		v, err := identity.New(identity.Config{Identity: id})
+		require.NoError(t, err)
+		return v
+	}
+	plain := verifier(registry.Identity{})
+	typed := verifier(registry.Identity{TokenType: "at+jwt"})
+	withOrg := verifier(registry.Identity{OrganizationClaim: "org_id"})
+	now := time.Now()
+	claims := func(lifetime time.Duration, extra map[string]any) map[string]any {
+		c := map[string]any{"iss": iss.URL, "sub": "runtime-w1", "aud": "replication", "iat": now.Unix(), "exp": now.Add(lifetime).Unix()}
+		for k, v := range extra {
+			c[k] = v
+		}
+		return c
+	}
+	sign := func(typ string, c map[string]any) string {
+		tok, err := iss.SignTyped(typ, c)
+		require.NoError(t, err)
+		return tok
+	}
+	for _, tc := range []struct {
+		name  string
+		v     *identity.Verifier
+		token string
+		ok    bool
+		org   string
+	}{
+		{"a day", plain, sign("JWT", claims(24*time.Hour, nil)), true, ""},
+		{"longer than a day", plain, sign("JWT", claims(25*time.Hour, nil)), false, ""},
+		{"a year without iat", plain, sign("JWT", func() map[string]any { c := claims(365*24*time.Hour, nil); delete(c, "iat"); return c }()), false, ""},
+		{"iat long ago", plain, sign("JWT", func() map[string]any {
+			c := claims(time.Hour, nil)
+			c["iat"] = now.Add(-48 * time.Hour).Unix()
+			return c
+		}()), false, ""},
+		{"any typ without a configured type", plain, sign("whatever", claims(time.Hour, nil)), true, ""},
+		{"the configured type", typed, sign("at+jwt", claims(time.Hour, nil)), true, ""},
+		{"the configured type, RFC 7515 form", typed, sign("application/AT+JWT", claims(time.Hour, nil)), true, ""},
+		{"another type", typed, sign("JWT", claims(time.Hour, nil)), false, ""},
+		{"no type", typed, sign("", claims(time.Hour, nil)), false, ""},
+		{"the organisation claim", withOrg, sign("JWT", claims(time.Hour, map[string]any{"org_id": "org-1"})), true, "org-1"},
+		{"no organisation claim", withOrg, sign("JWT", claims(time.Hour, nil)), false, ""},
+		{"a number for the organisation", withOrg, sign("JWT", claims(time.Hour, map[string]any{"org_id": 7})), false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := tc.v.Verify(context.Background(), tc.token)
+			if !tc.ok {
+				require.ErrorIs(t, err, identity.ErrInvalidToken)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.org, c.Organization)
+		})
+	}
+}
+
 func TestAuthorize(t *testing.T) {
 	t.Parallel()
 	ws := registry.Workspace{ID: "w1", OrganizationID: "org-1", RuntimeSubject: "runtime-w1"}
@@ -106,6 +172,9 @@ func TestAuthorize(t *testing.T) {
 	require.ErrorIs(t, identity.Authorize(identity.Claims{Subject: "runtime-w2"}, "org-1", ws), identity.ErrForbidden)
 	require.ErrorIs(t, identity.Authorize(identity.Claims{Subject: "runtime-w1"}, "org-2", ws), identity.ErrForbidden)
 	require.ErrorIs(t, identity.Authorize(identity.Claims{Subject: "runtime-w1"}, "", ws), identity.ErrForbidden)
+	require.NoError(t, identity.Authorize(identity.Claims{Subject: "runtime-w1", Organization: "org-1"}, "org-1", ws))
+	require.ErrorIs(t, identity.Authorize(identity.Claims{Subject: "runtime-w1", Organization: "org-2"}, "org-1", ws), identity.ErrForbidden,
+		"the token's organisation claim must be the workspace's too")
 }
 
 func TestKeysUnavailable(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"regexp"
@@ -25,8 +26,13 @@ type Registry struct {
 	// Identity configures runtime token verification for the drain. It may
 	// be omitted where no drain runs (the verifier, the job).
 	Identity Identity `json:"identity"`
-	// Workspaces are the workspaces served; ids are unique.
+	// Workspaces are the workspaces served; ids are unique. Parse indexes
+	// them: change none afterwards.
 	Workspaces []Workspace `json:"workspaces"`
+
+	// byID indexes Workspaces by id (built by Parse; a Registry built
+	// otherwise is searched).
+	byID map[string]int
 }
 
 // Identity says which runtime identity tokens the drain accepts.
@@ -39,11 +45,18 @@ type Identity struct {
 	JWKSURL string `json:"jwks_url"`
 	// Algorithms are the accepted signature algorithms. Default: RS256 and ES256.
 	Algorithms []string `json:"algorithms,omitempty"`
+	// TokenType, when set, is the typ header every token must carry (for
+	// example "JWT" or "at+jwt"), compared as RFC 7515 says.
+	TokenType string `json:"token_type,omitempty"`
+	// OrganizationClaim, when set, names the claim carrying the token's
+	// organisation id: it must be the workspace's organization_id (as the
+	// x-segmentstream-organization-id header must).
+	OrganizationClaim string `json:"organization_claim,omitempty"`
 }
 
 // Configured reports whether any identity field is set.
 func (i Identity) Configured() bool {
-	return i.Issuer != "" || i.Audience != "" || i.JWKSURL != "" || len(i.Algorithms) > 0
+	return i.Issuer != "" || i.Audience != "" || i.JWKSURL != "" || len(i.Algorithms) > 0 || i.TokenType != "" || i.OrganizationClaim != ""
 }
 
 // Workspace is one workspace's configuration.
@@ -118,6 +131,11 @@ type BigQuery struct {
 	// Endpoint points the BigQuery client at a local or test server, with
 	// no authentication. Empty in production.
 	Endpoint string `json:"endpoint,omitempty"`
+	// AllowRemoteEndpoint accepts an Endpoint that is not on a loopback
+	// address. An endpoint turns authentication off, and a wrong one can
+	// "verify" anything: without this switch only a local or test server
+	// may be named.
+	AllowRemoteEndpoint bool `json:"allow_remote_endpoint,omitempty"`
 	// Partitioning is how the table is partitioned: "ingestion_time" (the
 	// default, as terraform/ creates it: daily on _PARTITIONTIME) lets the
 	// verifier's lookup prune partitions; "none" for an unpartitioned table.
@@ -173,6 +191,10 @@ func Parse(raw []byte) (*Registry, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
+	r.byID = make(map[string]int, len(r.Workspaces))
+	for i, w := range r.Workspaces {
+		r.byID[w.ID] = i
+	}
 	return &r, nil
 }
 
@@ -221,7 +243,7 @@ func (r *Registry) Validate() error {
 		case id.JWKSURL == "":
 			return errors.New("identity.jwks_url: required")
 		}
-		if u, err := url.Parse(id.JWKSURL); err != nil || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
+		if u, err := url.Parse(id.JWKSURL); err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
 			return fmt.Errorf("identity.jwks_url: %q must be an https URL (http only on loopback)", id.JWKSURL)
 		}
 		for i, a := range id.Algorithms {
@@ -233,7 +255,8 @@ func (r *Registry) Validate() error {
 	if len(r.Workspaces) == 0 {
 		return errors.New("workspaces: at least one workspace is required")
 	}
-	seen := map[string]bool{}
+	seen := make(map[string]bool, len(r.Workspaces))
+	subjects := make(map[string]string, len(r.Workspaces))
 	for i, w := range r.Workspaces {
 		at := fmt.Sprintf("workspaces[%d]", i)
 		if !idPattern.MatchString(w.ID) {
@@ -251,6 +274,12 @@ func (r *Registry) Validate() error {
 			if w.RuntimeSubject == "" {
 				return fmt.Errorf("%s.runtime_subject: required", at)
 			}
+		}
+		if w.RuntimeSubject != "" {
+			if other, ok := subjects[w.RuntimeSubject]; ok {
+				return fmt.Errorf("%s.runtime_subject: %q is workspace %s's too: one token would drain both", at, w.RuntimeSubject, other)
+			}
+			subjects[w.RuntimeSubject] = w.ID
 		}
 		if err := w.Database.validate(at + ".database"); err != nil {
 			return err
@@ -278,9 +307,15 @@ func (r *Registry) Validate() error {
 			return fmt.Errorf("%s.bigquery.partitioning: %q must be %q or %q", at, bq.Partitioning, PartitioningIngestionTime, PartitioningNone)
 		}
 		if bq.Endpoint != "" {
-			if u, err := url.Parse(bq.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			u, err := url.Parse(bq.Endpoint)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return fmt.Errorf("%s.bigquery.endpoint: %q is not an http(s) URL", at, bq.Endpoint)
 			}
+			if !isLoopback(u.Hostname()) && !bq.AllowRemoteEndpoint {
+				return fmt.Errorf("%s.bigquery.endpoint: %q is not on a loopback address: an endpoint turns authentication off, so only a local or test server may be named (set allow_remote_endpoint to mean it)", at, bq.Endpoint)
+			}
+		} else if bq.AllowRemoteEndpoint {
+			return fmt.Errorf("%s.bigquery.allow_remote_endpoint: set without an endpoint", at)
 		}
 	}
 	return nil
@@ -303,7 +338,7 @@ func (d Database) validate(at string) error {
 		if d.Name != "" || d.User != "" || d.IAMAuth || d.PrivateIP {
 			return fmt.Errorf("%s: name, user, iam_auth and private_ip go with instance, not url", at)
 		}
-		return nil
+		return checkTransport(at+".url", u)
 	}
 	switch {
 	case !instancePattern.MatchString(d.Instance):
@@ -320,12 +355,63 @@ func (d Database) validate(at string) error {
 	return nil
 }
 
+// checkTransport refuses a password sent in the clear: a URL naming a
+// host other than loopback (or a Unix socket) with a password must set an
+// sslmode that insists on TLS (libpq's default, prefer, falls back to
+// plain text).
+func checkTransport(at string, u *url.URL) error {
+	q := u.Query()
+	_, hasPassword := u.User.Password()
+	if q.Get("password") != "" {
+		hasPassword = true
+	}
+	if !hasPassword {
+		return nil
+	}
+	hosts := strings.Split(u.Host, ",")
+	if h := q.Get("host"); h != "" {
+		hosts = strings.Split(h, ",")
+	}
+	remote := false
+	for _, h := range hosts {
+		if strings.HasPrefix(h, "/") || h == "" {
+			continue // a Unix socket
+		}
+		if host, _, err := net.SplitHostPort(h); err == nil {
+			h = host
+		}
+		if !isLoopback(strings.Trim(h, "[]")) {
+			remote = true
+		}
+	}
+	switch q.Get("sslmode") {
+	case "require", "verify-ca", "verify-full":
+		return nil
+	}
+	if remote {
+		return fmt.Errorf("%s: a password to a remote host needs sslmode=require, verify-ca or verify-full (the default, prefer, and disable or allow can send it in the clear)", at)
+	}
+	return nil
+}
+
+// isLoopback reports whether host is localhost or a loopback IP address
+// (not a name that merely starts like one, such as 127.0.0.1.nip.io).
 func isLoopback(host string) bool {
-	return host == "localhost" || host == "127.0.0.1" || host == "::1" || strings.HasPrefix(host, "127.")
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Workspace returns the workspace with the given id.
 func (r *Registry) Workspace(id string) (Workspace, bool) {
+	if r.byID != nil {
+		if i, ok := r.byID[id]; ok {
+			return r.Workspaces[i], true
+		}
+		return Workspace{}, false
+	}
 	for _, w := range r.Workspaces {
 		if w.ID == id {
 			return w, true

@@ -1,8 +1,12 @@
 package registry_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,6 +74,18 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad dataset", `"dataset": "ontology_internal"`, `"dataset": "a.b"`, "workspaces[0] (w1).bigquery.dataset"},
 		{"bad partitioning", `"location": "EU",`, `"location": "EU", "partitioning": "daily",`, "workspaces[0] (w1).bigquery.partitioning"},
 		{"bad endpoint", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "127.0.0.1:9050"`, "workspaces[0] (w1).bigquery.endpoint"},
+		{"http jwks on a name like loopback", `"jwks_url": "https://issuer.example/jwks.json"`, `"jwks_url": "http://127.evil.com/jwks.json"`, "identity.jwks_url"},
+		{"http jwks on nip.io", `"jwks_url": "https://issuer.example/jwks.json"`, `"jwks_url": "http://127.0.0.1.nip.io/jwks.json"`, "identity.jwks_url"},
+		{"jwks without host", `"jwks_url": "https://issuer.example/jwks.json"`, `"jwks_url": "https:///jwks.json"`, "identity.jwks_url"},
+		{"remote endpoint", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "https://bigquery.evil.example"`, "workspaces[0] (w1).bigquery.endpoint: \"https://bigquery.evil.example\" is not on a loopback address"},
+		{"endpoint on a name like loopback", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "http://127.0.0.1.nip.io:9050"`, "workspaces[0] (w1).bigquery.endpoint"},
+		{"remote switch without endpoint", `"bigquery": {}`, `"bigquery": {"allow_remote_endpoint": true}`, "workspaces[1] (w2).bigquery.allow_remote_endpoint"},
+		{"shared runtime subject", `"runtime_subject": "runtime-w2"`, `"runtime_subject": "runtime-w1"`, "workspaces[1] (w2).runtime_subject: \"runtime-w1\" is workspace w1's too"},
+		{"password in the clear", `127.0.0.1:5432/ontology"`, `db.example.com:5432/ontology?sslmode=disable"`, "workspaces[0] (w1).database.url: a password to a remote host needs sslmode"},
+		{"password with prefer", `127.0.0.1:5432/ontology"`, `db.example.com:5432/ontology?sslmode=prefer"`, "workspaces[0] (w1).database.url"},
+		{"password with the default sslmode", `127.0.0.1:5432/ontology"`, `10.0.0.7/ontology"`, "workspaces[0] (w1).database.url"},
+		{"password parameter in the clear", `user:secret@127.0.0.1:5432/ontology"`, `user@db.example.com/ontology?password=secret"`, "workspaces[0] (w1).database.url"},
+		{"one remote host of two", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432,db.example.com:5432/ontology"`, "workspaces[0] (w1).database.url"},
 		{"too many conns", `"database": {"url": "postgres://user:secret@127.0.0.1:5432/ontology"}`, `"database": {"url": "postgres://x@y/z", "max_conns": 100}`, "workspaces[0] (w1).database.max_conns"},
 	}
 	for _, c := range cases {
@@ -84,6 +100,32 @@ func TestParseErrorsNameTheField(t *testing.T) {
 	}
 	_, err := registry.Parse([]byte(`{"workspaces": []}`))
 	require.ErrorContains(t, err, "workspaces: at least one")
+}
+
+// TestParseAccepts: the secure forms of what TestParseErrorsNameTheField
+// refuses.
+func TestParseAccepts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, from, to string }{
+		{"http jwks on 127.0.0.1", `"jwks_url": "https://issuer.example/jwks.json"`, `"jwks_url": "http://127.0.0.1:8080/jwks.json"`},
+		{"http jwks on ::1", `"jwks_url": "https://issuer.example/jwks.json"`, `"jwks_url": "http://[::1]:8080/jwks.json"`},
+		{"http jwks on localhost", `"jwks_url": "https://issuer.example/jwks.json"`, `"jwks_url": "http://localhost:8080/jwks.json"`},
+		{"endpoint on localhost", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "http://localhost:9050"`},
+		{"remote endpoint meant", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "https://bq.example", "allow_remote_endpoint": true`},
+		{"remote password over TLS", `127.0.0.1:5432/ontology"`, `db.example.com:5432/ontology?sslmode=verify-full"`},
+		{"remote password with require", `127.0.0.1:5432/ontology"`, `db.example.com:5432/ontology?sslmode=require"`},
+		{"remote without a password", `user:secret@127.0.0.1:5432/ontology"`, `user@db.example.com:5432/ontology"`},
+		{"password over a Unix socket", `127.0.0.1:5432/ontology"`, `/ontology?host=/run/postgresql"`},
+		{"password on loopback without TLS", `127.0.0.1:5432/ontology"`, `localhost:5432/ontology?sslmode=disable"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			raw := strings.Replace(valid, c.from, c.to, 1)
+			require.NotEqual(t, valid, raw, "the case changes the registry")
+			_, err := registry.Parse([]byte(raw))
+			require.NoError(t, err)
+		})
+	}
 }
 
 func TestIdentityIsOptionalWithoutADrain(t *testing.T) {
@@ -113,6 +155,10 @@ func TestLoad(t *testing.T) {
 	require.ErrorContains(t, err, "REPLICATION_WORKSPACES: workspaces")
 }
 
+// FuzzParse: Parse never panics; what it accepts survives a round trip
+// (encoded and parsed again it is the same registry: defaults are stable
+// and nothing accepted is lost), and every workspace is found by its id and
+// only by it.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(valid))
 	f.Add([]byte(`{"workspaces": [{"id": "w1", "database": {"url": "postgres://x@y/z"}, "pubsub": {"project": "p1", "topic": "t1x"}}]}`))
@@ -122,14 +168,82 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		// Whatever parses is valid, and stays valid.
-		if err := r.Validate(); err != nil {
-			t.Fatalf("Parse accepted a registry Validate refuses: %v", err)
+		again, err := json.Marshal(r)
+		if err != nil {
+			t.Fatalf("an accepted registry does not encode: %v", err)
+		}
+		r2, err := registry.Parse(again)
+		if err != nil {
+			t.Fatalf("an accepted registry, encoded, is refused: %v\n%s", err, again)
+		}
+		if !reflect.DeepEqual(r, r2) {
+			t.Fatalf("the round trip changed the registry:\n%+v\n%+v", r, r2)
 		}
 		for _, w := range r.Workspaces {
-			if _, ok := r.Workspace(w.ID); !ok {
-				t.Fatalf("workspace %q not found", w.ID)
+			got, ok := r.Workspace(w.ID)
+			if !ok || !reflect.DeepEqual(got, w) {
+				t.Fatalf("workspace %q not found as itself", w.ID)
+			}
+			if _, ok := r.Workspace(w.ID + "x"); ok && !slices.ContainsFunc(r.Workspaces, func(o registry.Workspace) bool { return o.ID == w.ID+"x" }) {
+				t.Fatalf("workspace %q found though not registered", w.ID+"x")
 			}
 		}
 	})
+}
+
+// BenchmarkParseFleet: loading and validating a registry of 10,000
+// workspaces (terraform's file for a fleet), and finding one by id.
+func BenchmarkParseFleet(b *testing.B) {
+	raw := fleetRegistry(10_000)
+	b.Run("parse", func(b *testing.B) {
+		b.SetBytes(int64(len(raw)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := registry.Parse(raw); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	r, err := registry.Parse(raw)
+	require.NoError(b, err)
+	b.Run("lookup", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			if _, ok := r.Workspace(fmt.Sprintf("w%05d", i%10_000)); !ok {
+				b.Fatal("not found")
+			}
+		}
+	})
+}
+
+// fleetRegistry is a registry of n Cloud SQL workspaces, as terraform
+// writes it.
+func fleetRegistry(n int) []byte {
+	var sb strings.Builder
+	sb.WriteString(`{"identity": {"issuer": "https://issuer.example", "audience": "replication", "jwks_url": "https://issuer.example/jwks.json"}, "workspaces": [`)
+	for i := range n {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `{"id": "w%05d", "organization_id": "org-%d", "runtime_subject": "runtime:w%05d",
+			"database": {"instance": "proj-1:europe-west1:ontology-%d", "name": "w%05d", "user": "replication-drain@proj-1.iam", "iam_auth": true, "private_ip": true},
+			"pubsub": {"project": "proj-1", "topic": "ontology-replication-w%05d"}, "bigquery": {"project": "proj-1", "dataset": "ontology_w%05d", "location": "EU"}}`,
+			i, i, i, i%50, i, i, i)
+	}
+	sb.WriteString("]}")
+	return []byte(sb.String())
+}
+
+// TestFleetRegistry: 10,000 workspaces load, and each is found.
+func TestFleetRegistry(t *testing.T) {
+	t.Parallel()
+	r, err := registry.Parse(fleetRegistry(10_000))
+	require.NoError(t, err)
+	require.Len(t, r.Workspaces, 10_000)
+	for i := range 10_000 {
+		w, ok := r.Workspace(fmt.Sprintf("w%05d", i))
+		require.True(t, ok)
+		require.Equal(t, fmt.Sprintf("runtime:w%05d", i), w.RuntimeSubject)
+	}
+	_, ok := r.Workspace("w10000")
+	require.False(t, ok)
 }

@@ -61,10 +61,19 @@ func (i *Issuer) Token(subject, audience string, ttl time.Duration) (string, err
 	})
 }
 
-// Sign signs arbitrary claims with the issuer's key.
+// Sign signs arbitrary claims with the issuer's key, typ JWT.
 func (i *Issuer) Sign(claims any) (string, error) {
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: i.key},
-		(&jose.SignerOptions{}).WithType("JWT").WithHeader(jose.HeaderKey("kid"), i.KeyID))
+	return i.SignTyped("JWT", claims)
+}
+
+// SignTyped signs arbitrary claims with the issuer's key and the typ
+// header given (none when empty).
+func (i *Issuer) SignTyped(typ string, claims any) (string, error) {
+	opts := (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), i.KeyID)
+	if typ != "" {
+		opts = opts.WithType(jose.ContentType(typ))
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: i.key}, opts)
 	if err != nil {
 		return "", fmt.Errorf("identity: signer: %w", err)
 	}

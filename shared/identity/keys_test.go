@@ -1,0 +1,378 @@
+package identity
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/registry"
+)
+
+// clock is a test's time, moved by hand.
+type clock struct{ t atomic.Pointer[time.Time] }
+
+func newClock() *clock {
+	c := &clock{}
+	now := time.Now()
+	c.t.Store(&now)
+	return c
+}
+
+func (c *clock) now() time.Time { return *c.t.Load() }
+
+func (c *clock) advance(d time.Duration) {
+	t := c.now().Add(d)
+	c.t.Store(&t)
+}
+
+// issuer is a JWKS endpoint whose keys and health a test controls.
+type issuer struct {
+	t     testing.TB
+	mu    sync.Mutex
+	keys  map[string]*ecdsa.PrivateKey
+	serve []string // the key ids the JWKS lists
+	// fail answers 503 while set; hold, while set, holds each request until
+	// it is closed.
+	fail bool
+	hold chan struct{}
+	hits atomic.Int64
+	// arrived receives a value as each request arrives.
+	arrived chan struct{}
+	srv     *httptest.Server
+}
+
+func newIssuer(t testing.TB, kids ...string) *issuer {
+	i := &issuer{t: t, keys: map[string]*ecdsa.PrivateKey{}, arrived: make(chan struct{}, 1000)}
+	for _, kid := range kids {
+		i.addKey(kid)
+	}
+	i.srv = httptest.NewServer(http.HandlerFunc(i.handle))
+	t.Cleanup(i.srv.Close)
+	return i
+}
+
+func (i *issuer) addKey(kid string) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(i.t, err)
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.keys[kid] = k
+	i.serve = append(i.serve, kid)
+}
+
+// publish sets the key ids the JWKS lists.
+func (i *issuer) publish(kids ...string) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.serve = kids
+}
+
+func (i *issuer) set(fail bool, hold chan struct{}) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.fail, i.hold = fail, hold
+}
+
+func (i *issuer) handle(w http.ResponseWriter, r *http.Request) {
+	i.hits.Add(1)
+	i.arrived <- struct{}{}
+	i.mu.Lock()
+	fail, hold := i.fail, i.hold
+	var set jose.JSONWebKeySet
+	for _, kid := range i.serve {
+		set.Keys = append(set.Keys, jose.JSONWebKey{Key: &i.keys[kid].PublicKey, KeyID: kid, Algorithm: string(jose.ES256), Use: "sig"})
+	}
+	i.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	if fail {
+		http.Error(w, "issuer down", http.StatusServiceUnavailable)
+		return
+	}
+	_ = json.NewEncoder(w).Encode(set)
+}
+
+// token signs a valid token with key kid (a key the issuer never had
+// signs with a fresh one).
+func (i *issuer) token(kid string, now time.Time) string {
+	i.mu.Lock()
+	k := i.keys[kid]
+	i.mu.Unlock()
+	if k == nil {
+		var err error
+		k, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(i.t, err)
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: k}, (&jose.SignerOptions{}).WithType("JWT").WithHeader(jose.HeaderKey("kid"), kid))
+	require.NoError(i.t, err)
+	tok, err := jwt.Signed(signer).Claims(jwt.Claims{Issuer: "https://issuer.test", Subject: "runtime-w1", Audience: jwt.Audience{"replication"},
+		IssuedAt: jwt.NewNumericDate(now), Expiry: jwt.NewNumericDate(now.Add(time.Hour))}).Serialize()
+	require.NoError(i.t, err)
+	return tok
+}
+
+func newTestVerifier(t testing.TB, iss *issuer, clk *clock) *Verifier {
+	v, err := New(Config{Identity: registry.Identity{Issuer: "https://issuer.test", Audience: "replication", JWKSURL: iss.srv.URL}, Now: clk.now, FetchTimeout: time.Minute})
+	require.NoError(t, err)
+	return v
+}
+
+// idle waits for the fetch in flight, if any, to end.
+func (v *Verifier) idle() {
+	v.keys.mu.Lock()
+	ch := v.keys.inflight
+	v.keys.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+// within fails the test unless f returns before the guard (a generous
+// bound for "did not wait for the issuer": the issuer is held meanwhile, so
+// anything that waited for it could not return at all).
+func within(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: still waiting (on the held issuer)", what)
+	}
+}
+
+func TestKeysSlowIssuer(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	iss := newIssuer(t, "k1")
+	v := newTestVerifier(t, iss, clk)
+	ctx := context.Background()
+	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, iss.hits.Load())
+	<-iss.arrived
+
+	// Past the TTL, with the issuer holding every request: four concurrent
+	// valid tokens are verified with the keys held, and one refresh runs.
+	clk.advance(11 * time.Minute)
+	hold := make(chan struct{})
+	iss.set(false, hold)
+	within(t, "valid tokens while the issuer is slow", func() {
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+				assert.NoError(t, err)
+			})
+		}
+		wg.Wait()
+	})
+	<-iss.arrived // the background refresh reached the issuer
+	require.EqualValues(t, 2, iss.hits.Load(), "one background refresh for four requests")
+	close(hold)
+	v.idle()
+	v.keys.mu.Lock()
+	age := v.keys.ageLocked()
+	v.keys.mu.Unlock()
+	require.Zero(t, age, "the refresh replaced the keys")
+}
+
+func TestKeysFailingIssuer(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	iss := newIssuer(t, "k1")
+	v := newTestVerifier(t, iss, clk)
+	ctx := context.Background()
+	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err)
+	iss.set(true, nil)
+
+	// Ten minutes of an issuer that fails, a request a second: every
+	// valid token is verified, and the refreshes back off (1 s doubling to
+	// 30 s) instead of one per request.
+	clk.advance(10 * time.Minute)
+	for range 600 {
+		clk.advance(time.Second)
+		_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+		require.NoError(t, err)
+		v.idle()
+	}
+	hits := iss.hits.Load() - 1
+	t.Logf("%d refresh attempts in 10 minutes", hits)
+	require.GreaterOrEqual(t, hits, int64(10), "it keeps trying")
+	require.LessOrEqual(t, hits, int64(6+600/30+1), "backed off: 1, 2, 4, 8, 16 s, then every 30 s")
+}
+
+func TestKeysMaximumStaleness(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	iss := newIssuer(t, "k1")
+	v := newTestVerifier(t, iss, clk)
+	ctx := context.Background()
+	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err)
+	iss.set(true, nil)
+
+	clk.advance(59 * time.Minute)
+	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err, "keys 59 minutes old are still trusted")
+	v.idle()
+
+	clk.advance(2 * time.Minute)
+	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
+	require.ErrorIs(t, err, ErrKeysUnavailable, "keys an hour old that could not be refreshed are not trusted")
+	require.ErrorContains(t, err, "503")
+	hits := iss.hits.Load()
+	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
+	require.ErrorIs(t, err, ErrKeysUnavailable)
+	require.Equal(t, hits, iss.hits.Load(), "within the backoff, no fetch: the refusal is immediate")
+
+	iss.set(false, nil)
+	clk.advance(31 * time.Second)
+	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err, "the issuer is back: its keys are fetched and trusted again")
+}
+
+func TestKeysRotation(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	iss := newIssuer(t, "k1")
+	v := newTestVerifier(t, iss, clk)
+	ctx := context.Background()
+	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err)
+
+	// The issuer adds k2 and signs with it: the first k2 token refetches.
+	iss.addKey("k2")
+	clk.advance(31 * time.Second)
+	_, err = v.Verify(ctx, iss.token("k2", clk.now()))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, iss.hits.Load())
+	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err, "k1 is still published")
+
+	// The issuer drops k1: once the keys are refreshed, k1 is refused.
+	iss.publish("k2")
+	clk.advance(11 * time.Minute)
+	_, err = v.Verify(ctx, iss.token("k2", clk.now()))
+	require.NoError(t, err)
+	v.idle()
+	require.EqualValues(t, 3, iss.hits.Load(), "refreshed past the TTL")
+	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
+	require.ErrorIs(t, err, ErrInvalidToken, "a key the issuer withdrew is not trusted")
+}
+
+func TestKeysForgedKeyIDsWhileFailing(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	iss := newIssuer(t, "k1")
+	v := newTestVerifier(t, iss, clk)
+	ctx := context.Background()
+	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err)
+	<-iss.arrived
+
+	// The issuer hangs, then fails. Fifty tokens with forged key ids cause
+	// one fetch, shared; valid tokens meanwhile do not wait for it.
+	clk.advance(31 * time.Second)
+	hold := make(chan struct{})
+	iss.set(true, hold)
+	var forged sync.WaitGroup
+	refused := atomic.Int64{}
+	for n := range 50 {
+		forged.Go(func() {
+			_, err := v.Verify(ctx, iss.token(fmt.Sprintf("forged-%d", n), clk.now()))
+			if err != nil {
+				refused.Add(1)
+			}
+		})
+	}
+	<-iss.arrived // the forged ids' fetch is at the issuer, held
+	within(t, "valid tokens while forged key ids wait for the issuer", func() {
+		for range 20 {
+			_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+			assert.NoError(t, err)
+		}
+	})
+	close(hold)
+	forged.Wait()
+	require.EqualValues(t, 50, refused.Load())
+	require.EqualValues(t, 2, iss.hits.Load(), "one fetch for fifty forged key ids")
+
+	// Within the interval, more forged ids fetch nothing.
+	clk.advance(10 * time.Second)
+	for n := range 50 {
+		_, err := v.Verify(ctx, iss.token(fmt.Sprintf("again-%d", n), clk.now()))
+		require.ErrorIs(t, err, ErrInvalidToken)
+	}
+	require.EqualValues(t, 2, iss.hits.Load(), "forged key ids within 30 s of a fetch cause none")
+}
+
+// BenchmarkVerify: token verification healthy, and with the issuer down
+// (failing, or hanging until the fetch times out) through ten minutes of
+// traffic past the keys' TTL. p50 and p99 are reported in µs.
+func BenchmarkVerify(b *testing.B) {
+	for _, mode := range []string{"healthy", "issuer-failing", "issuer-hanging"} {
+		b.Run(mode, func(b *testing.B) {
+			clk := newClock()
+			iss := newIssuer(b, "k1")
+			go func() {
+				for range iss.arrived {
+				}
+			}()
+			v := newTestVerifier(b, iss, clk)
+			ctx := context.Background()
+			tok := iss.token("k1", clk.now())
+			_, err := v.Verify(ctx, tok)
+			require.NoError(b, err)
+			start := clk.now()
+			switch mode {
+			case "issuer-failing":
+				iss.set(true, nil)
+			case "issuer-hanging":
+				hold := make(chan struct{})
+				b.Cleanup(func() { close(hold) })
+				iss.set(true, hold)
+			}
+			var took []time.Duration
+			i := 0
+			for b.Loop() {
+				if mode != "healthy" {
+					// Past the TTL, through ten minutes of outage.
+					t := start.Add(10*time.Minute + time.Duration(i%600)*time.Second)
+					clk.t.Store(&t)
+				}
+				i++
+				began := time.Now()
+				if _, err := v.Verify(ctx, tok); err != nil {
+					b.Fatal(err)
+				}
+				took = append(took, time.Since(began))
+			}
+			sort.Slice(took, func(a, c int) bool { return took[a] < took[c] })
+			b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
+			b.ReportMetric(float64(iss.hits.Load()-1), "fetches")
+		})
+	}
+}
