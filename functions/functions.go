@@ -34,7 +34,7 @@ const (
 	// publishes per workspace per run. Default: 20.
 	EnvSweepBatches = "VERIFY_SWEEP_BATCHES"
 	// EnvVerifyWorkers is how many workspaces the verifier verifies at
-	// once. Default: 8.
+	// once. Default: 16.
 	EnvVerifyWorkers = "VERIFY_WORKERS"
 )
 
@@ -148,7 +148,7 @@ func newServerFromEnv() *server {
 }
 
 func newServer(ctx context.Context, getenv func(string) string, deps dependencies) (*server, error) {
-	s := &server{verifyBudget: 50 * time.Second, sweepBatches: 20, verifyWorkers: 8}
+	s := &server{verifyBudget: 50 * time.Second, sweepBatches: 20, verifyWorkers: 16}
 	if raw := getenv(EnvVerifyBudget); raw != "" {
 		d, err := time.ParseDuration(raw)
 		if err != nil || d < time.Second || d > time.Hour {

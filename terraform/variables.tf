@@ -80,7 +80,7 @@ variable "verify_time_budget" {
 variable "verify_workers" {
   description = "Workspaces one verifier pass verifies at once."
   type        = number
-  default     = 8
+  default     = 16
   validation {
     condition     = var.verify_workers >= 1 && var.verify_workers <= 64
     error_message = "verify_workers must be between 1 and 64."

@@ -103,7 +103,7 @@ type VerifyAllOptions struct {
 	// publishes at most. Default: 0 (no sweep).
 	SweepBatches int
 	// Workers is how many workspaces (or groups sharing a table) are
-	// verified at once. Default: 8.
+	// verified at once. Default: 16.
 	Workers int
 }
 
@@ -157,7 +157,7 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 	var pass VerifyPass
 	var mu sync.Mutex
 	var g errgroup.Group
-	workers := cmp.Or(opts.Workers, 8)
+	workers := cmp.Or(opts.Workers, 16)
 	g.SetLimit(workers)
 	remaining := len(units)
 	for _, u := range units {
