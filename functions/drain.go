@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/identity"
+	"github.com/segmentstream/ontology-replication/shared/logging"
 )
 
 // The headers the ontology service sends with the wake-up (SDK
@@ -36,7 +37,8 @@ const drainTimeout = 30 * time.Second
 // publish at most one batch of the workspace's pending events.
 func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
-	out := outcome{log: s.log, message: "replication drain"}
+	r = traced(r)
+	out := outcome{ctx: r.Context(), log: s.log, message: LogDrain}
 	defer func() { out.write(w, started) }()
 	if s.err != nil {
 		s.log.Error("replication functions are misconfigured", slog.Any("error", s.err))
@@ -81,7 +83,8 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Drain(ctx, ws.ID)
 	out.fields = append(out.fields, slog.String("generation", res.Generation), slog.Int("count", res.Published),
-		slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State))
+		slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State),
+		slog.Int64("publish_ms", res.PublishTime.Milliseconds()))
 	if res.SetAside > 0 {
 		out.fields = append(out.fields, slog.Int("set_aside", res.SetAside))
 	}
@@ -96,8 +99,29 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	out.ok(res)
 }
 
+// Messages of the functions' invocation lines: terraform's log-based metrics
+// select them (a test checks that the filters and these agree).
+const (
+	// LogDrain is a drain invocation's line.
+	LogDrain = "replication drain"
+	// LogVerify is a verifier pass's line (each workspace has its own,
+	// delivery.LogVerifyWorkspace).
+	LogVerify = "replication verify"
+)
+
+// traced returns r with its trace context (traceparent or
+// X-Cloud-Trace-Context) in its context, so that every line logged for it
+// carries the trace.
+func traced(r *http.Request) *http.Request {
+	if t, ok := logging.TraceFromRequest(r); ok {
+		return r.WithContext(logging.WithTrace(r.Context(), t))
+	}
+	return r
+}
+
 // outcome collects one invocation's answer and writes it with one log line.
 type outcome struct {
+	ctx     context.Context
 	log     *slog.Logger
 	message string
 	fields  []any
@@ -129,7 +153,11 @@ func (o *outcome) write(w http.ResponseWriter, started time.Time) {
 	if o.err != nil {
 		fields = append(fields, slog.String("error", o.err.Error()))
 	}
-	o.log.Log(context.Background(), level, o.message, fields...)
+	ctx := o.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	o.log.Log(ctx, level, o.message, fields...)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(o.status)
 	_ = json.NewEncoder(w).Encode(o.body)

@@ -501,3 +501,45 @@ func TestMisconfiguredServer(t *testing.T) {
 	s.serveDrain(rec, httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil))
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 }
+
+// TestLogsCarryTheRequestsTrace: every line a request logs carries its
+// trace (traceparent, or X-Cloud-Trace-Context), the workspace as its
+// label, and a successful invocation's line no error field.
+func TestLogsCarryTheRequestsTrace(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.products("w1", 3)
+	ws := h.spaces["w1"]
+	for _, c := range []struct {
+		header, value, trace, span string
+	}{
+		{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"},
+		{"X-Cloud-Trace-Context", "105445aa7843bc8bf206b12000100000/255;o=1", "105445aa7843bc8bf206b12000100000", "00000000000000ff"},
+	} {
+		t.Run(c.header, func(t *testing.T) {
+			h.logs.Reset()
+			req := httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
+			req.Header.Set(headerIdentity, h.token(ws.subject))
+			req.Header.Set(headerOrganization, ws.org)
+			req.Header.Set(c.header, c.value)
+			rec := httptest.NewRecorder()
+			h.handler.ServeHTTP(rec, req)
+			require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+			var drain map[string]any
+			for _, line := range strings.Split(strings.TrimSpace(h.logs.String()), "\n") {
+				var entry map[string]any
+				require.NoError(t, json.Unmarshal([]byte(line), &entry), line)
+				require.Equal(t, "projects/p1/traces/"+c.trace, entry["logging.googleapis.com/trace"], line)
+				require.Equal(t, c.span, entry["logging.googleapis.com/spanId"], line)
+				if entry["message"] == LogDrain {
+					drain = entry
+				}
+			}
+			require.NotNil(t, drain, "the invocation's line")
+			require.Equal(t, map[string]any{"workspace": "w1"}, drain["logging.googleapis.com/labels"])
+			require.Equal(t, "ok", drain["outcome"])
+			require.NotContains(t, drain, "error", "no empty error field on success")
+			require.Contains(t, drain, "publish_ms")
+		})
+	}
+}

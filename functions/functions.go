@@ -43,7 +43,7 @@ const (
 var FunctionNames = []string{"Drain", "Verify"}
 
 // Env lists every environment variable the functions read.
-var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers)
+var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers, "K_SERVICE")
 
 // defaultMaxOpenPools bounds the workspace pools an instance keeps open:
 // with defaultPoolSize, at most 128 connections an instance holds across
@@ -142,7 +142,7 @@ type server struct {
 func newServerFromEnv() *server {
 	s, err := newServer(context.Background(), os.Getenv, dependencies{})
 	if err != nil {
-		return &server{err: err, log: logging.New(os.Stdout, slog.LevelInfo)}
+		return &server{err: err, log: logging.New(os.Stdout, logging.Config{Level: slog.LevelInfo, Service: os.Getenv("K_SERVICE")})}
 	}
 	return s
 }
@@ -176,7 +176,7 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 	}
 	log := deps.logger
 	if log == nil {
-		log = logging.New(os.Stdout, settings.LogLevel)
+		log = logging.New(os.Stdout, logging.Config{Level: settings.LogLevel, ProjectID: settings.ProjectID, Service: getenv("K_SERVICE")})
 	}
 	s.log = log
 	reg := settings.Registry

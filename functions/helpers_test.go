@@ -25,6 +25,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
@@ -204,7 +205,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	wh, err := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = wh.Close() })
-	log := slog.New(slog.NewJSONHandler(&lockedWriter{b: h.logs}, nil))
+	log := logging.New(&lockedWriter{b: h.logs}, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
 	h.instance = func() http.Handler {
 		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, warehouse: wh, logger: log})
 		require.NoError(t, err)

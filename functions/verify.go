@@ -63,7 +63,8 @@ func parseVerifyRequest(body []byte) (verifyRequest, error) {
 // result.
 func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
-	out := outcome{log: s.log, message: "replication verify"}
+	r = traced(r)
+	out := outcome{ctx: r.Context(), log: s.log, message: LogVerify}
 	defer func() { out.write(w, started) }()
 	if s.err != nil {
 		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", s.err)

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,7 +121,12 @@ func TestStatusStates(t *testing.T) {
 	require.Zero(t, s.SetAside.Count, "nothing set aside before a drain met it")
 	h.mustRun("drain", "--workspace", "w2")
 	s = statusOf(t, h, "--workspace", "w2")[0]
-	require.Equal(t, int64(1), s.Pending, "it stays pending, visible")
+	require.Zero(t, s.Pending, "the set-aside event is counted apart from the pending ones")
+	require.Nil(t, s.OldestPending, "and is not the delivery lag")
+	require.Equal(t, int64(1), s.Total-s.Accepted, "it stays pending for the SDK")
+	require.EqualValues(t, 2, s.Unverified, "the two others were accepted, not verified yet")
+	require.NotNil(t, s.OldestUnverified)
+	require.NotEmpty(t, s.OldestUnverifiedAge)
 	require.EqualValues(t, 1, s.SetAside.Count, "an event too large for Pub/Sub is set aside")
 	require.Len(t, s.SetAside.Events, 1)
 	require.Equal(t, store.ReasonTooLarge, s.SetAside.Events[0].Reason)
@@ -420,4 +427,52 @@ func TestJSONIsOneDocument(t *testing.T) {
 		require.False(t, dec.More(), "%v: one document", args)
 		require.Equal(t, 1, strings.Count(strings.TrimSpace(out), "\n")+1, "%v: compact when not on a terminal", args)
 	}
+}
+
+// lineWriter signals each line written to it.
+type lineWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	lines chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for {
+		line, err := w.buf.ReadString('\n')
+		if err != nil {
+			w.buf.Reset()
+			w.buf.WriteString(line)
+			return len(p), nil
+		}
+		w.lines <- line
+	}
+}
+
+// TestStatusWatchInAPipe: `status --watch` writes one JSON line per
+// interval when its output is not a terminal, each with both lags.
+func TestStatusWatchInAPipe(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 4)
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	out := &lineWriter{lines: make(chan string, 10)}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"status", "--watch", "1s"}, func(k string) string { return h.env[k] }, out, io.Discard)
+	}()
+	for i := range 2 {
+		line := <-out.lines
+		var all []workspaceStatus
+		require.NoError(t, json.Unmarshal([]byte(line), &all), "line %d is one JSON document: %s", i, line)
+		require.Len(t, all, 1)
+		require.EqualValues(t, 4, all[0].Pending)
+		require.NotEmpty(t, all[0].OldestPendingAge)
+	}
+	cancel()
+	require.NoError(t, <-done)
 }

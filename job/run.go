@@ -184,7 +184,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if e.workspaces, err = shard(all, getenv); err != nil {
 		return usageError{err}
 	}
-	e.log = logging.New(stderr, settings.LogLevel)
+	e.log = logging.New(stderr, logging.Config{Level: settings.LogLevel, ProjectID: settings.ProjectID, Service: "replication-job"})
 	e.progress = newProgressOutput(stderr, e.log)
 	e.svc, err = delivery.Open(ctx, delivery.OpenConfig{
 		Registry:           e.reg,

@@ -16,24 +16,36 @@ import (
 
 // workspaceStatus is one workspace's line of `job status`.
 type workspaceStatus struct {
-	Workspace        string     `json:"workspace"`
-	Protocol         int        `json:"protocol"`
-	Generation       string     `json:"generation,omitempty"`
-	Enabled          bool       `json:"enabled"`
-	BaselineComplete bool       `json:"baseline_complete"`
-	BaselineCursor   any        `json:"baseline_cursor,omitempty"`
-	BackfillComplete bool       `json:"backfill_complete"`
-	BackfillCursor   any        `json:"backfill_cursor,omitempty"`
-	ReplayComplete   bool       `json:"replay_complete"`
-	ReplayCursor     *string    `json:"replay_cursor,omitempty"`
-	Total            int64      `json:"total"`
-	Accepted         int64      `json:"accepted"`
-	Verified         int64      `json:"verified"`
-	InitiallyReady   bool       `json:"initially_ready"`
+	Workspace        string  `json:"workspace"`
+	Protocol         int     `json:"protocol"`
+	Generation       string  `json:"generation,omitempty"`
+	Enabled          bool    `json:"enabled"`
+	BaselineComplete bool    `json:"baseline_complete"`
+	BaselineCursor   any     `json:"baseline_cursor,omitempty"`
+	BackfillComplete bool    `json:"backfill_complete"`
+	BackfillCursor   any     `json:"backfill_cursor,omitempty"`
+	ReplayComplete   bool    `json:"replay_complete"`
+	ReplayCursor     *string `json:"replay_cursor,omitempty"`
+	Total            int64   `json:"total"`
+	Accepted         int64   `json:"accepted"`
+	Verified         int64   `json:"verified"`
+	InitiallyReady   bool    `json:"initially_ready"`
+	// Pending counts the events waiting to be published (set-aside ones
+	// apart, in SetAside); OldestPending is when the oldest of them was
+	// queued or sent back, and its age the delivery lag.
 	Pending          int64      `json:"pending"`
 	OldestPending    *time.Time `json:"oldest_pending,omitempty"`
 	OldestPendingAge string     `json:"oldest_pending_age,omitempty"`
-	DueVerifications int64      `json:"due_verifications"`
+	// Unverified counts the accepted events not verified yet;
+	// OldestUnverified is when the oldest was accepted, and its age the
+	// verification lag. DueVerifications are those whose check is due.
+	Unverified          int64      `json:"unverified"`
+	OldestUnverified    *time.Time `json:"oldest_unverified,omitempty"`
+	OldestUnverifiedAge string     `json:"oldest_unverified_age,omitempty"`
+	DueVerifications    int64      `json:"due_verifications"`
+	// FiguresCapped: the backlog is larger than the bounded reads count
+	// (see store.Figures).
+	FiguresCapped bool `json:"figures_capped,omitempty"`
 	// SetAside lists the events set aside because they cannot be
 	// published (with their reasons), seen from any process.
 	SetAside store.SetAsideReport `json:"set_aside"`
@@ -76,10 +88,27 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 	}
 	out.Total, out.Accepted, out.Verified, out.InitiallyReady = counts.Total, counts.Accepted, counts.Verified, counts.InitiallyReady
 	out.Pending, out.DueVerifications = counts.Pending, counts.DueVerifications
-	if !counts.OldestPending.IsZero() {
-		oldest := counts.OldestPending.UTC()
+	oldestPending := counts.OldestPending
+	var oldestUnverified time.Time
+	switch f, err := lease.Figures(ctx, t); {
+	case err == nil:
+		out.Pending, out.Unverified, out.DueVerifications, out.FiguresCapped = f.Pending, f.Unverified, f.DueVerifications, f.Capped
+		oldestPending, oldestUnverified = f.OldestPending, f.OldestUnverified
+	case errors.Is(err, store.ErrNoFigures):
+		out.Unverified = counts.Accepted - counts.Verified
+	default:
+		return out, err
+	}
+	now := time.Now()
+	if !oldestPending.IsZero() {
+		oldest := oldestPending.UTC()
 		out.OldestPending = &oldest
-		out.OldestPendingAge = max(time.Since(oldest), 0).Round(time.Second).String()
+		out.OldestPendingAge = max(now.Sub(oldest), 0).Round(time.Second).String()
+	}
+	if !oldestUnverified.IsZero() {
+		oldest := oldestUnverified.UTC()
+		out.OldestUnverified = &oldest
+		out.OldestUnverifiedAge = max(now.Sub(oldest), 0).Round(time.Second).String()
 	}
 	out.SetAside, err = lease.SetAside(ctx, t, 100, publish.MaxMessageBytes)
 	return out, err
@@ -115,24 +144,28 @@ func runStatus(e *env) error {
 	}
 }
 
+// writeStatus writes the table, or one JSON document with --json; with
+// --watch, the table refreshes in place on a terminal, and elsewhere each
+// interval is one JSON line (for a log or a pipe).
 func (e *env) writeStatus(all []workspaceStatus) error {
-	if e.json {
+	terminal := isTerminal(e.stdout)
+	if e.json || e.watch != 0 && !terminal {
 		return e.writeJSON(all)
 	}
-	if e.watch != 0 && isTerminal(e.stdout) {
+	if e.watch != 0 {
 		fmt.Fprint(e.stdout, "\033[H\033[2J") // refresh in place
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tOLDEST PENDING\tDUE\tSET ASIDE")
+	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tDELIVERY LAG\tUNVERIFIED\tVERIFICATION LAG\tDUE\tSET ASIDE")
 	for _, s := range all {
 		if s.Error != "" {
 			fmt.Fprintf(tw, "%s\t%d\t%s\terror: %s\n", s.Workspace, s.Protocol, s.Generation, s.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%d\t%d\n", s.Workspace, s.Protocol, s.Generation,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", s.Workspace, s.Protocol, s.Generation,
 			yes(s.Enabled), done(s.BaselineComplete, s.BaselineCursor), done(s.BackfillComplete, s.BackfillCursor),
-			done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), s.Pending,
-			cmpOr(s.OldestPendingAge, "-"), s.DueVerifications, s.SetAside.Count)
+			done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), atLeast(s.Pending, s.FiguresCapped),
+			cmpOr(s.OldestPendingAge, "-"), atLeast(s.Unverified, s.FiguresCapped), cmpOr(s.OldestUnverifiedAge, "-"), s.DueVerifications, s.SetAside.Count)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -153,6 +186,14 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		}
 	}
 	return nil
+}
+
+// atLeast writes a count, marked when the bounded read capped it.
+func atLeast(n int64, capped bool) string {
+	if capped {
+		return fmt.Sprintf("≥%d", n)
+	}
+	return fmt.Sprint(n)
 }
 
 func yes(b bool) string {

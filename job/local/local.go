@@ -135,7 +135,7 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 			return fmt.Errorf("local: LOG_LEVEL: %w", err)
 		}
 	}
-	l := &local{cfg: cfg, log: logging.New(stderr, level), out: stdout, logLevel: level.String()}
+	l := &local{cfg: cfg, log: logging.New(stderr, logging.Config{Level: level}), out: stdout, logLevel: level.String()}
 	defer l.close()
 	if err := l.start(ctx); err != nil {
 		return fmt.Errorf("local: %w", err)

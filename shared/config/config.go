@@ -30,10 +30,13 @@ const (
 	// the fleet. Default: the component's (64 for the functions; the job's
 	// --parallel).
 	EnvMaxOpenPools = "DATABASE_MAX_OPEN_POOLS"
+	// EnvProject is the Google Cloud project the process runs in, which
+	// log lines name in their trace (terraform sets it).
+	EnvProject = "GOOGLE_CLOUD_PROJECT"
 )
 
 // Names lists every variable Read reads.
-var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools}
+var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools, EnvProject}
 
 // Settings are the shared settings.
 type Settings struct {
@@ -49,12 +52,14 @@ type Settings struct {
 	// MaxOpenPools is DATABASE_MAX_OPEN_POOLS; 0 when unset (the
 	// component's default applies).
 	MaxOpenPools int
+	// ProjectID is GOOGLE_CLOUD_PROJECT.
+	ProjectID string
 }
 
 // Read reads and checks the shared settings; defaultPoolSize is the
 // component's pool size.
 func Read(getenv func(string) string, defaultPoolSize int32) (Settings, error) {
-	s := Settings{EmulatorHost: getenv(EnvEmulatorHost), PoolSize: defaultPoolSize}
+	s := Settings{EmulatorHost: getenv(EnvEmulatorHost), PoolSize: defaultPoolSize, ProjectID: getenv(EnvProject)}
 	var err error
 	if s.LogLevel, err = logging.ParseLevel(getenv(EnvLogLevel)); err != nil {
 		return Settings{}, fmt.Errorf("%s: %w", EnvLogLevel, err)

@@ -64,6 +64,9 @@ type VerifyResult struct {
 	RequeuedRepeatedly []RequeuedEvent `json:"requeued_repeatedly,omitempty"`
 	// LookupTime is the time spent waiting for BigQuery.
 	LookupTime time.Duration `json:"-"`
+	// Figures are the workspace's lags and backlogs after the pass (nil
+	// when not read: not reached, inactive, failed, or protocol 3).
+	Figures *store.Figures `json:"figures,omitempty"`
 	// Error is the failure that ended this workspace's run, if any.
 	Error string `json:"error,omitempty"`
 }
@@ -182,6 +185,7 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 					u.verify(ctx, start.Add(slice*4/5))
 					u.sweep(ctx, opts.SweepBatches, start.Add(slice))
 				}
+				u.figures(ctx)
 			}
 			mu.Lock()
 			pass.Lookups += u.lookups
@@ -198,9 +202,7 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 			if m.res.Outcome == OutcomeNotReached {
 				notReached = append(notReached, m.ws.ID)
 			}
-			if m.res.Outcome == OutcomeFailed {
-				s.log.ErrorContext(ctx, "replication verification failed for a workspace", slog.String("workspace", m.ws.ID), slog.String("error", m.res.Error))
-			}
+			s.logWorkspace(ctx, m.res)
 		}
 	}
 	pass.NotReached = notReached
@@ -451,6 +453,66 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 			}
 		}
 	}
+}
+
+// figures reads each active member's figures after its verification.
+func (u *unit) figures(ctx context.Context) {
+	for _, m := range u.members {
+		if m.res.State != StateActive || m.res.Outcome == OutcomeFailed || ctx.Err() != nil {
+			continue
+		}
+		var f store.Figures
+		err := m.withStore(ctx, u.svc, func(l *Lease) (err error) {
+			f, err = l.Figures(ctx, m.target)
+			return err
+		})
+		switch {
+		case err == nil:
+			m.res.Figures = &f
+		case !errors.Is(err, store.ErrNoFigures) && ctx.Err() == nil:
+			u.svc.log.WarnContext(ctx, "replication: a workspace's figures could not be read", slog.String("workspace", m.ws.ID), slog.String("error", err.Error()))
+		}
+	}
+}
+
+// Messages of the verifier's log lines: the log-based metrics of terraform
+// select them (a test checks that the filters and these agree).
+const (
+	// LogVerifyWorkspace is a workspace's line in a pass: its outcome,
+	// what it verified, and its figures (lags and backlogs).
+	LogVerifyWorkspace = "replication verify workspace"
+)
+
+// logWorkspace writes a workspace's line of a pass: at ERROR when it
+// failed, WARN when it was not reached, INFO otherwise.
+func (s *Service) logWorkspace(ctx context.Context, r VerifyResult) {
+	level := slog.LevelInfo
+	switch r.Outcome {
+	case OutcomeFailed:
+		level = slog.LevelError
+	case OutcomeNotReached:
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("workspace", r.Workspace), slog.String("outcome", r.Outcome),
+		slog.Int("rounds", r.Rounds), slog.Int("checked", r.Checked), slog.Int("verified", r.Verified),
+		slog.Int("retried", r.Retried), slog.Int("requeued", r.Requeued), slog.Int("swept", r.Swept),
+		slog.Float64("lookup_seconds", r.LookupTime.Seconds()),
+	}
+	if r.Generation != "" {
+		attrs = append(attrs, slog.String("generation", r.Generation))
+	}
+	if f := r.Figures; f != nil {
+		pending, unverified := f.Ages(time.Now())
+		attrs = append(attrs, slog.Int64("pending", f.Pending), slog.Int64("set_aside", f.SetAside),
+			slog.Int64("unverified", f.Unverified), slog.Int64("due_verifications", f.DueVerifications),
+			slog.Float64("oldest_pending_age_seconds", pending.Seconds()), slog.Float64("oldest_unverified_age_seconds", unverified.Seconds()),
+			slog.Float64("outstanding_age_seconds", max(pending, unverified).Seconds()), slog.Bool("figures_capped", f.Capped))
+	}
+	if r.Error != "" {
+		attrs = append(attrs, slog.String("error", r.Error))
+	}
+	s.log.LogAttrs(ctx, level, LogVerifyWorkspace, attrs...)
 }
 
 // sweep publishes up to batches batches of each verified member's pending

@@ -11,11 +11,28 @@ import (
 	"strings"
 )
 
-// New returns a JSON logger writing to w at level, with Cloud Logging's
-// field names: "severity" (DEBUG, INFO, WARNING, ERROR) and "message".
-func New(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(&handler{inner: slog.NewJSONHandler(w, &slog.HandlerOptions{
-		Level: level,
+// Config configures a logger.
+type Config struct {
+	// Level is the least level written.
+	Level slog.Level
+	// ProjectID is the Google Cloud project the process runs in
+	// (GOOGLE_CLOUD_PROJECT): with it, lines logged with a request's trace
+	// carry logging.googleapis.com/trace, so Cloud Logging nests them under
+	// the request. Empty: no trace fields.
+	ProjectID string
+	// Service names the process in Error Reporting (serviceContext.service):
+	// replication-drain, replication-verify, replication-job.
+	Service string
+}
+
+// New returns a JSON logger writing to w with Cloud Logging's field names:
+// "severity" (DEBUG, INFO, WARNING, ERROR), "message" and "time"; the
+// request's trace (see WithTrace), a "workspace" attribute also as the
+// entry's label (logging.googleapis.com/labels), and ERROR lines in the
+// shape Error Reporting picks up (@type ReportedErrorEvent, serviceContext).
+func New(w io.Writer, cfg Config) *slog.Logger {
+	return slog.New(&handler{cfg: cfg, inner: slog.NewJSONHandler(w, &slog.HandlerOptions{
+		Level: cfg.Level,
 		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
 			if len(groups) > 0 {
 				return a
@@ -34,34 +51,74 @@ func New(w io.Writer, level slog.Level) *slog.Logger {
 	})})
 }
 
+// Keys of Cloud Logging's special fields and Error Reporting's.
+const (
+	keyTrace        = "logging.googleapis.com/trace"
+	keySpanID       = "logging.googleapis.com/spanId"
+	keyTraceSampled = "logging.googleapis.com/trace_sampled"
+	keyLabels       = "logging.googleapis.com/labels"
+	keyType         = "@type"
+	keyService      = "serviceContext"
+	// reportedErrorEvent marks a line as an error for Error Reporting.
+	reportedErrorEvent = "type.googleapis.com/google.devtools.clouderrorreporting.v1beta1.ReportedErrorEvent"
+)
+
 // reserved are the top-level keys of a line's own fields.
 var reserved = map[string]bool{slog.LevelKey: true, slog.MessageKey: true, slog.TimeKey: true, slog.SourceKey: true,
-	"severity": true, "message": true}
+	"severity": true, "message": true, keyTrace: true, keySpanID: true, keyTraceSampled: true, keyLabels: true,
+	keyType: true, keyService: true}
 
-// handler keeps the caller's attributes from taking the place of a line's
-// own fields: an attribute keyed like one of them ("level", "msg", "time",
-// "severity", …) is written as "attr_<key>".
-type handler struct{ inner slog.Handler }
+// handler writes Cloud Logging's special fields and keeps the caller's
+// attributes from taking their place: an attribute keyed like one of them
+// ("level", "msg", "time", "severity", …) is written as "attr_<key>".
+type handler struct {
+	cfg   Config
+	inner slog.Handler
+	// workspace is a "workspace" attribute given to WithAttrs.
+	workspace string
+}
 
 func (h *handler) Enabled(ctx context.Context, l slog.Level) bool { return h.inner.Enabled(ctx, l) }
 
 func (h *handler) Handle(ctx context.Context, r slog.Record) error {
-	clash := false
-	r.Attrs(func(a slog.Attr) bool { clash = clash || reserved[a.Key]; return !clash })
-	if clash {
-		out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
-		r.Attrs(func(a slog.Attr) bool { out.AddAttrs(rename(a)); return true })
-		r = out
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	workspace := h.workspace
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "workspace" && a.Value.Kind() == slog.KindString {
+			workspace = a.Value.String()
+		}
+		out.AddAttrs(rename(a))
+		return true
+	})
+	if t, ok := TraceFrom(ctx); ok && h.cfg.ProjectID != "" {
+		out.AddAttrs(slog.String(keyTrace, "projects/"+h.cfg.ProjectID+"/traces/"+t.TraceID))
+		if t.SpanID != "" {
+			out.AddAttrs(slog.String(keySpanID, t.SpanID))
+		}
+		out.AddAttrs(slog.Bool(keyTraceSampled, t.Sampled))
 	}
-	return h.inner.Handle(ctx, r)
+	if workspace != "" {
+		out.AddAttrs(slog.Any(keyLabels, map[string]string{"workspace": workspace}))
+	}
+	if r.Level >= slog.LevelError {
+		out.AddAttrs(slog.String(keyType, reportedErrorEvent))
+		if h.cfg.Service != "" {
+			out.AddAttrs(slog.Any(keyService, map[string]string{"service": h.cfg.Service}))
+		}
+	}
+	return h.inner.Handle(ctx, out)
 }
 
 func (h *handler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	renamed := make([]slog.Attr, len(attrs))
+	workspace := h.workspace
 	for i, a := range attrs {
+		if a.Key == "workspace" && a.Value.Kind() == slog.KindString {
+			workspace = a.Value.String()
+		}
 		renamed[i] = rename(a)
 	}
-	return &handler{inner: h.inner.WithAttrs(renamed)}
+	return &handler{cfg: h.cfg, inner: h.inner.WithAttrs(renamed), workspace: workspace}
 }
 
 func (h *handler) WithGroup(name string) slog.Handler {

@@ -29,3 +29,10 @@ var (
 	SeedStateUpdates = [3]string{sqlAcknowledgeSeed, sqlVerifySeed, sqlRetrySeed}
 	StateUpdates     = [3]string{sqlAcknowledge, sqlVerify, sqlRetry}
 )
+
+// SQLFigures is the figures read, for its plan.
+const SQLFigures = sqlFigures
+
+// Backoffs are a Store's set-aside backoffs in microseconds, as its
+// statements take them.
+func Backoffs(s *Store) []int64 { return s.backoffs }
