@@ -79,6 +79,11 @@ type local struct {
 	urls      localURLs
 	registry  string
 	deadCount atomic.Int64
+	commits   atomic.Int64
+	progress  *progress
+	// agedDeadLetter is set once the dead-lettered event's acceptance was
+	// moved back (the lags stop counting then).
+	agedDeadLetter atomic.Bool
 	// deadHistory is the history id of the event sent to the dead letter.
 	deadHistory atomic.Pointer[string]
 }
@@ -137,12 +142,26 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	l := &local{cfg: cfg, log: logging.New(stderr, logging.Config{Level: level}), out: stdout, logLevel: level.String()}
 	defer l.close()
+	l.progress = newProgress(stderr, l)
+	l.progress.commits = l.commits.Load
+	l.progress.enter("starting PostgreSQL, Pub/Sub, the local warehouse and the functions", "")
 	if err := l.start(ctx); err != nil {
 		return fmt.Errorf("local: %w", err)
 	}
+	progressCtx, stopProgress := context.WithCancel(ctx)
+	progressDone := make(chan struct{})
+	go func() { defer close(progressDone); l.progress.run(progressCtx) }()
 	sum, err := l.runWorkload(ctx)
+	stopProgress()
+	<-progressDone
 	if err != nil {
 		return fmt.Errorf("local: %w", err)
+	}
+	pendingLag, verifyLag := l.progress.lags()
+	sum.MaxDeliveryLagSecs, sum.MaxVerificationLagSecs = pendingLag.Seconds(), verifyLag.Seconds()
+	l.progress.enter("done", "")
+	if l.progress.terminal {
+		fmt.Fprint(stderr, "\r\033[K")
 	}
 	if err := sum.print(stdout, cfg.json); err != nil {
 		return err

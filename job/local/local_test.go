@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +42,21 @@ func TestLocalRun(t *testing.T) {
 	require.EqualValues(t, 1, sum.DeadLettered)
 	require.True(t, sum.DeadLetterVerified, "the dropped message was retried and verified")
 	require.Positive(t, sum.Requeued)
+	require.Positive(t, sum.MaxVerificationLagSecs, "the summary ends with the lags")
+	require.Less(t, sum.MaxVerificationLagSecs, 15*60.0, "not the dead-lettered event's staged 16 minutes")
+
+	// In a pipe, a line per phase, in order, on stderr.
+	var phases []string
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if rest, ok := strings.CutPrefix(line, "local: "); ok {
+			phase, _, _ := strings.Cut(rest, " (")
+			if len(phases) == 0 || phases[len(phases)-1] != phase {
+				phases = append(phases, phase)
+			}
+		}
+	}
+	require.Equal(t, []string{"starting PostgreSQL, Pub/Sub, the local warehouse and the functions", "workload",
+		"waiting for verification", "checking the views against the source tables", "done"}, phases, stderr.String())
 	require.Len(t, sum.Views, 4)
 	for _, v := range sum.Views {
 		require.True(t, v.Match, "view %s: %d rows, source %d", v.View, v.Rows, v.Source)

@@ -48,6 +48,10 @@ type summary struct {
 	WorkloadSeconds    float64        `json:"workload_seconds"`
 	VerifiedAfterSecs  float64        `json:"verified_after_last_commit_seconds"`
 	Views              []viewCheck    `json:"views"`
+	// The largest lags seen during the run: how long the oldest event
+	// waited to be published, and to be verified once accepted.
+	MaxDeliveryLagSecs     float64 `json:"max_delivery_lag_seconds"`
+	MaxVerificationLagSecs float64 `json:"max_verification_lag_seconds"`
 }
 
 // viewCheck compares one view with the source table it replicates.
@@ -105,6 +109,8 @@ func (s *summary) print(w io.Writer, asJSON bool) error {
 		}
 		fmt.Fprintf(tw, "view %s\t%d rows, source table %d: %s\n", v.View, v.Rows, v.Source, mark)
 	}
+	fmt.Fprintf(tw, "delivery lag\t%.1fs at most (the oldest pending event's wait, sampled every 250 ms)\n", s.MaxDeliveryLagSecs)
+	fmt.Fprintf(tw, "verification lag\t%.1fs at most (the oldest accepted event's wait to be found in the warehouse)\n", s.MaxVerificationLagSecs)
 	return tw.Flush()
 }
 
@@ -155,7 +161,8 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	var commits atomic.Int64
+	commits := &l.commits
+	l.progress.enter("workload", fmt.Sprintf("%d commits by %d writers, with a replay, a Pub/Sub outage and a dead letter on the way", l.cfg.records, l.cfg.writers))
 	var outage, replayOnce, deadOnce sync.Once
 	var changesMu sync.Mutex
 	var replayed atomic.Int64
@@ -245,6 +252,9 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 			sum.FullyVerified = true
 			break
 		}
+		if f, err := l.st.Figures(ctx, target); err == nil {
+			l.progress.enterOrExplain("waiting for verification", waitingReason(f, deadDone.Load()))
+		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
@@ -265,6 +275,7 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 		return nil, err
 	}
 	sum.Landed, sum.DuplicatesAbsorbed = rows, rows-distinct
+	l.progress.enter("checking the views against the source tables", "")
 	sum.Views, err = l.checkViews(ctx, target)
 	return sum, err
 }
@@ -338,6 +349,7 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 			_ = l.client.SubscriptionAdminClient.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: localDeadSub, AckIds: ack})
 		}
 		if history := l.deadHistory.Load(); done.Load() && !aged && history != nil {
+			l.agedDeadLetter.Store(true)
 			if ok, err := sdkfixture.AgeAcceptance(ctx, l.ontology, l.gen.Generation, *history, 16*time.Minute); err == nil && ok {
 				aged = true
 				l.log.Info("fast-forwarded the dead-lettered event's acceptance by 16 minutes so the verifier retries it now")

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// progress shows a local run as it goes, on stderr: on a terminal one line
+// refreshed in place (the phase, commits, published, landed, verified of
+// captured, and the two lags); elsewhere a line per phase. It keeps the
+// largest lags it saw for the summary.
+type progress struct {
+	w        io.Writer
+	terminal bool
+	l        *local
+	commits  func() int64
+
+	mu         sync.Mutex
+	phase      string
+	why        string
+	maxPending time.Duration
+	maxVerify  time.Duration
+	last       string
+}
+
+func newProgress(w io.Writer, l *local) *progress {
+	return &progress{w: w, terminal: isTerminal(w), l: l, commits: func() int64 { return 0 }}
+}
+
+// isTerminal reports whether w is a terminal. (The job has the same eight
+// lines; a package for them would be the bigger cost.)
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// enter starts a phase: in a pipe its line is written now.
+func (p *progress) enter(phase, why string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.phase, p.why = phase, why
+	line := phase
+	if why != "" {
+		line += " (" + why + ")"
+	}
+	if p.terminal {
+		fmt.Fprint(p.w, "\r\033[K"+line)
+	} else {
+		fmt.Fprintln(p.w, "local: "+line)
+	}
+}
+
+// enterOrExplain enters the phase, or gives the phase it is in a new
+// reason; in a pipe each change is a line.
+func (p *progress) enterOrExplain(phase, why string) {
+	p.mu.Lock()
+	changed := phase != p.phase || why != p.why
+	p.mu.Unlock()
+	if changed {
+		p.enter(phase, why)
+	}
+}
+
+// run samples the pipeline every 250 ms until ctx ends: on a terminal it
+// redraws the line; always it records the largest lags.
+func (p *progress) run(ctx context.Context) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if p.terminal {
+				fmt.Fprint(p.w, "\r\033[K")
+			}
+			return
+		case <-tick.C:
+		}
+		line := p.sample(ctx)
+		if p.terminal && line != "" {
+			fmt.Fprint(p.w, "\r\033[K"+line)
+		}
+	}
+}
+
+// sample reads the figures once and returns the live line.
+func (p *progress) sample(ctx context.Context) string {
+	l := p.l
+	if l.st == nil || l.pubsub == nil || l.wh == nil {
+		return p.phaseLine("")
+	}
+	_, t, err := l.st.ActiveTarget(ctx)
+	if err != nil {
+		return p.phaseLine("")
+	}
+	st, err := l.st.Status(ctx, t)
+	if err != nil {
+		return p.phaseLine("")
+	}
+	f, err := l.st.Figures(ctx, t)
+	if err != nil {
+		return p.phaseLine("")
+	}
+	pendingLag, verifyLag := f.Ages(time.Now())
+	p.mu.Lock()
+	p.maxPending = max(p.maxPending, pendingLag)
+	if !l.agedDeadLetter.Load() || verifyLag < 15*time.Minute {
+		// Not the dead-lettered event's, whose acceptance the demo moves 16
+		// minutes back.
+		p.maxVerify = max(p.maxVerify, verifyLag)
+	}
+	p.mu.Unlock()
+	published := 0
+	for _, m := range l.pubsub.Messages() {
+		if m.Topic == localTopic {
+			published++
+		}
+	}
+	landed, _, _ := l.wh.Counts(ctx)
+	verifyNote := seconds(verifyLag)
+	if l.agedDeadLetter.Load() && verifyLag >= 15*time.Minute {
+		verifyNote += " (the dead-lettered event, moved 16 minutes back)"
+	}
+	return p.phaseLine(fmt.Sprintf("%d commits · %d published · %d landed · %d of %d verified · delivery lag %s · verification lag %s",
+		p.commits(), published, landed, st.Verified, st.Total, seconds(pendingLag), verifyNote))
+}
+
+func (p *progress) phaseLine(figures string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	line := p.phase
+	if p.why != "" {
+		line += " (" + p.why + ")"
+	}
+	if figures != "" {
+		line += ": " + figures
+	}
+	return line
+}
+
+// lags returns the largest delivery and verification lags seen.
+func (p *progress) lags() (pending, verify time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.maxPending, p.maxVerify
+}
+
+func events(n int64) string {
+	if n == 1 {
+		return "1 event"
+	}
+	return fmt.Sprintf("%d events", n)
+}
+
+func seconds(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
+
+// waitingReason says why full verification is not there yet, from the
+// figures: what is left and what it waits for.
+func waitingReason(f store.Figures, deadLettered bool) string {
+	switch {
+	case f.Pending > 0:
+		return fmt.Sprintf("%s still to publish", events(f.Pending))
+	case f.Unverified > 0 && f.DueVerifications == 0:
+		return fmt.Sprintf("%s published and not found in the warehouse yet: the verifier looks again 30 s after an event was first found absent", events(f.Unverified))
+	case f.Unverified > 0:
+		return fmt.Sprintf("%s published, to be looked up in the warehouse", events(f.Unverified))
+	case !deadLettered:
+		return "the dead-lettered event's retry: the verifier sends it back to pending 15 minutes after its acceptance (fast-forwarded here)"
+	}
+	return ""
+}
