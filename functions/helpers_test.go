@@ -1,6 +1,7 @@
 package functions
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -97,6 +98,14 @@ type harnessConfig struct {
 	sharedTable bool
 	// cluster holds the workspaces' databases; default: the shared one.
 	cluster *pgtest.Cluster
+	// lookupTimeout bounds one BigQuery lookup; default 3 s.
+	lookupTimeout time.Duration
+}
+
+// withLookupTimeout bounds one BigQuery lookup, for tests whose
+// BigQuery answers slowly on purpose.
+func withLookupTimeout(d time.Duration) option_ {
+	return func(c *harnessConfig) { c.lookupTimeout = d }
 }
 
 // withCluster puts the workspaces' databases on a cluster of the test's
@@ -202,7 +211,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	pub, err := publish.New(h.ctx, publish.Config{Timeout: 5 * time.Second, Options: clientOpts})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	wh, err := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: 3 * time.Second})
+	wh, err := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: cmp.Or(cfg.lookupTimeout, 3*time.Second)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = wh.Close() })
 	log := logging.New(&lockedWriter{b: h.logs}, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
