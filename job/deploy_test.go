@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -18,15 +20,21 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/event"
 )
 
+// The deploy tests read terraform/ and cloudbuild.yaml offline: references,
+// the provider's schema, the environment the code reads, least privilege,
+// the monitoring's log filters and the build's steps. (terraform/tests has
+// the plans, which need the provider installed.)
+
 // tfModule is one parsed terraform module directory.
 type tfModule struct {
 	dir       string
 	variables map[string]*hclsyntax.Block
-	locals    map[string]bool
+	locals    map[string]*hclsyntax.Attribute
 	resources map[string]*hclsyntax.Block // "type.name"
-	data      map[string]bool             // "type.name"
+	data      map[string]*hclsyntax.Block // "type.name"
 	modules   map[string]*hclsyntax.Block
 	blocks    []*hclsyntax.Block // every top-level block
+	source    map[string][]byte  // file name → contents
 }
 
 func parseModule(t *testing.T, dir string) *tfModule {
@@ -34,11 +42,15 @@ func parseModule(t *testing.T, dir string) *tfModule {
 	files, err := filepath.Glob(filepath.Join(dir, "*.tf"))
 	require.NoError(t, err)
 	require.NotEmpty(t, files, dir)
-	m := &tfModule{dir: dir, variables: map[string]*hclsyntax.Block{}, locals: map[string]bool{},
-		resources: map[string]*hclsyntax.Block{}, data: map[string]bool{}, modules: map[string]*hclsyntax.Block{}}
+	m := &tfModule{dir: dir, variables: map[string]*hclsyntax.Block{}, locals: map[string]*hclsyntax.Attribute{},
+		resources: map[string]*hclsyntax.Block{}, data: map[string]*hclsyntax.Block{}, modules: map[string]*hclsyntax.Block{},
+		source: map[string][]byte{}}
 	p := hclparse.NewParser()
 	for _, f := range files {
-		file, diags := p.ParseHCLFile(f)
+		raw, err := os.ReadFile(f)
+		require.NoError(t, err)
+		m.source[f] = raw
+		file, diags := p.ParseHCL(raw, f)
 		require.False(t, diags.HasErrors(), "%s: %s", f, diags.Error())
 		for _, b := range file.Body.(*hclsyntax.Body).Blocks {
 			m.blocks = append(m.blocks, b)
@@ -46,13 +58,13 @@ func parseModule(t *testing.T, dir string) *tfModule {
 			case "variable":
 				m.variables[b.Labels[0]] = b
 			case "locals":
-				for name := range b.Body.Attributes {
-					m.locals[name] = true
+				for name, a := range b.Body.Attributes {
+					m.locals[name] = a
 				}
 			case "resource":
 				m.resources[b.Labels[0]+"."+b.Labels[1]] = b
 			case "data":
-				m.data[b.Labels[0]+"."+b.Labels[1]] = true
+				m.data[b.Labels[0]+"."+b.Labels[1]] = b
 			case "module":
 				m.modules[b.Labels[0]] = b
 			}
@@ -62,25 +74,43 @@ func parseModule(t *testing.T, dir string) *tfModule {
 }
 
 // walk calls fn for every attribute expression under body, with the
-// dynamic-block iterator names in scope.
+// dynamic-block iterator names in scope. lifecycle's ignore_changes names
+// attributes, not references, and is left out.
 func walk(body *hclsyntax.Body, scope []string, fn func(name string, expr hclsyntax.Expression, scope []string)) {
 	for name, attr := range body.Attributes {
 		fn(name, attr.Expr, scope)
 	}
 	for _, b := range body.Blocks {
 		inner := scope
-		if b.Type == "dynamic" {
+		switch b.Type {
+		case "dynamic":
 			inner = append(slices.Clone(scope), b.Labels[0])
+		case "lifecycle":
+			for name, attr := range b.Body.Attributes {
+				if name != "ignore_changes" {
+					fn(name, attr.Expr, scope)
+				}
+			}
+			for _, inner := range b.Body.Blocks {
+				walk(inner.Body, scope, fn)
+			}
+			continue
 		}
 		walk(b.Body, inner, fn)
 	}
 }
 
+// terraformDirs are the modules of the deployment.
+var terraformDirs = []string{"../terraform", "../terraform/modules/workspace"}
+
 func TestTerraformReferencesResolve(t *testing.T) {
 	t.Parallel()
-	for _, dir := range []string{"../terraform", "../terraform/modules/workspace"} {
+	for _, dir := range terraformDirs {
 		m := parseModule(t, dir)
 		for _, b := range m.blocks {
+			if b.Type == "moved" {
+				continue
+			}
 			walk(b.Body, nil, func(attr string, expr hclsyntax.Expression, scope []string) {
 				if b.Type == "variable" && attr == "type" {
 					return // a type constraint, not references
@@ -89,16 +119,16 @@ func TestTerraformReferencesResolve(t *testing.T) {
 					root := tr.RootName()
 					switch root {
 					case "path", "each", "count", "self", "terraform":
-						return
+						continue // the next reference of the expression is checked too
 					case "var":
 						require.Contains(t, m.variables, attrName(tr, 1), "%s: var.%s is not declared", dir, attrName(tr, 1))
 					case "local":
-						require.True(t, m.locals[attrName(tr, 1)], "%s: local.%s is not declared", dir, attrName(tr, 1))
+						require.Contains(t, m.locals, attrName(tr, 1), "%s: local.%s is not declared", dir, attrName(tr, 1))
 					case "module":
 						require.Contains(t, m.modules, attrName(tr, 1), "%s: module.%s is not declared", dir, attrName(tr, 1))
 					case "data":
 						key := attrName(tr, 1) + "." + attrName(tr, 2)
-						require.True(t, m.data[key], "%s: data.%s is not declared", dir, key)
+						require.Contains(t, m.data, key, "%s: data.%s is not declared", dir, key)
 					default:
 						if slices.Contains(scope, root) || isForVariable(expr, root) {
 							continue
@@ -129,6 +159,21 @@ func TestTerraformReferencesResolve(t *testing.T) {
 			require.Contains(t, b.Body.Attributes, "type", "%s: variable %s has no type", dir, name)
 		}
 	}
+}
+
+// TestReferenceCheckSeesPastEach is the reference check's own test: a
+// reference after an each. or path. traversal in the same expression is
+// still checked (an early return once let "${each.key} ${var.no_such}"
+// through).
+func TestReferenceCheckSeesPastEach(t *testing.T) {
+	t.Parallel()
+	expr, diags := hclsyntax.ParseExpression([]byte(`"${each.key} ${path.module} ${var.no_such}"`), "x.tf", hcl.InitialPos)
+	require.False(t, diags.HasErrors())
+	var roots []string
+	for _, tr := range expr.Variables() {
+		roots = append(roots, tr.RootName())
+	}
+	require.Equal(t, []string{"each", "path", "var"}, roots, "Variables lists every reference, in order: the check must go on past each and path")
 }
 
 func attrName(tr hcl.Traversal, i int) string {
@@ -170,28 +215,47 @@ func envOf(t *testing.T, b *hclsyntax.Block) map[string]hclsyntax.Expression {
 	return out
 }
 
+// TestTerraformEnvironmentMatchesTheCode: each service and the job set
+// exactly the variables their component needs, every one of them read by
+// the code, FUNCTION_TARGET a registered function.
 func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 	t.Parallel()
 	m := parseModule(t, "../terraform")
-	services := 0
-	for key, b := range m.resources {
-		switch {
-		case strings.HasPrefix(key, "google_cloud_run_v2_service."):
-			services++
-			env := envOf(t, b)
-			require.Contains(t, env, "REPLICATION_WORKSPACES", key)
-			target, diags := env["FUNCTION_TARGET"].Value(nil)
+	want := map[string][]string{
+		"google_cloud_run_v2_service.drain":   {"FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
+		"google_cloud_run_v2_service.verify":  {"FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE", "VERIFY_TIME_BUDGET", "VERIFY_WORKERS"},
+		"google_cloud_run_v2_job.replication": {"GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
+	}
+	targets := map[string]string{}
+	for key, names := range want {
+		b, ok := m.resources[key]
+		require.True(t, ok, key)
+		env := envOf(t, b)
+		var got []string
+		for name := range env {
+			got = append(got, name)
+		}
+		sort.Strings(got)
+		require.Equal(t, names, got, "%s: the variables its component needs, no more", key)
+		for _, name := range got {
+			read := functions.Env
+			if strings.HasPrefix(key, "google_cloud_run_v2_job.") {
+				read = jobEnv
+			}
+			require.True(t, name == "FUNCTION_TARGET" || slices.Contains(read, name), "%s sets %s, which the code does not read", key, name)
+		}
+		if e, ok := env["FUNCTION_TARGET"]; ok {
+			v, diags := e.Value(nil)
 			require.False(t, diags.HasErrors(), "%s: FUNCTION_TARGET must be a literal", key)
-			require.Contains(t, functions.FunctionNames, target.AsString(), "%s: FUNCTION_TARGET is not a registered function", key)
-			for name := range env {
-				require.True(t, name == "FUNCTION_TARGET" || slices.Contains(functions.Env, name), "%s sets %s, which the functions do not read", key, name)
-			}
-		case strings.HasPrefix(key, "google_cloud_run_v2_job."):
-			env := envOf(t, b)
-			require.Contains(t, env, "REPLICATION_WORKSPACES", key)
-			for name := range env {
-				require.Contains(t, jobEnv, name, "%s sets %s, which the job does not read", key, name)
-			}
+			require.Contains(t, functions.FunctionNames, v.AsString(), key)
+			targets[key] = v.AsString()
+		}
+	}
+	require.Equal(t, map[string]string{"google_cloud_run_v2_service.drain": "Drain", "google_cloud_run_v2_service.verify": "Verify"}, targets)
+	services := 0
+	for key := range m.resources {
+		if strings.HasPrefix(key, "google_cloud_run_v2_service.") {
+			services++
 		}
 	}
 	require.Equal(t, 2, services, "the drain and the verifier")
@@ -206,27 +270,89 @@ func TestTerraformTableSchemaIsTheGoSchema(t *testing.T) {
 	require.Equal(t, event.TableSchema, got, "stale: run go generate ./shared/event")
 }
 
+// allowedRoles are every role the deployment grants, anywhere: a literal, a
+// for_each set, a module argument. A role not listed fails the test.
+var allowedRoles = map[string]string{
+	"roles/artifactregistry.writer":      "the build pushes images",
+	"roles/bigquery.dataEditor":          "the Pub/Sub agent writes the events table",
+	"roles/bigquery.dataViewer":          "the verifier reads the events table",
+	"roles/bigquery.jobUser":             "the verifier's lookups and the job's view statements",
+	"roles/bigquery.metadataViewer":      "the Pub/Sub agent reads the table's schema",
+	"roles/cloudsql.client":              "connect to the workspace's instance",
+	"roles/cloudsql.instanceUser":        "IAM database login",
+	"roles/iam.serviceAccountUser":       "the build deploys revisions running as the components",
+	"roles/logging.logWriter":            "the build's logs",
+	"roles/pubsub.publisher":             "the components publish; the Pub/Sub agent dead-letters",
+	"roles/pubsub.subscriber":            "the Pub/Sub agent reads the subscription; the job reads dead letters",
+	"roles/run.developer":                "the build rolls the services forward",
+	"roles/run.invoker":                  "the scheduler invokes the verifier; the gateway the drain",
+	"roles/secretmanager.secretAccessor": "each component reads its registry",
+	"roles/storage.objectUser":           "the build's uploaded sources",
+}
+
+var roleLiteral = regexp.MustCompile(`"(roles/[A-Za-z0-9._]+)"`)
+
+// TestTerraformLeastPrivilege: every role in the HCL is one the deployment
+// needs (whatever the expression it is in), no binding or policy resource
+// replaces a role's other members, every service account has a binding,
+// only the drain turns the invoker check off, and the verifier is private.
 func TestTerraformLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	root := parseModule(t, "../terraform")
 	child := parseModule(t, "../terraform/modules/workspace")
+	for _, m := range []*tfModule{root, child} {
+		for file, raw := range m.source {
+			for _, match := range roleLiteral.FindAllStringSubmatch(string(raw), -1) {
+				_, ok := allowedRoles[match[1]]
+				require.True(t, ok, "%s grants %s, which is not on the allowed list", file, match[1])
+			}
+		}
+		for key := range m.resources {
+			require.False(t, strings.HasSuffix(strings.SplitN(key, ".", 2)[0], "_iam_binding") || strings.HasSuffix(strings.SplitN(key, ".", 2)[0], "_iam_policy"),
+				"%s: a binding or policy resource replaces the role's other members; grant with _iam_member", key)
+		}
+		// Custom roles: only the views role, with only the permissions views need.
+		for key, b := range m.resources {
+			if !strings.HasPrefix(key, "google_project_iam_custom_role.") {
+				continue
+			}
+			v, diags := b.Body.Attributes["permissions"].Expr.Value(nil)
+			require.False(t, diags.HasErrors())
+			var perms []string
+			for _, p := range v.AsValueSlice() {
+				perms = append(perms, p.AsString())
+			}
+			require.ElementsMatch(t, []string{"bigquery.datasets.get", "bigquery.tables.create", "bigquery.tables.get", "bigquery.tables.list", "bigquery.tables.update"}, perms,
+				"%s: no delete, no data access", key)
+		}
+	}
 	bound := map[string]bool{}
 	for _, m := range []*tfModule{root, child} {
-		for key, b := range m.resources {
-			walk(b.Body, nil, func(name string, expr hclsyntax.Expression, _ []string) {
-				if name == "role" {
-					if v, diags := expr.Value(nil); !diags.HasErrors() {
-						require.NotContains(t, []string{"roles/owner", "roles/editor"}, v.AsString(), key)
-					}
+		// The accounts a local refers to (local.build_member).
+		viaLocal := map[string][]string{}
+		for name, a := range m.locals {
+			for _, tr := range a.Expr.Variables() {
+				if tr.RootName() == "google_service_account" {
+					viaLocal[name] = append(viaLocal[name], attrName(tr, 1))
 				}
+			}
+		}
+		for key, b := range m.resources {
+			grants := strings.Contains(key, "iam_member") || strings.HasPrefix(key, "google_sql_user.") || strings.HasPrefix(key, "google_cloud_scheduler_job.")
+			walk(b.Body, nil, func(name string, expr hclsyntax.Expression, _ []string) {
 				for _, tr := range expr.Variables() {
-					if tr.RootName() == "google_service_account" && (strings.Contains(key, "iam_member") || name == "publishers" || name == "verifier" || name == "job") {
+					switch {
+					case !grants:
+					case tr.RootName() == "google_service_account":
 						bound[attrName(tr, 1)] = true
+					case tr.RootName() == "local":
+						for _, sa := range viaLocal[attrName(tr, 1)] {
+							bound[sa] = true
+						}
 					}
 				}
 			})
 		}
-		// Module arguments bind roles too (the workspace module's IAM members).
 		for _, call := range m.modules {
 			walk(call.Body, nil, func(name string, expr hclsyntax.Expression, _ []string) {
 				for _, tr := range expr.Variables() {
@@ -242,25 +368,25 @@ func TestTerraformLeastPrivilege(t *testing.T) {
 			require.True(t, bound[name], "service account %s has no role binding", name)
 		}
 	}
-	// The verifier is not publicly invocable.
 	for key, b := range root.resources {
-		if !strings.HasPrefix(key, "google_cloud_run_v2_service_iam_member.") {
-			continue
+		if _, ok := b.Body.Attributes["invoker_iam_disabled"]; ok {
+			require.Equal(t, "google_cloud_run_v2_service.drain", key, "only the drain, which checks every call's token, may turn the invoker check off")
 		}
-		refersToVerify := false
-		for _, tr := range b.Body.Attributes["name"].Expr.Variables() {
-			if tr.RootName() == "google_cloud_run_v2_service" && attrName(tr, 1) == "verify" {
-				refersToVerify = true
+		if member, ok := b.Body.Attributes["member"]; ok {
+			if v, diags := member.Expr.Value(nil); !diags.HasErrors() {
+				require.NotContains(t, []string{"allUsers", "allAuthenticatedUsers"}, v.AsString(), "%s: no public binding", key)
 			}
 		}
-		if !refersToVerify {
-			continue
-		}
-		member, diags := b.Body.Attributes["member"].Expr.Value(nil)
-		if !diags.HasErrors() {
-			require.NotContains(t, []string{"allUsers", "allAuthenticatedUsers"}, member.AsString(), "the verifier must stay private")
-		}
-		require.NotContains(t, b.Body.Attributes, "for_each", "the verifier's invoker is the scheduler only")
+	}
+	verify := root.resources["google_cloud_run_v2_service.verify"]
+	ingress, diags := verify.Body.Attributes["ingress"].Expr.Value(nil)
+	require.False(t, diags.HasErrors())
+	require.Equal(t, "INGRESS_TRAFFIC_INTERNAL_ONLY", ingress.AsString(), "the verifier is private")
+	invoker := root.resources["google_cloud_run_v2_service_iam_member.verify_invoker"]
+	require.NotContains(t, invoker.Body.Attributes, "for_each", "the verifier's invoker is the scheduler only")
+	for _, tr := range invoker.Body.Attributes["member"].Expr.Variables() {
+		require.Equal(t, "google_service_account", tr.RootName())
+		require.Equal(t, "scheduler", attrName(tr, 1))
 	}
 }
 
@@ -274,14 +400,24 @@ func TestCloudBuild(t *testing.T) {
 			Name       string   `yaml:"name"`
 			Entrypoint string   `yaml:"entrypoint"`
 			Args       []string `yaml:"args"`
+			WaitFor    []string `yaml:"waitFor"`
 		} `yaml:"steps"`
 		Images []string `yaml:"images"`
 	}
 	require.NoError(t, yaml.Unmarshal(raw, &cb))
 	require.NotEmpty(t, cb.Steps)
 	var paths []string
+	pushed := map[string]bool{}
+	ids := map[string]bool{}
 	for _, s := range cb.Steps {
 		require.NotEmpty(t, s.Name, s.ID)
+		for _, w := range s.WaitFor {
+			require.True(t, ids[w], "step %s waits for %s, which is not an earlier step", s.ID, w)
+		}
+		ids[s.ID] = true
+		if slices.Contains(s.Args, "--publish") {
+			pushed[s.Args[1]] = true
+		}
 		for _, a := range s.Args {
 			for _, field := range strings.Fields(a) {
 				field = strings.TrimPrefix(field, "--env=GOOGLE_BUILDABLE=")
@@ -289,6 +425,7 @@ func TestCloudBuild(t *testing.T) {
 					paths = append(paths, field)
 				}
 			}
+			require.NotRegexp(t, `--image=\S*:\$\{COMMIT_SHA\}`, a, "step %s deploys a tag; the services run digests", s.ID)
 		}
 	}
 	require.ElementsMatch(t, []string{".ci/run", "./functions/cmd", "./job"}, paths)
@@ -296,5 +433,151 @@ func TestCloudBuild(t *testing.T) {
 		_, err := os.Stat(filepath.Join("..", p))
 		require.NoError(t, err, "cloudbuild.yaml names %s", p)
 	}
-	require.Len(t, cb.Images, 2)
+	require.Len(t, pushed, 2, "both images are pushed by their step")
+	for _, image := range cb.Images {
+		require.False(t, pushed[image], "%s is pushed by its step (pack --publish) and listed under images:, which makes Cloud Build look for it in its local daemon and fail", image)
+	}
+}
+
+// TestTerraformMatchesTheProviderSchema checks every resource and data
+// block against the google provider's schema (testdata: terraform providers
+// schema -json of 7.46): unknown arguments, computed-only ones set, missing
+// required ones, unknown blocks and too many of a block fail.
+func TestTerraformMatchesTheProviderSchema(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("testdata/google-provider-schema.json")
+	require.NoError(t, err)
+	var schema struct {
+		Resources   map[string]struct{ Block schemaBlock } `json:"resource_schemas"`
+		DataSources map[string]struct{ Block schemaBlock } `json:"data_source_schemas"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &schema))
+	checked := 0
+	for _, dir := range terraformDirs {
+		m := parseModule(t, dir)
+		for key, b := range m.resources {
+			kind := b.Labels[0]
+			if kind == "terraform_data" {
+				continue // terraform's own
+			}
+			s, ok := schema.Resources[kind]
+			require.True(t, ok, "%s: %s is not a resource of the provider (or not in the schema's families)", dir, kind)
+			checkBlock(t, dir+": "+key, b.Body, s.Block, true)
+			checked++
+		}
+		for key, b := range m.data {
+			s, ok := schema.DataSources[b.Labels[0]]
+			require.True(t, ok, "%s: data %s", dir, b.Labels[0])
+			checkBlock(t, dir+": data."+key, b.Body, s.Block, true)
+			checked++
+		}
+	}
+	require.Greater(t, checked, 30)
+}
+
+// schemaBlock is a block of terraform's provider schema JSON.
+type schemaBlock struct {
+	Attributes map[string]struct {
+		Required bool `json:"required"`
+		Optional bool `json:"optional"`
+		Computed bool `json:"computed"`
+	} `json:"attributes"`
+	BlockTypes map[string]struct {
+		NestingMode string      `json:"nesting_mode"`
+		MinItems    int         `json:"min_items"`
+		MaxItems    int         `json:"max_items"`
+		Block       schemaBlock `json:"block"`
+	} `json:"block_types"`
+}
+
+var metaArguments = map[string]bool{"count": true, "for_each": true, "depends_on": true, "provider": true}
+
+func checkBlock(t *testing.T, at string, body *hclsyntax.Body, s schemaBlock, top bool) {
+	t.Helper()
+	for name := range body.Attributes {
+		if top && metaArguments[name] {
+			continue
+		}
+		a, ok := s.Attributes[name]
+		require.True(t, ok, "%s: unknown argument %s", at, name)
+		require.True(t, a.Required || a.Optional, "%s: %s is computed only; it cannot be set", at, name)
+	}
+	for name, a := range s.Attributes {
+		if a.Required {
+			_, ok := body.Attributes[name]
+			require.True(t, ok, "%s: required argument %s is missing", at, name)
+		}
+	}
+	counts := map[string]int{}
+	dynamic := map[string]bool{}
+	for _, b := range body.Blocks {
+		name, content := b.Type, b.Body
+		switch {
+		case top && (name == "lifecycle" || name == "provisioner" || name == "connection"):
+			continue
+		case name == "dynamic":
+			name, dynamic[b.Labels[0]] = b.Labels[0], true
+			for _, c := range b.Body.Blocks {
+				if c.Type == "content" {
+					content = c.Body
+				}
+			}
+		}
+		bt, ok := s.BlockTypes[name]
+		require.True(t, ok, "%s: unknown block %s", at, name)
+		counts[name]++
+		checkBlock(t, at+"."+name, content, bt.Block, false)
+	}
+	for name, bt := range s.BlockTypes {
+		if bt.MaxItems > 0 && !dynamic[name] {
+			require.LessOrEqual(t, counts[name], bt.MaxItems, "%s: at most %d %s blocks", at, bt.MaxItems, name)
+		}
+		if bt.MinItems > 0 && !dynamic[name] {
+			require.GreaterOrEqual(t, counts[name], bt.MinItems, "%s: block %s is required", at, name)
+		}
+	}
+}
+
+// TestTerraformMonitoringReferencesExistingMetrics: every metric the alert
+// policies, the SLO and the dashboard read is one of the log-based metrics
+// terraform defines or a Google metric that exists.
+func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, "../terraform")
+	defined := map[string]bool{}
+	for _, name := range []string{"log_counters", "log_distributions"} {
+		v, diags := m.locals[name].Expr.Value(nil)
+		require.False(t, diags.HasErrors(), "%s: %s", name, diags)
+		for metric := range v.AsValueMap() {
+			defined["logging.googleapis.com/user/"+metric] = true
+		}
+	}
+	google := map[string]bool{"pubsub.googleapis.com/subscription/num_undelivered_messages": true}
+	metricType := regexp.MustCompile(`metric\.type=\\?"([^"\\]+)\\?"`)
+	check := func(where, text string) int {
+		n := 0
+		// The lag alerts name their metric in their map (metric = "…").
+		for _, match := range regexp.MustCompile(`(?m)^\s*metric\s*=\s*"([^"]+)"`).FindAllStringSubmatch(text, -1) {
+			require.True(t, defined["logging.googleapis.com/user/"+match[1]], "%s reads %s, which no metric defines", where, match[1])
+			n++
+		}
+		for _, match := range metricType.FindAllStringSubmatch(text, -1) {
+			if strings.Contains(match[1], "${each.value.metric}") {
+				continue // checked above
+			}
+			typ := strings.ReplaceAll(strings.ReplaceAll(match[1], "${local.metric_prefix}", "logging.googleapis.com/user/"), "${prefix}", "logging.googleapis.com/user/")
+			require.True(t, defined[typ] || google[typ], "%s reads %s, which no metric defines", where, typ)
+			n++
+		}
+		return n
+	}
+	monitoring, err := os.ReadFile("../terraform/monitoring.tf")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, check("monitoring.tf", string(monitoring)), 7)
+	dashboard, err := os.ReadFile("../terraform/dashboard.json.tftpl")
+	require.NoError(t, err)
+	var parsed map[string]any
+	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(string(dashboard), "${prefix}", "logging.googleapis.com/user/")), &parsed), "the dashboard is JSON")
+	require.GreaterOrEqual(t, check("dashboard.json.tftpl", string(dashboard)), 10)
+	require.NotEmpty(t, parsed["mosaicLayout"])
 }

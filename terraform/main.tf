@@ -1,61 +1,53 @@
 locals {
-  components = ["drain", "verify", "job"]
+  components = toset(["drain", "verify", "job"])
+
+  # The services and the job exist once the first build has pushed the
+  # images (see terraform/README.md: the first apply creates what the build
+  # needs).
+  deploy = var.functions_image != "" && var.job_image != ""
 
   # The IAM database user of a service account is its email without
   # ".gserviceaccount.com".
   db_users = { for c in local.components : c => trimsuffix(google_service_account.component[c].email, ".gserviceaccount.com") }
 
-  # The workspace registry each component reads (REPLICATION_WORKSPACES):
-  # the same workspaces, each logging in to Cloud SQL as the component.
-  registry = {
-    for c in local.components : c => jsonencode({
-      identity = var.identity
-      workspaces = [for id, ws in var.workspaces : {
-        id              = id
-        organization_id = ws.organization_id
-        runtime_subject = ws.runtime_subject
-        database = {
-          instance   = ws.database.instance
-          name       = ws.database.name
-          user       = local.db_users[c]
-          iam_auth   = true
-          private_ip = ws.database.private_ip
-        }
-        pubsub   = { project = module.workspace[id].pubsub_project, topic = module.workspace[id].topic_id }
-        bigquery = { project = module.workspace[id].bigquery_project, dataset = module.workspace[id].dataset_id, table = module.workspace[id].table_id, location = ws.bigquery_location }
-      }]
-    })
+  # Each workspace with its defaults resolved, and the projects its
+  # resources live in.
+  workspaces = {
+    for id, ws in var.workspaces : id => {
+      pubsub_project   = coalesce(ws.pubsub_project, var.project)
+      bigquery_project = coalesce(ws.bigquery_project, var.project)
+      topic            = coalesce(ws.topic, "ontology-replication-${id}")
+      sql_project      = split(":", ws.database.instance)[0]
+      sql_instance     = split(":", ws.database.instance)[2]
+    }
   }
+
+  # The Cloud SQL instances and BigQuery projects the workspaces use, by
+  # name from the configuration (never from a computed value).
+  sql_instances     = { for id, ws in var.workspaces : ws.database.instance => { project = local.workspaces[id].sql_project, name = local.workspaces[id].sql_instance }... }
+  sql_instance      = { for k, v in local.sql_instances : k => v[0] }
+  bigquery_projects = toset([for id, ws in local.workspaces : ws.bigquery_project])
+
+  # The worst case of connections on one workspace database.
+  worst_case_connections = var.drain_max_instances * var.drain_pool_size + var.verifier_pool_size + var.job_tasks * var.job_pool_size
+  pool_size              = { drain = var.drain_pool_size, verify = var.verifier_pool_size, job = var.job_pool_size }
 
   vpc = var.vpc_network == "" ? [] : [1]
 }
 
 resource "google_service_account" "component" {
-  for_each     = toset(local.components)
+  for_each     = local.components
+  project      = var.project
   account_id   = "replication-${each.key}"
   display_name = "Ontology replication ${each.key}"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "scheduler" {
+  project      = var.project
   account_id   = "replication-scheduler"
   display_name = "Ontology replication verifier schedule"
-}
-
-# Cloud SQL: connect (client) and log in with IAM (instanceUser), for every
-# component. The database GRANTs are in terraform/README.md.
-resource "google_project_iam_member" "cloudsql" {
-  for_each = { for pair in setproduct(local.components, ["roles/cloudsql.client", "roles/cloudsql.instanceUser"]) : "${pair[0]} ${pair[1]}" => pair }
-  project  = var.project
-  role     = each.value[1]
-  member   = "serviceAccount:${google_service_account.component[each.value[0]].email}"
-}
-
-# BigQuery jobs: the verifier's lookups and the job's view statements.
-resource "google_project_iam_member" "bigquery_jobs" {
-  for_each = toset(["verify", "job"])
-  project  = var.project
-  role     = "roles/bigquery.jobUser"
-  member   = "serviceAccount:${google_service_account.component[each.key].email}"
+  depends_on   = [google_project_service.enabled]
 }
 
 module "workspace" {
@@ -63,182 +55,79 @@ module "workspace" {
   for_each = var.workspaces
 
   workspace_id                      = each.key
-  pubsub_project                    = coalesce(each.value.pubsub_project, var.project)
-  topic_id                          = coalesce(each.value.topic, "ontology-replication-${each.key}")
-  bigquery_project                  = coalesce(each.value.bigquery_project, var.project)
+  pubsub_project                    = local.workspaces[each.key].pubsub_project
+  topic_id                          = local.workspaces[each.key].topic
+  bigquery_project                  = local.workspaces[each.key].bigquery_project
   dataset_id                        = each.value.dataset
   table_id                          = each.value.table
   location                          = each.value.bigquery_location
   dead_letter_max_delivery_attempts = var.dead_letter_max_delivery_attempts
-  publishers                        = [for c in local.components : "serviceAccount:${google_service_account.component[c].email}"]
-  verifier                          = "serviceAccount:${google_service_account.component["verify"].email}"
-  job                               = "serviceAccount:${google_service_account.component["job"].email}"
+  # Keyed by component: the keys are known at plan, whatever the emails.
+  publishers  = { for c in local.components : c => "serviceAccount:${google_service_account.component[c].email}" }
+  verifier    = "serviceAccount:${google_service_account.component["verify"].email}"
+  job         = "serviceAccount:${google_service_account.component["job"].email}"
+  job_role_id = google_project_iam_custom_role.views[local.workspaces[each.key].bigquery_project].id
 }
 
-resource "google_cloud_run_v2_service" "drain" {
-  name     = "replication-drain"
-  location = var.region
-  ingress  = "INGRESS_TRAFFIC_ALL"
-
-  template {
-    service_account = google_service_account.component["drain"].email
-    timeout         = "60s"
-    # Each instance keeps at most 4 connections per workspace database; more
-    # concurrent drains per instance would only queue for them.
-    max_instance_request_concurrency = 8
-    scaling {
-      max_instance_count = 20
-    }
-    containers {
-      image = var.functions_image
-      env {
-        name  = "FUNCTION_TARGET"
-        value = "Drain"
-      }
-      env {
-        name  = "REPLICATION_WORKSPACES"
-        value = local.registry["drain"]
-      }
-      env {
-        name  = "LOG_LEVEL"
-        value = var.log_level
-      }
-    }
-    dynamic "vpc_access" {
-      for_each = local.vpc
-      content {
-        egress = "PRIVATE_RANGES_ONLY"
-        network_interfaces {
-          network    = var.vpc_network
-          subnetwork = var.vpc_subnetwork
-        }
-      }
-    }
+# Cloud SQL: connect (client) and log in with IAM (instanceUser), for every
+# component, in the instance's project and only on the workspaces'
+# instances (an IAM condition on the instance's name).
+resource "google_project_iam_member" "cloudsql" {
+  for_each = {
+    for t in setproduct(local.components, keys(local.sql_instance), ["roles/cloudsql.client", "roles/cloudsql.instanceUser"]) :
+    "${t[0]} ${t[1]} ${t[2]}" => { component = t[0], instance = local.sql_instance[t[1]], role = t[2] }
+  }
+  project = each.value.instance.project
+  role    = each.value.role
+  member  = "serviceAccount:${google_service_account.component[each.value.component].email}"
+  condition {
+    title      = "replication-${each.value.instance.name}"
+    expression = "resource.type == \"sqladmin.googleapis.com/Instance\" && resource.name == \"projects/${each.value.instance.project}/instances/${each.value.instance.name}\""
   }
 }
 
-resource "google_cloud_run_v2_service_iam_member" "drain_invoker" {
-  for_each = toset(var.drain_invokers)
-  name     = google_cloud_run_v2_service.drain.name
-  location = var.region
-  role     = "roles/run.invoker"
-  member   = each.value
-}
-
-resource "google_cloud_run_v2_service" "verify" {
-  name     = "replication-verify"
-  location = var.region
-  ingress  = "INGRESS_TRAFFIC_ALL"
-
-  template {
-    service_account = google_service_account.component["verify"].email
-    timeout         = "120s"
-    scaling {
-      max_instance_count = 1
-    }
-    containers {
-      image = var.functions_image
-      env {
-        name  = "FUNCTION_TARGET"
-        value = "Verify"
-      }
-      env {
-        name  = "REPLICATION_WORKSPACES"
-        value = local.registry["verify"]
-      }
-      env {
-        name  = "VERIFY_TIME_BUDGET"
-        value = var.verify_time_budget
-      }
-      env {
-        name  = "VERIFY_WORKERS"
-        value = tostring(var.verify_workers)
-      }
-      env {
-        name  = "LOG_LEVEL"
-        value = var.log_level
-      }
-    }
-    dynamic "vpc_access" {
-      for_each = local.vpc
-      content {
-        egress = "PRIVATE_RANGES_ONLY"
-        network_interfaces {
-          network    = var.vpc_network
-          subnetwork = var.vpc_subnetwork
-        }
-      }
-    }
+# The components' IAM database users on each instance (the instance needs
+# the cloudsql.iam_authentication flag on; the GRANTs are in
+# terraform/README.md).
+resource "google_sql_user" "component" {
+  for_each = {
+    for t in setproduct(local.components, keys(local.sql_instance)) : "${t[0]} ${t[1]}" => { component = t[0], instance = local.sql_instance[t[1]] }
   }
+  project  = each.value.instance.project
+  instance = each.value.instance.name
+  name     = local.db_users[each.value.component]
+  type     = "CLOUD_IAM_SERVICE_ACCOUNT"
 }
 
-# The verifier is private: only the scheduler's identity may invoke it.
-resource "google_cloud_run_v2_service_iam_member" "verify_invoker" {
-  name     = google_cloud_run_v2_service.verify.name
-  location = var.region
-  role     = "roles/run.invoker"
-  member   = "serviceAccount:${google_service_account.scheduler.email}"
+# BigQuery jobs (the verifier's lookups, the job's view statements) run in
+# the project of the workspace's dataset.
+resource "google_project_iam_member" "bigquery_jobs" {
+  for_each = { for t in setproduct(["verify", "job"], local.bigquery_projects) : "${t[0]} ${t[1]}" => { component = t[0], project = t[1] } }
+  project  = each.value.project
+  role     = "roles/bigquery.jobUser"
+  member   = "serviceAccount:${google_service_account.component[each.value.component].email}"
 }
 
-# One scheduler job per verifier shard: each names its shard of the
-# registry, so that a fleet too large for one pass is verified by several
-# (the workspaces whose position in id order is the shard modulo the count).
-resource "google_cloud_scheduler_job" "verify" {
-  for_each         = { for shard in range(var.verifier_shards) : tostring(shard) => shard }
-  name             = var.verifier_shards == 1 ? "replication-verify" : "replication-verify-${each.key}"
-  region           = var.region
-  schedule         = var.verify_schedule
-  attempt_deadline = "120s"
-
-  http_target {
-    uri         = google_cloud_run_v2_service.verify.uri
-    http_method = "POST"
-    body        = base64encode(var.verifier_shards == 1 ? "{}" : jsonencode({ shard = each.value, shards = var.verifier_shards }))
-    headers     = { "Content-Type" = "application/json" }
-    oidc_token {
-      service_account_email = google_service_account.scheduler.email
-      audience              = google_cloud_run_v2_service.verify.uri
-    }
-  }
+# What `job views` needs on a dataset, and no more: create and replace views
+# and read table metadata. bigquery.dataEditor would let it delete the events
+# table, the verification evidence.
+resource "google_project_iam_custom_role" "views" {
+  for_each    = local.bigquery_projects
+  project     = each.key
+  role_id     = "replicationViews"
+  title       = "Ontology replication views"
+  description = "Create and replace the replication views in a dataset; read table metadata."
+  permissions = ["bigquery.datasets.get", "bigquery.tables.create", "bigquery.tables.get", "bigquery.tables.list", "bigquery.tables.update"]
 }
 
-moved {
-  from = google_cloud_scheduler_job.verify
-  to   = google_cloud_scheduler_job.verify["0"]
-}
-
-resource "google_cloud_run_v2_job" "replication" {
-  name     = "replication-job"
-  location = var.region
-
-  template {
-    task_count = 1
-    template {
-      service_account = google_service_account.component["job"].email
-      timeout         = var.job_task_timeout
-      max_retries     = var.job_max_retries
-      containers {
-        image = var.job_image
-        args  = ["status"]
-        env {
-          name  = "REPLICATION_WORKSPACES"
-          value = local.registry["job"]
-        }
-        env {
-          name  = "LOG_LEVEL"
-          value = var.log_level
-        }
-      }
-      dynamic "vpc_access" {
-        for_each = local.vpc
-        content {
-          egress = "PRIVATE_RANGES_ONLY"
-          network_interfaces {
-            network    = var.vpc_network
-            subnetwork = var.vpc_subnetwork
-          }
-        }
-      }
+# The connection budget (see the variables): refused when it exceeds what
+# the SDK's databases can spare.
+resource "terraform_data" "connection_budget" {
+  input = local.worst_case_connections
+  lifecycle {
+    precondition {
+      condition     = local.worst_case_connections <= var.max_connections_per_database
+      error_message = "The worst case of connections on one workspace database, drain_max_instances × drain_pool_size + verifier_pool_size + job_tasks × job_pool_size = ${local.worst_case_connections}, exceeds max_connections_per_database (${var.max_connections_per_database}). Lower the drain's instances or pools, or raise the limit if the database can spare it."
     }
   }
 }

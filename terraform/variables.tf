@@ -1,35 +1,47 @@
 variable "project" {
-  description = "Google Cloud project that runs the drain, the verifier, the scheduler and the job."
+  description = "Google Cloud project that runs the drain, the verifier, the scheduler, the job and the build."
   type        = string
 }
 
 variable "region" {
-  description = "Region of the Cloud Run services, the Cloud Run job and the Cloud Scheduler job."
+  description = "Region of the Cloud Run services and job, the Cloud Scheduler jobs and the Artifact Registry repository."
   type        = string
   default     = "europe-west1"
 }
 
 variable "functions_image" {
-  description = "Container image of the functions (built from ./functions/cmd by cloudbuild.yaml); FUNCTION_TARGET chooses Drain or Verify."
+  description = "The functions image by digest (…/functions@sha256:…), as the first build prints it. Empty for the first apply, which creates everything the build needs and no service. terraform sets the image once; later builds roll the services forward (terraform ignores the image)."
   type        = string
+  default     = ""
+  validation {
+    condition     = var.functions_image == "" || can(regex("@sha256:[0-9a-f]{64}$", var.functions_image))
+    error_message = "functions_image must be an image digest (…/functions@sha256:<64 hex digits>), not a tag: a tag can move under a running service."
+  }
 }
 
 variable "job_image" {
-  description = "Container image of the Cloud Run job (built from ./job by cloudbuild.yaml)."
+  description = "The job image by digest (…/job@sha256:…), as the first build prints it; empty with functions_image."
   type        = string
+  default     = ""
+  validation {
+    condition     = var.job_image == "" || can(regex("@sha256:[0-9a-f]{64}$", var.job_image))
+    error_message = "job_image must be an image digest (…/job@sha256:<64 hex digits>), not a tag."
+  }
 }
 
 variable "identity" {
-  description = "Runtime identity tokens the drain accepts: issuer (iss), audience (aud) and the issuer's JWKS URL."
+  description = "Runtime identity tokens the drain accepts: issuer (iss), audience (aud), the issuer's JWKS URL, and optionally the typ header every token carries and the claim holding the organisation id."
   type = object({
-    issuer   = string
-    audience = string
-    jwks_url = string
+    issuer             = string
+    audience           = string
+    jwks_url           = string
+    token_type         = optional(string)
+    organization_claim = optional(string)
   })
 }
 
 variable "workspaces" {
-  description = "Workspaces to replicate, by workspace id: organisation, runtime token subject, Cloud SQL database, and where events go."
+  description = "Workspaces to replicate, by workspace id: organisation, runtime token subject, Cloud SQL database, and where events go (projects default to var.project)."
   type = map(object({
     organization_id = string
     runtime_subject = string
@@ -38,19 +50,43 @@ variable "workspaces" {
       name       = string
       private_ip = optional(bool, true)
     })
-    pubsub_project    = optional(string) # default: var.project
+    pubsub_project    = optional(string)
     topic             = optional(string) # default: ontology-replication-<workspace>
-    bigquery_project  = optional(string) # default: var.project
+    bigquery_project  = optional(string)
     dataset           = optional(string, "ontology_internal")
     table             = optional(string, "events")
     bigquery_location = optional(string, "EU")
   }))
+  validation {
+    condition     = alltrue([for ws in var.workspaces : can(regex("^[a-z][a-z0-9.:-]*:[a-z0-9-]+:[a-z][a-z0-9-]*$", ws.database.instance))])
+    error_message = "Each workspace's database.instance must be a Cloud SQL connection name, project:region:instance."
+  }
+  validation {
+    condition     = length(distinct([for ws in var.workspaces : ws.runtime_subject])) == length(var.workspaces)
+    error_message = "Two workspaces share a runtime_subject: one token would drain both."
+  }
+}
+
+variable "drain_exposure" {
+  description = <<-EOT
+    How the drain is reached. "load_balancer" (the default): ingress from the VPC and Cloud Load
+    Balancing only, no IAM check at the edge (the drain checks every call's runtime token). "invoker":
+    any ingress, only var.drain_invokers (the gateway's service account, sending an ID token) may invoke.
+    "public": any ingress, no IAM check at the edge (invoker_iam_disabled, which organisations whose
+    domain-restricted sharing policy refuses allUsers accept).
+  EOT
+  type        = string
+  default     = "load_balancer"
+  validation {
+    condition     = contains(["load_balancer", "invoker", "public"], var.drain_exposure)
+    error_message = "drain_exposure must be load_balancer, invoker or public."
+  }
 }
 
 variable "drain_invokers" {
-  description = "Principals allowed to invoke the drain service. The drain authenticates every call itself with the runtime token; use the platform gateway's service account to also restrict it at the edge."
+  description = "With drain_exposure = \"invoker\": the principals that may invoke the drain (serviceAccount:gateway@…)."
   type        = list(string)
-  default     = ["allUsers"]
+  default     = []
 }
 
 variable "vpc_network" {
@@ -72,7 +108,7 @@ variable "verify_schedule" {
 }
 
 variable "verify_time_budget" {
-  description = "Time budget of one verifier run (a Go duration); keep it under the scheduler's attempt deadline."
+  description = "Time budget of one verifier pass (a Go duration); keep it under the scheduler's attempt deadline (120 s)."
   type        = string
   default     = "50s"
 }
@@ -119,4 +155,106 @@ variable "dead_letter_max_delivery_attempts" {
   description = "Delivery attempts before the BigQuery subscription moves a message to the dead-letter topic (5 to 100)."
   type        = number
   default     = 5
+}
+
+# The connection budget: the most connections the deployment can hold on one
+# workspace database is drain_max_instances × drain_pool_size + verifier_pool_size
+# + job_tasks × job_pool_size.
+
+variable "drain_max_instances" {
+  description = "Most instances of the drain service."
+  type        = number
+  default     = 20
+}
+
+variable "drain_pool_size" {
+  description = "Connections each drain instance keeps at most per workspace database (DATABASE_POOL_SIZE)."
+  type        = number
+  default     = 2
+}
+
+variable "verifier_pool_size" {
+  description = "Connections the verifier keeps at most per workspace database."
+  type        = number
+  default     = 2
+}
+
+variable "job_tasks" {
+  description = "Tasks of one job execution, each taking its share of the workspaces (gcloud run jobs execute --tasks); the budget counts them all on one database."
+  type        = number
+  default     = 1
+}
+
+variable "job_pool_size" {
+  description = "Connections each job task keeps at most per workspace database."
+  type        = number
+  default     = 4
+}
+
+variable "max_connections_per_database" {
+  description = "The most connections this deployment may hold on one workspace database (what the SDK's database can spare beside the ontology service's own). terraform refuses a configuration whose worst case exceeds it."
+  type        = number
+  default     = 50
+}
+
+# Monitoring.
+
+variable "notification_channels" {
+  description = "Existing Cloud Monitoring notification channels (projects/…/notificationChannels/…) the alerts notify."
+  type        = list(string)
+  default     = []
+}
+
+variable "alert_emails" {
+  description = "Email addresses the alerts notify (an email notification channel is created for each)."
+  type        = list(string)
+  default     = []
+}
+
+variable "delivery_lag_alert_minutes" {
+  description = "Alert when a workspace's oldest pending event has waited longer than this many minutes (delivery stall): 1, 5, 15, 30 or 60, the bands the verifier reports lags in."
+  type        = number
+  default     = 5
+  validation {
+    condition     = contains([1, 5, 15, 30, 60], var.delivery_lag_alert_minutes)
+    error_message = "delivery_lag_alert_minutes must be 1, 5, 15, 30 or 60."
+  }
+}
+
+variable "verification_lag_alert_minutes" {
+  description = "Alert when a workspace's oldest accepted event has not been found in BigQuery for longer than this many minutes (the verifier requeues after 15): 1, 5, 15, 30 or 60."
+  type        = number
+  default     = 30
+  validation {
+    condition     = contains([1, 5, 15, 30, 60], var.verification_lag_alert_minutes)
+    error_message = "verification_lag_alert_minutes must be 1, 5, 15, 30 or 60."
+  }
+}
+
+variable "workspace_gauges" {
+  description = "Per-workspace distributions of the lags and backlogs (the dashboard's per-workspace charts). About $0.85 per workspace and metric a month at list prices (README); false keeps the per-workspace lag bands (alerts, SLO) and drops these."
+  type        = bool
+  default     = true
+}
+
+variable "drain_failure_ratio_alert" {
+  description = "Alert when more than this share of a workspace's drain invocations fail or are unavailable over 10 minutes."
+  type        = number
+  default     = 0.1
+}
+
+variable "slo_minutes" {
+  description = "The SLO: no event waits longer than this many minutes to be verified (1, 5, 15, 30 or 60)…"
+  type        = number
+  default     = 30
+  validation {
+    condition     = contains([1, 5, 15, 30, 60], var.slo_minutes)
+    error_message = "slo_minutes must be 1, 5, 15, 30 or 60, the bands the verifier reports lags in."
+  }
+}
+
+variable "slo_goal" {
+  description = "…in this share of workspace-minutes over 28 days."
+  type        = number
+  default     = 0.999
 }

@@ -1,9 +1,13 @@
 terraform {
-  required_version = ">= 1.5"
+  # 1.11: mock_provider's override_during in terraform/tests.
+  required_version = ">= 1.11"
   required_providers {
     google = {
-      source  = "hashicorp/google"
-      version = ">= 6.0"
+      source = "hashicorp/google"
+      # Tested against 7.45–7.46 (terraform/tests, and the Go test that
+      # checks every resource against the 7.46 schema). 6.13 is the first
+      # to know a new service account's email at plan; 8.0 may rename.
+      version = ">= 7.0, < 8.0"
     }
   }
 }

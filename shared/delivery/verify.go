@@ -483,6 +483,37 @@ const (
 	LogVerifyWorkspace = "replication verify workspace"
 )
 
+// A Band is one of the bands a lag is reported in.
+type Band struct {
+	// Name is the band's label value, such as "under_5m".
+	Name string
+	// Under is the band's upper bound (exclusive); zero for the last
+	// band, which has none.
+	Under time.Duration
+}
+
+// LagBands returns the bands a lag is reported in on the verifier's lines
+// (as labels of a counter, which costs a sixth of a distribution in Cloud
+// Monitoring), shortest first: each names the bound it is under, the last
+// one is over the last bound.
+func LagBands() []Band {
+	return []Band{
+		{"under_1m", time.Minute}, {"under_5m", 5 * time.Minute}, {"under_15m", 15 * time.Minute},
+		{"under_30m", 30 * time.Minute}, {"under_1h", time.Hour}, {"over_1h", 0},
+	}
+}
+
+// LagBand returns the band of a lag.
+func LagBand(d time.Duration) string {
+	bands := LagBands()
+	for _, b := range bands {
+		if b.Under == 0 || d < b.Under {
+			return b.Name
+		}
+	}
+	return bands[len(bands)-1].Name
+}
+
 // logWorkspace writes a workspace's line of a pass: at ERROR when it
 // failed, WARN when it was not reached, INFO otherwise.
 func (s *Service) logWorkspace(ctx context.Context, r VerifyResult) {
@@ -507,7 +538,9 @@ func (s *Service) logWorkspace(ctx context.Context, r VerifyResult) {
 		attrs = append(attrs, slog.Int64("pending", f.Pending), slog.Int64("set_aside", f.SetAside),
 			slog.Int64("unverified", f.Unverified), slog.Int64("due_verifications", f.DueVerifications),
 			slog.Float64("oldest_pending_age_seconds", pending.Seconds()), slog.Float64("oldest_unverified_age_seconds", unverified.Seconds()),
-			slog.Float64("outstanding_age_seconds", max(pending, unverified).Seconds()), slog.Bool("figures_capped", f.Capped))
+			slog.Float64("outstanding_age_seconds", max(pending, unverified).Seconds()), slog.Bool("figures_capped", f.Capped),
+			slog.String("delivery_lag_band", LagBand(pending)), slog.String("verification_lag_band", LagBand(unverified)),
+			slog.String("outstanding_band", LagBand(max(pending, unverified))))
 	}
 	if r.Error != "" {
 		attrs = append(attrs, slog.String("error", r.Error))

@@ -2,6 +2,7 @@ package delivery_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -41,4 +42,29 @@ func TestVerifierReportsEventsThatKeepNotLanding(t *testing.T) {
 		}
 	}
 	require.Equal(t, []delivery.RequeuedEvent{{HistoryID: lost, EventID: lostEvent, Times: 5}}, last.RequeuedRepeatedly)
+}
+
+// TestLagBand: each bound belongs to the band above it, a lag just under
+// it to the band below.
+func TestLagBand(t *testing.T) {
+	for _, tc := range []struct {
+		lag  time.Duration
+		want string
+	}{
+		{0, "under_1m"},
+		{time.Minute - time.Nanosecond, "under_1m"},
+		{time.Minute, "under_5m"},
+		{5*time.Minute - time.Nanosecond, "under_5m"},
+		{5 * time.Minute, "under_15m"},
+		{15 * time.Minute, "under_30m"},
+		{30*time.Minute - time.Nanosecond, "under_30m"},
+		{30 * time.Minute, "under_1h"},
+		{time.Hour - time.Nanosecond, "under_1h"},
+		{time.Hour, "over_1h"},
+		{400 * time.Hour, "over_1h"},
+	} {
+		t.Run(tc.lag.String(), func(t *testing.T) {
+			require.Equal(t, tc.want, delivery.LagBand(tc.lag))
+		})
+	}
 }

@@ -98,7 +98,7 @@ resource "google_pubsub_subscription_iam_member" "agent_subscriber" {
 }
 
 resource "google_pubsub_topic_iam_member" "publishers" {
-  for_each = toset(var.publishers)
+  for_each = var.publishers
   project  = var.pubsub_project
   topic    = google_pubsub_topic.events.name
   role     = "roles/pubsub.publisher"
@@ -115,6 +115,15 @@ resource "google_bigquery_dataset_iam_member" "verifier" {
 resource "google_bigquery_dataset_iam_member" "job" {
   project    = var.bigquery_project
   dataset_id = google_bigquery_dataset.internal.dataset_id
-  role       = "roles/bigquery.dataEditor"
+  role       = var.job_role_id
   member     = var.job
+}
+
+# `job dead-letter` pulls the dead-letter subscription (and acknowledges what
+# --republish sent again).
+resource "google_pubsub_subscription_iam_member" "job_dead_letter" {
+  project      = var.pubsub_project
+  subscription = google_pubsub_subscription.dead_letter.name
+  role         = "roles/pubsub.subscriber"
+  member       = var.job
 }

@@ -39,8 +39,8 @@ variable "dead_letter_max_delivery_attempts" {
 }
 
 variable "publishers" {
-  description = "Members allowed to publish to the events topic (the drain, the verifier's sweep, the job)."
-  type        = list(string)
+  description = "Members allowed to publish to the events topic (the drain, the verifier's sweep, the job), by component name: the keys are known at plan."
+  type        = map(string)
 }
 
 variable "verifier" {
@@ -50,5 +50,10 @@ variable "verifier" {
 
 variable "job" {
   description = "The job's member: creates the views in the dataset."
+  type        = string
+}
+
+variable "job_role_id" {
+  description = "The custom role the job gets on the dataset: create and replace views, read table metadata (projects/<bigquery project>/roles/replicationViews)."
   type        = string
 }

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	ctyjson "github.com/zclconf/go-cty/cty/json"
+
+	"github.com/segmentstream/ontology-replication/functions"
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/logging"
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
+)
+
+// syncBuffer is a log destination shared by concurrent requests.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// functionLogs runs the real functions (a drain, then a verifier pass) over
+// real parts and returns the lines they logged.
+func functionLogs(t *testing.T) []map[string]any {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t, &sdkfixture.V4Template)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = sdkfixture.StartGeneration(ctx, pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	require.NoError(t, err)
+	require.NoError(t, sdkfixture.BulkCreate(ctx, pool, sdkfixture.Demo, "product", "title", 5, 5))
+	ps := pstest.NewServer()
+	t.Cleanup(func() { _ = ps.Close() })
+	_, err = ps.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events"})
+	require.NoError(t, err)
+	issuer, err := tokenissuer.New("https://runtime.test", "k1")
+	require.NoError(t, err)
+	jwks := httptest.NewServer(issuer)
+	t.Cleanup(jwks.Close)
+	bq := httptest.NewServer(bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+		return bqserver.Strings("event_id", q.Params["ids"].Values), nil
+	}))
+	t.Cleanup(bq.Close)
+	env := map[string]string{
+		"REPLICATION_WORKSPACES": fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q},
+			"workspaces": [{"id": "w1", "organization_id": "org-1", "runtime_subject": "runtime-w1", "database": {"url": %q},
+			"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, issuer.URL, jwks.URL, url, bq.URL),
+		"PUBSUB_EMULATOR_HOST": ps.Addr,
+	}
+	var logs syncBuffer
+	handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] },
+		functions.LocalOptions{Logger: logging.New(&logs, logging.Config{Level: slog.LevelInfo, ProjectID: "p1"})})
+	require.NoError(t, err)
+	t.Cleanup(closeFunctions)
+	token, err := issuer.Token("runtime-w1", "replication", time.Minute)
+	require.NoError(t, err)
+	req := httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
+	req.Header.Set("x-segmentstream-runtime-identity", token)
+	req.Header.Set("x-segmentstream-organization-id", "org-1")
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	rec = httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var lines []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var entry map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &entry), line)
+		lines = append(lines, entry)
+	}
+	return lines
+}
+
+// TestTerraformLogMetricsReadTheCodesLines: each log-based metric's filter
+// selects lines the code writes (its message is the code's constant), and
+// the fields it extracts are on those lines: numbers for the values,
+// strings for the labels. A renamed field or message fails here, not in a
+// dashboard that silently goes flat.
+func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, "../terraform")
+	value := func(name string) map[string]any {
+		v, diags := m.locals[name].Expr.Value(nil)
+		require.False(t, diags.HasErrors(), "local.%s: %s", name, diags)
+		raw, err := ctyjson.Marshal(v, v.Type())
+		require.NoError(t, err)
+		var out map[string]any
+		require.NoError(t, json.Unmarshal(raw, &out))
+		return out
+	}
+	lineFilters := value("log_lines")
+	message := regexp.MustCompile(`jsonPayload\.message="([^"]+)"`)
+	messages := map[string]string{}
+	for kind, f := range lineFilters {
+		match := message.FindStringSubmatch(f.(string))
+		require.NotNil(t, match, "%s: the filter selects a message", kind)
+		messages[kind] = match[1]
+	}
+	require.Equal(t, map[string]string{"drain": functions.LogDrain, "verify_workspace": delivery.LogVerifyWorkspace, "verify_pass": functions.LogVerify}, messages,
+		"the filters select the code's messages")
+
+	bandsValue, diags := m.locals["lag_bands"].Expr.Value(nil)
+	require.False(t, diags.HasErrors())
+	var bands []string
+	for _, b := range bandsValue.AsValueSlice() {
+		bands = append(bands, b.AsString())
+	}
+	var want []string
+	for _, b := range delivery.LagBands() {
+		want = append(want, b.Name)
+	}
+	require.Equal(t, want, bands, "terraform's lag bands are the code's")
+	for minutes, i := range value("band_index") {
+		require.Equal(t, minutes+"m0s", strings.Replace(delivery.LagBands()[int(i.(float64))].Under.String(), "1h0m0s", "60m0s", 1),
+			"band %d is under %s minutes", int(i.(float64)), minutes)
+	}
+
+	lines := functionLogs(t)
+	byMessage := map[string][]map[string]any{}
+	for _, l := range lines {
+		msg, _ := l["message"].(string)
+		byMessage[msg] = append(byMessage[msg], l)
+	}
+	for metric, spec := range value("log_counters") {
+		s := spec.(map[string]any)
+		matching := byMessage[messages[s["line"].(string)]]
+		require.NotEmpty(t, matching, "%s: no line of the code matches its filter", metric)
+		for _, label := range s["labels"].([]any) {
+			for _, l := range matching {
+				v, ok := l[label.(string)].(string)
+				require.True(t, ok && v != "", "%s: label %s is not a string field of %v", metric, label, l)
+			}
+		}
+	}
+	for metric, spec := range value("log_distributions") {
+		s := spec.(map[string]any)
+		matching := byMessage[messages[s["line"].(string)]]
+		require.NotEmpty(t, matching, "%s: no line of the code matches its filter", metric)
+		field := s["field"].(string)
+		for _, l := range matching {
+			v, ok := l[field].(float64)
+			require.True(t, ok, "%s extracts %s, which is not a number on %v", metric, field, l)
+			require.GreaterOrEqual(t, v, 0.0)
+			ws, _ := l["workspace"].(string)
+			require.Equal(t, "w1", ws, "%s: its workspace label", metric)
+		}
+	}
+}

@@ -1,0 +1,289 @@
+# The drain and verify services, the verifier's schedule and the job.
+#
+# Who owns the running image: terraform sets it when it creates a service or
+# the job (var.functions_image, var.job_image: digests, from the first
+# build); from then on Cloud Build's deploy steps roll them forward, and
+# terraform ignores the image (and the client fields gcloud writes), so the
+# next apply does not roll them back.
+
+locals {
+  drain_ingress = {
+    load_balancer = "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"
+    invoker       = "INGRESS_TRAFFIC_ALL"
+    public        = "INGRESS_TRAFFIC_ALL"
+  }
+}
+
+moved {
+  from = google_cloud_run_v2_service.drain
+  to   = google_cloud_run_v2_service.drain[0]
+}
+
+moved {
+  from = google_cloud_run_v2_service.verify
+  to   = google_cloud_run_v2_service.verify[0]
+}
+
+moved {
+  from = google_cloud_run_v2_job.replication
+  to   = google_cloud_run_v2_job.replication[0]
+}
+
+resource "google_cloud_run_v2_service" "drain" {
+  count                = local.deploy ? 1 : 0
+  project              = var.project
+  name                 = "replication-drain"
+  location             = var.region
+  ingress              = local.drain_ingress[var.drain_exposure]
+  invoker_iam_disabled = var.drain_exposure != "invoker"
+
+  template {
+    service_account = google_service_account.component["drain"].email
+    timeout         = "60s"
+    # Each instance keeps at most drain_pool_size connections per workspace
+    # database; more concurrent drains per instance would only queue for them.
+    max_instance_request_concurrency = 8
+    scaling {
+      max_instance_count = var.drain_max_instances
+    }
+    containers {
+      image = var.functions_image
+      env {
+        name  = "FUNCTION_TARGET"
+        value = "Drain"
+      }
+      env {
+        name  = "REPLICATION_WORKSPACES_FILE"
+        value = local.registry_path
+      }
+      env {
+        name  = "GOOGLE_CLOUD_PROJECT"
+        value = var.project
+      }
+      env {
+        name  = "LOG_LEVEL"
+        value = var.log_level
+      }
+      volume_mounts {
+        name       = "registry"
+        mount_path = dirname(local.registry_path)
+      }
+    }
+    volumes {
+      name = "registry"
+      secret {
+        secret = google_secret_manager_secret.registry["drain"].secret_id
+        items {
+          version = google_secret_manager_secret_version.registry["drain"].version
+          path    = basename(local.registry_path)
+        }
+      }
+    }
+    dynamic "vpc_access" {
+      for_each = local.vpc
+      content {
+        egress = "PRIVATE_RANGES_ONLY"
+        network_interfaces {
+          network    = var.vpc_network
+          subnetwork = var.vpc_subnetwork
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [template[0].containers[0].image, client, client_version]
+    precondition {
+      condition     = var.drain_exposure != "invoker" || length(var.drain_invokers) > 0
+      error_message = "drain_exposure = \"invoker\" needs drain_invokers: the gateway's service account."
+    }
+  }
+
+  depends_on = [google_secret_manager_secret_iam_member.registry, terraform_data.connection_budget]
+}
+
+resource "google_cloud_run_v2_service_iam_member" "drain_invoker" {
+  for_each = var.drain_exposure == "invoker" && local.deploy ? toset(var.drain_invokers) : toset([])
+  project  = var.project
+  name     = google_cloud_run_v2_service.drain[0].name
+  location = var.region
+  role     = "roles/run.invoker"
+  member   = each.value
+}
+
+# The verifier is private: internal ingress (Cloud Scheduler's requests in
+# the same project count as internal) and only the scheduler's identity may
+# invoke it.
+resource "google_cloud_run_v2_service" "verify" {
+  count    = local.deploy ? 1 : 0
+  project  = var.project
+  name     = "replication-verify"
+  location = var.region
+  ingress  = "INGRESS_TRAFFIC_INTERNAL_ONLY"
+
+  template {
+    service_account = google_service_account.component["verify"].email
+    timeout         = "120s"
+    # One instance: its memory of the workspaces a pass did not reach puts
+    # them first in the next pass (the shards' passes share it).
+    scaling {
+      max_instance_count = 1
+    }
+    containers {
+      image = var.functions_image
+      env {
+        name  = "FUNCTION_TARGET"
+        value = "Verify"
+      }
+      env {
+        name  = "REPLICATION_WORKSPACES_FILE"
+        value = local.registry_path
+      }
+      env {
+        name  = "GOOGLE_CLOUD_PROJECT"
+        value = var.project
+      }
+      env {
+        name  = "VERIFY_TIME_BUDGET"
+        value = var.verify_time_budget
+      }
+      env {
+        name  = "VERIFY_WORKERS"
+        value = tostring(var.verify_workers)
+      }
+      env {
+        name  = "LOG_LEVEL"
+        value = var.log_level
+      }
+      volume_mounts {
+        name       = "registry"
+        mount_path = dirname(local.registry_path)
+      }
+    }
+    volumes {
+      name = "registry"
+      secret {
+        secret = google_secret_manager_secret.registry["verify"].secret_id
+        items {
+          version = google_secret_manager_secret_version.registry["verify"].version
+          path    = basename(local.registry_path)
+        }
+      }
+    }
+    dynamic "vpc_access" {
+      for_each = local.vpc
+      content {
+        egress = "PRIVATE_RANGES_ONLY"
+        network_interfaces {
+          network    = var.vpc_network
+          subnetwork = var.vpc_subnetwork
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [template[0].containers[0].image, client, client_version]
+  }
+
+  depends_on = [google_secret_manager_secret_iam_member.registry, terraform_data.connection_budget]
+}
+
+resource "google_cloud_run_v2_service_iam_member" "verify_invoker" {
+  count    = local.deploy ? 1 : 0
+  project  = var.project
+  name     = google_cloud_run_v2_service.verify[0].name
+  location = var.region
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.scheduler.email}"
+}
+
+# One scheduler job per verifier shard: each names its shard of the
+# registry, so that a fleet too large for one pass is verified by several
+# (the workspaces whose position in id order is the shard modulo the count).
+resource "google_cloud_scheduler_job" "verify" {
+  for_each         = local.deploy ? { for shard in range(var.verifier_shards) : tostring(shard) => shard } : {}
+  project          = var.project
+  name             = var.verifier_shards == 1 ? "replication-verify" : "replication-verify-${each.key}"
+  region           = var.region
+  schedule         = var.verify_schedule
+  attempt_deadline = "120s"
+
+  http_target {
+    uri         = google_cloud_run_v2_service.verify[0].uri
+    http_method = "POST"
+    body        = base64encode(var.verifier_shards == 1 ? "{}" : jsonencode({ shard = each.value, shards = var.verifier_shards }))
+    headers     = { "Content-Type" = "application/json" }
+    oidc_token {
+      service_account_email = google_service_account.scheduler.email
+      audience              = google_cloud_run_v2_service.verify[0].uri
+    }
+  }
+}
+
+moved {
+  from = google_cloud_scheduler_job.verify
+  to   = google_cloud_scheduler_job.verify["0"]
+}
+
+resource "google_cloud_run_v2_job" "replication" {
+  count    = local.deploy ? 1 : 0
+  project  = var.project
+  name     = "replication-job"
+  location = var.region
+
+  template {
+    task_count = var.job_tasks
+    template {
+      service_account = google_service_account.component["job"].email
+      timeout         = var.job_task_timeout
+      max_retries     = var.job_max_retries
+      containers {
+        image = var.job_image
+        args  = ["status"]
+        env {
+          name  = "REPLICATION_WORKSPACES_FILE"
+          value = local.registry_path
+        }
+        env {
+          name  = "GOOGLE_CLOUD_PROJECT"
+          value = var.project
+        }
+        env {
+          name  = "LOG_LEVEL"
+          value = var.log_level
+        }
+        volume_mounts {
+          name       = "registry"
+          mount_path = dirname(local.registry_path)
+        }
+      }
+      volumes {
+        name = "registry"
+        secret {
+          secret = google_secret_manager_secret.registry["job"].secret_id
+          items {
+            version = google_secret_manager_secret_version.registry["job"].version
+            path    = basename(local.registry_path)
+          }
+        }
+      }
+      dynamic "vpc_access" {
+        for_each = local.vpc
+        content {
+          egress = "PRIVATE_RANGES_ONLY"
+          network_interfaces {
+            network    = var.vpc_network
+            subnetwork = var.vpc_subnetwork
+          }
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [template[0].template[0].containers[0].image, client, client_version]
+  }
+
+  depends_on = [google_secret_manager_secret_iam_member.registry, terraform_data.connection_budget]
+}
