@@ -37,6 +37,7 @@ type harness struct {
 	ctx    context.Context
 	pubsub *pstest.Server
 	bq     *bqserver.Server
+	bqURL  string // the BigQuery server's endpoint
 	mu     sync.Mutex
 	ddl    []string
 	spaces map[string]*space
@@ -45,6 +46,20 @@ type harness struct {
 	// handles it (to cut a run at an exact point of its drain); an error
 	// it returns is Pub/Sub's answer.
 	onPublish func(*pubsubpb.PublishRequest) error
+	// hidden are event ids BigQuery answers as absent though Pub/Sub
+	// holds them.
+	hidden map[string]bool
+}
+
+// hide makes BigQuery answer the given events as absent (none: every
+// published event is there again).
+func (h *harness) hide(ids ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hidden = map[string]bool{}
+	for _, id := range ids {
+		h.hidden[id] = true
+	}
 }
 
 // publishHook lets a test watch publish requests as pstest receives them.
@@ -87,6 +102,7 @@ func newHarnessOn(t testing.TB, c *pgtest.Cluster, templates ...*pgtest.Template
 	})
 	bqHTTP := httptest.NewServer(h.bq)
 	t.Cleanup(bqHTTP.Close)
+	h.bqURL = bqHTTP.URL
 	var entries []string
 	for i, tpl := range templates {
 		id := fmt.Sprintf("w%d", i+1)
@@ -163,9 +179,11 @@ func (h *harness) landed(q bqserver.Query) bqserver.Result {
 			held[e.EventID] = true
 		}
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	var present []string
 	for _, id := range q.Params["ids"].Values {
-		if held[id] {
+		if held[id] && !h.hidden[id] {
 			present = append(present, id)
 		}
 	}

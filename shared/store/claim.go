@@ -220,7 +220,11 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		// A statement of protocol 4 could not even be prepared (a legacy
 		// database has no delivery table and no v4 target columns; a
 		// database without the schema has neither): nothing ran, so no
-		// candidate was locked. The state says which.
+		// candidate was locked. The state says which, read on another
+		// connection: the claim's session goes back to the pool first, or
+		// as many concurrent claims as the pool has connections would each
+		// hold one and wait for a second forever.
+		c.Release(ctx)
 		if st, err = s.State(ctx); err != nil {
 			return fail(err)
 		}
@@ -254,8 +258,10 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		if st.ActiveGeneration == "" {
 			return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
 		}
-		if t, err = s.Target(ctx, st.ActiveGeneration); err != nil {
-			if errors.Is(err, ErrUnknownGeneration) {
+		// On the claim's own session: a second connection from the pool
+		// could wait forever behind claims that each hold one.
+		if t, err = scanTarget(conn.QueryRow(ctx, sqlTargetV4, st.ActiveGeneration)); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
 				return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
 			}
 			return fail(err)

@@ -352,3 +352,38 @@ func TestClaimsFromManySessions(t *testing.T) {
 		require.NotContains(t, b.IDs(), id)
 	}
 }
+
+// TestFirstClaimOnALegacyDatabaseNeedsOneConnection: a fresh Store (which
+// tries protocol 4 first) claims on a protocol-3 database through a pool of
+// one connection: the claim does not hold its session while it reads the
+// state on another. (It did: N concurrent drains through a pool of N each
+// held one and waited for a second, and `job drain` on such a database hung
+// until its deadline.)
+func TestFirstClaimOnALegacyDatabaseNeedsOneConnection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V3Template)
+	e.start(t)
+	e.products(t, 3)
+	cfg := e.pool.Config().Copy()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := store.New(pool, store.Config{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	_, _, c, err := st.ClaimActive(ctx)
+	require.NoError(t, err)
+	require.Len(t, c.Events, 3)
+	c.Release(ctx)
+
+	// Upgraded under the running Store, which read it as legacy last time.
+	require.NoError(t, sdkfixture.Upgrade(e.ctx, e.pool, sdkfixture.Demo))
+	e.products(t, 2)
+	_, tg, c, err := st.ClaimActive(ctx)
+	require.NoError(t, err)
+	require.True(t, tg.UsesDelivery())
+	require.Len(t, c.Events, 2)
+	c.Release(ctx)
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -105,11 +106,21 @@ func startOwned(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The superuser needs a password over TCP (a random one, in the admin
+	// URL only): any local user may reach 127.0.0.1. The Unix socket,
+	// trusted, is in dir, which only the server's user may enter (0700).
+	password := rand.Text()
+	pwfile := filepath.Join(dir, "pwfile")
+	if err := writeOwned(pwfile, password+"\n", cred); err != nil {
+		return nil, err
+	}
 	data := filepath.Join(dir, "data")
 	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres",
-		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+		"--auth-local=trust", "--auth-host=scram-sha-256", "--pwfile="+pwfile, "-E", "UTF8", "--locale=C", "--no-sync")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	if out, err := initdb.CombinedOutput(); err != nil {
+	out, err := initdb.CombinedOutput()
+	_ = os.Remove(pwfile)
+	if err != nil {
 		return nil, fmt.Errorf("pgtest: initdb: %w: %s", err, bytes.TrimSpace(out))
 	}
 	settings := map[string]string{
@@ -135,7 +146,7 @@ func startOwned(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		if err != nil {
 			return nil, err
 		}
-		c, err := launch(ctx, bin, dir, data, port, settings, cred)
+		c, err := launch(ctx, bin, dir, data, port, password, settings, cred)
 		if err == nil {
 			return c, nil
 		}
@@ -144,7 +155,7 @@ func startOwned(ctx context.Context, cfg Config) (c *Cluster, err error) {
 	return nil, lastErr
 }
 
-func launch(ctx context.Context, bin, dir, data string, port int, settings map[string]string, cred *syscall.Credential) (*Cluster, error) {
+func launch(ctx context.Context, bin, dir, data string, port int, password string, settings map[string]string, cred *syscall.Credential) (*Cluster, error) {
 	args := []string{"-D", data, "-p", strconv.Itoa(port)}
 	keys := make([]string, 0, len(settings))
 	for k := range settings {
@@ -168,7 +179,7 @@ func launch(ctx context.Context, bin, dir, data string, port int, settings map[s
 		return nil, fmt.Errorf("pgtest: start postgres: %w", err)
 	}
 	c := &Cluster{
-		admin:   &url.URL{Scheme: "postgres", User: url.User("postgres"), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable"},
+		admin:   &url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable"},
 		dir:     dir,
 		process: cmd,
 		exited:  make(chan struct{}),
@@ -208,6 +219,20 @@ func serverCredential(dir string) (*syscall.Credential, error) {
 		return nil, fmt.Errorf("pgtest: hand %s to the postgres user: %w", dir, err)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+}
+
+// writeOwned writes a file only its owner may read, owned by the server's
+// user when cred names one.
+func writeOwned(path, content string, cred *syscall.Credential) error {
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return fmt.Errorf("pgtest: write %s: %w", path, err)
+	}
+	if cred != nil {
+		if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fmt.Errorf("pgtest: hand %s to the postgres user: %w", path, err)
+		}
+	}
+	return nil
 }
 
 func freePort() (int, error) {

@@ -2,6 +2,8 @@ package pgtest_test
 
 import (
 	"context"
+	"net/url"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -59,4 +61,52 @@ func TestStartStop(t *testing.T) {
 	require.NoError(t, c.Stop())
 	_, err = pgx.Connect(ctx, url)
 	require.Error(t, err, "the server is gone after Stop")
+}
+
+// TestOnlyTheTestMayLogIn: the throwaway server trusts no one who can
+// merely reach 127.0.0.1 — over TCP the superuser needs the random
+// password of the admin URL — and its trusted Unix socket is in a
+// directory only the server's user may enter.
+func TestOnlyTheTestMayLogIn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a second cluster")
+	}
+	t.Setenv("DATABASE_URL", "")
+	ctx := context.Background()
+	c, err := pgtest.Start(ctx, pgtest.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	admin, err := url.Parse(c.AdminURL())
+	require.NoError(t, err)
+	password, ok := admin.User.Password()
+	require.True(t, ok, "the admin URL carries the password")
+	require.GreaterOrEqual(t, len(password), 20)
+
+	for _, tc := range []struct {
+		name string
+		user *url.Userinfo
+	}{
+		{"superuser without password", url.User("postgres")},
+		{"superuser with a wrong password", url.UserPassword("postgres", "postgres")},
+		{"another role without password", url.User("nobody")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := *admin
+			u.User = tc.user
+			conn, err := pgx.Connect(ctx, u.String())
+			if err == nil {
+				_ = conn.Close(ctx)
+			}
+			require.ErrorContains(t, err, "authentication failed")
+		})
+	}
+
+	conn, err := pgx.Connect(ctx, admin.String())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var socketDir string
+	require.NoError(t, conn.QueryRow(ctx, "SHOW unix_socket_directories").Scan(&socketDir))
+	info, err := os.Stat(socketDir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "%s: only the server's user may reach the trusted socket", socketDir)
 }
