@@ -1,6 +1,7 @@
 package functions
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -542,4 +543,31 @@ func TestLogsCarryTheRequestsTrace(t *testing.T) {
 			require.Contains(t, drain, "publish_ms")
 		})
 	}
+}
+
+// unread is a request body that counts the reads of it.
+type unread struct{ reads atomic.Int64 }
+
+func (u *unread) Read(p []byte) (int, error) {
+	u.reads.Add(1)
+	return copy(p, bytes.Repeat([]byte("x"), len(p))), nil
+}
+
+// TestDrainReadsNoBody: the wake-up's body, whatever it is (here an
+// endless one), is never read: the drain answers from its path and
+// headers, and no caller can make it buffer anything.
+func TestDrainReadsNoBody(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.products("w1", 3)
+	ws := h.spaces["w1"]
+	body := &unread{}
+	req := httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", body)
+	req.Header.Set(headerIdentity, h.token(ws.subject))
+	req.Header.Set(headerOrganization, ws.org)
+	rec := httptest.NewRecorder()
+	h.handler.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Zero(t, body.reads.Load(), "the body was read")
+	require.Len(t, h.published("w1"), 3)
 }

@@ -43,7 +43,8 @@ const (
 var FunctionNames = []string{"Drain", "Verify"}
 
 // Env lists every environment variable the functions read.
-var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers, "K_SERVICE")
+var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers,
+	EnvVerifyCaller, EnvVerifyAudience, EnvVerifyCallerCheck, "K_SERVICE")
 
 // defaultMaxOpenPools bounds the workspace pools an instance keeps open:
 // with defaultPoolSize, at most 128 connections an instance holds across
@@ -109,6 +110,9 @@ func Check(target string) error {
 	if (target == "" || target == "Drain") && app.verifier == nil {
 		return errors.New("functions: the drain needs the registry's identity (issuer, audience, jwks_url) to verify runtime tokens")
 	}
+	if (target == "" || target == "Verify") && app.callerErr != nil {
+		return app.callerErr
+	}
 	switch target {
 	case "", "Drain", "Verify":
 		return nil
@@ -123,14 +127,21 @@ type dependencies struct {
 	warehouse *warehouse.BigQuery
 	identity  identity.Config // HTTPClient and timing overrides
 	logger    *slog.Logger
+	// googleKeys fetches the keys of Google's OIDC tokens for the
+	// verifier's caller check (nil: a default client).
+	googleKeys *http.Client
 }
 
 // server holds the functions' state, shared by every request of an instance.
 type server struct {
-	err           error
-	log           *slog.Logger
-	svc           *delivery.Service
-	verifier      *identity.Verifier // nil when the registry has no identity
+	err      error
+	log      *slog.Logger
+	svc      *delivery.Service
+	verifier *identity.Verifier // nil when the registry has no identity
+	// caller checks the verifier's caller; nil when the check is off
+	// (VERIFY_CALLER_CHECK=off) or misconfigured (callerErr).
+	caller        *callerCheck
+	callerErr     error
 	verifyBudget  time.Duration
 	sweepBatches  int
 	verifyWorkers int
@@ -187,6 +198,13 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 		if s.verifier, err = identity.New(cfg); err != nil {
 			return nil, err
 		}
+	}
+	// The drain's service has no use for the verifier's caller settings:
+	// an error here is kept for Check("Verify") and the verifier's
+	// requests.
+	s.caller, s.callerErr = newCallerCheck(ctx, getenv, deps.googleKeys)
+	if s.caller == nil && s.callerErr == nil {
+		log.WarnContext(ctx, "replication: the verifier checks no caller token ("+EnvVerifyCallerCheck+"=off): right for a local or test run only")
 	}
 	opened, err := delivery.Open(ctx, delivery.OpenConfig{
 		Registry:           reg,

@@ -100,6 +100,18 @@ type harnessConfig struct {
 	cluster *pgtest.Cluster
 	// lookupTimeout bounds one BigQuery lookup; default 3 s.
 	lookupTimeout time.Duration
+	// googleKeys fetches the keys of Google's tokens (withCallerCheck).
+	googleKeys *http.Client
+}
+
+// withCallerCheck turns the verifier's caller check on: the scheduler's
+// email and the audience, Google's keys fetched through client.
+func withCallerCheck(email, audience string, client *http.Client) option_ {
+	return func(c *harnessConfig) {
+		delete(c.env, EnvVerifyCallerCheck)
+		c.env[EnvVerifyCaller], c.env[EnvVerifyAudience] = email, audience
+		c.googleKeys = client
+	}
 }
 
 // withLookupTimeout bounds one BigQuery lookup, for tests whose
@@ -142,7 +154,8 @@ func withEnv(k, v string) option_ {
 
 func newHarness(t *testing.T, opts ...option_) *harness {
 	t.Helper()
-	cfg := harnessConfig{workspaces: []string{"w1"}, env: map[string]string{}, legacy: map[string]bool{}}
+	// The caller check is off unless a test turns it on (withCallerCheck).
+	cfg := harnessConfig{workspaces: []string{"w1"}, env: map[string]string{EnvVerifyCallerCheck: "off"}, legacy: map[string]bool{}}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -216,7 +229,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	t.Cleanup(func() { _ = wh.Close() })
 	log := logging.New(&lockedWriter{b: h.logs}, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
 	h.instance = func() http.Handler {
-		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, warehouse: wh, logger: log})
+		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, warehouse: wh, logger: log, googleKeys: cfg.googleKeys})
 		require.NoError(t, err)
 		t.Cleanup(srv.close)
 		if h.srv == nil {

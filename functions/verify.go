@@ -2,6 +2,7 @@ package functions
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,24 +57,39 @@ func parseVerifyRequest(body []byte) (verifyRequest, error) {
 }
 
 // serveVerify is the Verify function, run by Cloud Scheduler every minute
-// (the service is private: Cloud Run checks the scheduler's OIDC token). For
-// every workspace, or the one named in the body, it runs verification rounds
-// and then sweeps pending events, within the time budget. It answers 200 when
-// every workspace succeeded and 500 otherwise, always with every workspace's
-// result.
+// (the service is private: Cloud Run checks the scheduler's OIDC token, and
+// so does this function, see callerCheck). For every workspace, or those
+// the body names, it runs verification rounds and then sweeps pending
+// events, within the time budget. It answers 200 when every workspace
+// succeeded and 500 otherwise, always with every workspace's outcome; what
+// went wrong is in the log only.
 func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	r = traced(r)
 	out := outcome{ctx: r.Context(), log: s.log, message: LogVerify}
 	defer func() { out.write(w, started) }()
-	if s.err != nil {
-		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", s.err)
+	if err := cmp.Or(s.err, s.callerErr); err != nil {
+		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", err)
 		return
 	}
-	if r.Method != http.MethodPost && r.Method != http.MethodGet {
-		w.Header().Set("Allow", "POST, GET")
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
 		out.fail(http.StatusMethodNotAllowed, "method_not_allowed", "use POST", nil)
 		return
+	}
+	if s.caller != nil {
+		if err := s.caller.check(r.Context(), r); err != nil {
+			switch {
+			case errors.Is(err, errCallerKeysNotFound):
+				out.fail(http.StatusServiceUnavailable, "keys_unavailable", "the caller could not be checked now", err)
+			case errors.Is(err, errWrongCaller):
+				out.fail(http.StatusForbidden, "forbidden", "forbidden", err)
+			default:
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				out.fail(http.StatusUnauthorized, "unauthorized", "unauthorized", err)
+			}
+			return
+		}
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	if err != nil {
@@ -108,8 +124,13 @@ func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	}
 	out.fields = append(out.fields, slog.Int("workspaces", len(pass.Workspaces)), slog.Int("failed", failed),
 		slog.Int("not_reached", len(pass.NotReached)), slog.Int("lookups", pass.Lookups), slog.Int("shared_lookups", pass.SharedLookups))
+	// Each workspace's error is on its own log line; the response says
+	// only which failed.
+	for i := range pass.Workspaces {
+		pass.Workspaces[i].Error = ""
+	}
 	if failed > 0 {
-		out.status, out.name, out.body, out.err = http.StatusInternalServerError, "partial_failure", pass, errors.New("some workspaces failed; see their results")
+		out.status, out.name, out.body, out.err = http.StatusInternalServerError, "partial_failure", pass, errors.New("some workspaces failed; see their lines")
 		return
 	}
 	out.ok(pass)

@@ -134,13 +134,14 @@ func TestVerifyBigQueryFailureChangesNothing(t *testing.T) {
 		byID[r.Workspace] = i
 	}
 	w1, w2 := resp.Workspaces[byID["w1"]], resp.Workspaces[byID["w2"]]
-	require.NotEmpty(t, w1.Error)
+	require.Equal(t, delivery.OutcomeFailed, w1.Outcome)
+	require.Empty(t, w1.Error, "the error is in the log, not the answer")
 	require.Zero(t, w1.Verified)
-	require.Empty(t, w2.Error)
+	require.Equal(t, delivery.OutcomeVerified, w2.Outcome)
 	require.Equal(t, 4, w2.Verified, "the other workspace is still verified")
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL OR last_checked_at IS NOT NULL"),
 		"a failed lookup retries nothing and verifies nothing")
-	require.Regexp(t, `"severity":"ERROR","message":"replication verify workspace","workspace":"w1","outcome":"failed"`, h.logs.String())
+	require.Regexp(t, `"severity":"ERROR","message":"replication verify workspace","workspace":"w1","outcome":"failed".*"error":"[^"]*injected`, h.logs.String())
 }
 
 func TestVerifyIgnoresUnaskedIDs(t *testing.T) {

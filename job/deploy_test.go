@@ -223,7 +223,7 @@ func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 	m := parseModule(t, "../terraform")
 	want := map[string][]string{
 		"google_cloud_run_v2_service.drain":   {"FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
-		"google_cloud_run_v2_service.verify":  {"FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE", "VERIFY_TIME_BUDGET", "VERIFY_WORKERS"},
+		"google_cloud_run_v2_service.verify":  {"FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE", "VERIFY_AUDIENCE", "VERIFY_CALLER", "VERIFY_TIME_BUDGET", "VERIFY_WORKERS"},
 		"google_cloud_run_v2_job.replication": {"GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
 	}
 	targets := map[string]string{}

@@ -75,7 +75,8 @@ func functionLogs(t *testing.T) []map[string]any {
 		"REPLICATION_WORKSPACES": fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q},
 			"workspaces": [{"id": "w1", "organization_id": "org-1", "runtime_subject": "runtime-w1", "database": {"url": %q},
 			"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, issuer.URL, jwks.URL, url, bq.URL),
-		"PUBSUB_EMULATOR_HOST": ps.Addr,
+		"PUBSUB_EMULATOR_HOST":         ps.Addr,
+		functions.EnvVerifyCallerCheck: "off",
 	}
 	var logs syncBuffer
 	handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] },

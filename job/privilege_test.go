@@ -174,7 +174,8 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	var logs syncBuffer
 	function := func(component string) http.Handler {
-		env := map[string]string{"REPLICATION_WORKSPACES": registryAs(component), "PUBSUB_EMULATOR_HOST": h.pubsub.Addr}
+		env := map[string]string{"REPLICATION_WORKSPACES": registryAs(component), "PUBSUB_EMULATOR_HOST": h.pubsub.Addr,
+			functions.EnvVerifyCallerCheck: "off"}
 		handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] },
 			functions.LocalOptions{Logger: logging.New(&logs, logging.Config{Level: slog.LevelInfo})})
 		require.NoError(t, err)

@@ -1,4 +1,14 @@
+data "google_project" "this" {
+  project_id = var.project
+}
+
 locals {
+  # The verifier's deterministic URL (Cloud Run's
+  # https://<service>-<project number>.<region>.run.app): the audience of the
+  # scheduler's token, which the verifier checks, known before the service
+  # exists (its own uri would make the service depend on itself).
+  verify_url = "https://replication-verify-${data.google_project.this.number}.${var.region}.run.app"
+
   components = toset(["drain", "verify", "job"])
 
   # The services and the job exist once the first build has pushed the

@@ -151,6 +151,16 @@ resource "google_cloud_run_v2_service" "verify" {
         name  = "VERIFY_WORKERS"
         value = tostring(var.verify_workers)
       }
+      # The verifier checks its caller in code too: the scheduler's Google
+      # OIDC token, for this service's URL.
+      env {
+        name  = "VERIFY_CALLER"
+        value = google_service_account.scheduler.email
+      }
+      env {
+        name  = "VERIFY_AUDIENCE"
+        value = local.verify_url
+      }
       env {
         name  = "LOG_LEVEL"
         value = var.log_level
@@ -216,7 +226,7 @@ resource "google_cloud_scheduler_job" "verify" {
     headers     = { "Content-Type" = "application/json" }
     oidc_token {
       service_account_email = google_service_account.scheduler.email
-      audience              = google_cloud_run_v2_service.verify[0].uri
+      audience              = local.verify_url
     }
   }
 }

@@ -115,6 +115,13 @@ run "services_from_digests" {
     error_message = "one scheduler job by default"
   }
   assert {
+    condition = (
+      one([for e in google_cloud_run_v2_service.verify[0].template[0].containers[0].env : e.value if e.name == "VERIFY_AUDIENCE"]) == google_cloud_scheduler_job.verify["0"].http_target[0].oidc_token[0].audience
+      && one([for e in google_cloud_run_v2_service.verify[0].template[0].containers[0].env : e.value if e.name == "VERIFY_CALLER"]) == google_cloud_scheduler_job.verify["0"].http_target[0].oidc_token[0].service_account_email
+    )
+    error_message = "the verifier accepts exactly the scheduler's token"
+  }
+  assert {
     condition     = !can(jsondecode(google_secret_manager_secret_version.registry["verify"].secret_data).identity)
     error_message = "the verifier's registry has no identity section"
   }
