@@ -2,7 +2,9 @@ package functions
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -225,4 +227,35 @@ func TestVerifyLegacyDatabase(t *testing.T) {
 	require.Equal(t, 2, r.Requeued, "legacy retry deletes the receipts of old absent events")
 	require.Equal(t, 2, r.Swept)
 	require.EqualValues(t, 3, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts WHERE verified_at IS NOT NULL"))
+}
+
+// FuzzParseVerifyRequest: the verifier's body parser never panics, and
+// what it accepts is a request the verifier can run: one workspace or one
+// valid shard, never both, and the same once encoded and parsed again.
+func FuzzParseVerifyRequest(f *testing.F) {
+	for _, seed := range []string{``, `{}`, `{"workspace": "w1"}`, `{"shard": 0, "shards": 4}`, `{"shard": 3, "shards": 3}`,
+		`{"workspace": "w1", "shard": 0, "shards": 1}`, `{"shards": 2}`, `{} {}`, `{"budget": "1s"}`, `[`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := parseVerifyRequest(body)
+		if err != nil {
+			return
+		}
+		if req.Shard != nil {
+			if req.Workspace != "" || *req.Shard < 0 || *req.Shard >= req.Shards || req.Shards > 1000 {
+				t.Fatalf("accepted an impossible shard: %+v", req)
+			}
+		} else if req.Shards != 0 {
+			t.Fatalf("accepted shards without a shard: %+v", req)
+		}
+		again, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req2, err := parseVerifyRequest(again)
+		if err != nil || !reflect.DeepEqual(req, req2) {
+			t.Fatalf("%s: accepted, then %s refused or changed: %v %+v", body, again, err, req2)
+		}
+	})
 }

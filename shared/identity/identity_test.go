@@ -21,7 +21,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
 
-func setup(t *testing.T) (*tokenissuer.Issuer, *identity.Verifier, *atomic.Int64) {
+func setup(t testing.TB) (*tokenissuer.Issuer, *identity.Verifier, *atomic.Int64) {
 	t.Helper()
 	iss, err := tokenissuer.New("https://issuer.test", "k1")
 	require.NoError(t, err)
@@ -191,4 +191,27 @@ func TestKeysUnavailable(t *testing.T) {
 	require.ErrorIs(t, err, identity.ErrKeysUnavailable)
 	_, err = identity.New(identity.Config{Identity: registry.Identity{Issuer: "x", Audience: "a", JWKSURL: srv.URL, Algorithms: []string{"none"}}})
 	require.ErrorContains(t, err, "Algorithms")
+}
+
+// FuzzVerify: Verify never panics on any token text, and accepts only
+// what the issuer signed: a token it accepts carries the signed subject.
+func FuzzVerify(f *testing.F) {
+	iss, v, _ := setup(f)
+	now := time.Now()
+	good, err := iss.Sign(jwt.Claims{Issuer: iss.URL, Subject: "runtime-w1", Audience: jwt.Audience{"replication"},
+		Expiry: jwt.NewNumericDate(now.Add(time.Hour)), IssuedAt: jwt.NewNumericDate(now)})
+	require.NoError(f, err)
+	f.Add(good)
+	f.Add(good[:len(good)-2])
+	f.Add(strings.Replace(good, ".", "..", 1))
+	f.Add("")
+	f.Add("a.b.c")
+	f.Add("eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.")
+	ctx := context.Background()
+	f.Fuzz(func(t *testing.T, token string) {
+		claims, err := v.Verify(ctx, token)
+		if err == nil && claims.Subject != "runtime-w1" {
+			t.Fatalf("accepted a token the issuer never signed: %+v", claims)
+		}
+	})
 }
