@@ -11,9 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -165,77 +163,6 @@ func TestBackfillRefusesIncompleteBaseline(t *testing.T) {
 	}
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery"))
 }
-
-// TestKillAndResume interrupts a backfill at several points and runs it
-// again: the final state equals an uninterrupted run's.
-func TestKillAndResume(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, &upgradedTemplate, &upgradedTemplate, &upgradedTemplate, &upgradedTemplate)
-	h.mustRun("backfill", "--workspace", "w1")
-	want := h.snapshot("w1")
-	wantPublished := h.published("w1")
-
-	cut := func(id string, when func() bool, kill func(cancel context.CancelFunc)) {
-		ctx, cancel := context.WithCancel(h.ctx)
-		defer cancel()
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if when() {
-					kill(cancel)
-					return
-				}
-				time.Sleep(2 * time.Millisecond)
-			}
-		})
-		_, _, err := h.run(ctx, "backfill", "--workspace", id)
-		close(stop)
-		wg.Wait()
-		require.Error(t, err, "%s: the run was cut", id)
-		h.mustRun("backfill", "--workspace", id)
-	}
-	// Between pages: a signal.
-	cut("w2", func() bool { return h.count("w2", "SELECT count(*) FROM _ontology_replication_delivery") >= 1000 },
-		func(cancel context.CancelFunc) { cancel() })
-	// Inside a page: the database connection dies mid-transaction.
-	cut("w3", func() bool { return h.count("w3", "SELECT count(*) FROM _ontology_replication_delivery") >= 1000 },
-		func(context.CancelFunc) { terminate(t, h, "w3") })
-	// During the drain: the signal arrives while the drain publishes its
-	// fourth batch (the drain runs alongside the pages and may be quick, so
-	// polling what was published could see the run already over).
-	ctx, cancel := context.WithCancel(h.ctx)
-	var sent atomic.Int64
-	h.mu.Lock()
-	h.onPublish = func(r *pubsubpb.PublishRequest) error {
-		if r.GetTopic() == "projects/p1/topics/events-w4" && sent.Add(int64(len(r.GetMessages()))) >= 300 {
-			cancel()
-		}
-		return nil
-	}
-	h.mu.Unlock()
-	_, _, err := h.run(ctx, "backfill", "--workspace", "w4")
-	cancel()
-	require.Error(t, err, "w4: the run was cut")
-	h.mu.Lock()
-	h.onPublish = nil
-	h.mu.Unlock()
-	h.mustRun("backfill", "--workspace", "w4")
-
-	for _, id := range []string{"w2", "w3", "w4"} {
-		require.Equal(t, normalise(want), normalise(h.snapshot(id)), "%s ends as an uninterrupted run", id)
-		got := h.published(id)
-		require.Len(t, got, len(wantPublished), "%s: every event published", id)
-	}
-}
-
-// normalise drops nothing: the template gives every copy the same ids.
-func normalise(s string) string { return s }
 
 func terminate(t *testing.T, h *harness, id string) {
 	conn, err := pgx.Connect(context.Background(), pgtest.Shared(t).AdminURL())
