@@ -149,6 +149,13 @@ func TestDrainRefusesBadCallers(t *testing.T) {
 	code, _ := h.call(http.MethodGet, path, good, "org-w1")
 	require.Equal(t, http.StatusMethodNotAllowed, code)
 	require.Empty(t, h.pubsub.Messages(), "no refused call published anything")
+	// No database touched: the product opens a workspace's pool on its
+	// first use, and a refused call opened none (not one connection of the
+	// product's reached either database).
+	for _, id := range []string{"w1", "w2"} {
+		require.Zero(t, h.count(id, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'ontology-replication'`), "%s: a refused call connected", id)
+	}
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
 
 	// Each workspace drains only itself.
@@ -156,6 +163,8 @@ func TestDrainRefusesBadCallers(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, 3.0, body["published"])
 	require.Len(t, h.published("w2"), 3)
+	require.Positive(t, h.count("w2", `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'ontology-replication'`), "the probe above sees the product's connections")
 	require.Empty(t, h.published("w1"))
 	require.EqualValues(t, 3, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }

@@ -158,12 +158,20 @@ func TestAcknowledge(t *testing.T) {
 	require.False(t, next.More)
 	require.NotContains(t, b.IDs(), next.Events[0].HistoryID)
 
+	// The pending events queued a minute apart, from a known time on (and
+	// the accepted ones earlier still, which the oldest pending ignores).
+	e.exec(t, `UPDATE _ontology_replication_delivery d SET next_verify_at = timestamptz '2026-11-01 00:00:00+00' + n.i * interval '1 minute'
+		FROM (SELECT event_id, row_number() OVER (ORDER BY event_id DESC) AS i FROM _ontology_replication_delivery WHERE accepted_at IS NULL) n
+		WHERE d.event_id = n.event_id`)
+	e.exec(t, `UPDATE _ontology_replication_delivery SET next_verify_at = timestamptz '2026-10-01 00:00:00+00' WHERE accepted_at IS NOT NULL`)
 	st, err := e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
+	oldest := time.Date(2026, 11, 1, 0, 1, 0, 0, time.UTC)
+	require.True(t, st.OldestPending.Equal(oldest), "the oldest pending event was queued at %v, not %v", oldest, st.OldestPending)
+	st.OldestPending = time.Time{}
 	// Nothing was in the baseline, so the generation is initially ready at once.
-	require.Equal(t, store.Status{Total: 150, Accepted: 100, Verified: 0, Pending: 50, OldestPending: st.OldestPending,
+	require.Equal(t, store.Status{Total: 150, Accepted: 100, Verified: 0, Pending: 50,
 		DueVerifications: 100, InitiallyReady: true}, st)
-	require.False(t, st.OldestPending.IsZero())
 }
 
 // TestIDLists: the id lists take uuids in PostgreSQL's text form, in upper
@@ -442,8 +450,10 @@ func TestVerifyAndRetry(t *testing.T) {
 		}
 	}
 	present, absentRecent, absentOld := ids(due[:2]), ids(due[2:4]), ids(due[4:])
-	// Events accepted more than 15 minutes ago.
-	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '16 minutes' WHERE event_id = ANY($1::uuid[])`, absentOld)
+	// Both sides of the 15-minute boundary: the old ones accepted just over
+	// 15 minutes ago, the recent ones just under.
+	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '15 minutes 5 seconds' WHERE event_id = ANY($1::uuid[])`, absentOld)
+	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '14 minutes 55 seconds' WHERE event_id = ANY($1::uuid[])`, absentRecent)
 
 	n, err := e.store.Verify(e.ctx, tg, present)
 	require.NoError(t, err)
@@ -458,7 +468,8 @@ func TestVerifyAndRetry(t *testing.T) {
 	require.NoError(t, err)
 	require.ElementsMatch(t, absentOld, requeued, "the ones accepted over 15 minutes ago went back to pending")
 	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery
-		WHERE event_id = ANY($1::uuid[]) AND accepted_at IS NOT NULL AND next_verify_at > now() + interval '25 seconds' AND last_checked_at IS NOT NULL`, absentRecent))
+		WHERE event_id = ANY($1::uuid[]) AND accepted_at IS NOT NULL AND last_checked_at > now() - interval '5 seconds'
+		  AND next_verify_at = last_checked_at + interval '30 seconds'`, absentRecent), "looked at again exactly 30 seconds after the check")
 	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE event_id = ANY($1::uuid[]) AND accepted_at IS NULL`, absentOld))
 	require.Zero(t, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts WHERE event_id = ANY($1::uuid[])`, absentOld))
 	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts WHERE event_id = ANY($1::uuid[])`, absentRecent))
