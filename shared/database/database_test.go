@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/database"
@@ -117,4 +119,45 @@ func TestPoolsAreBoundedAndClosed(t *testing.T) {
 	l.Release()
 	require.Equal(t, 1, idle.Open())
 	require.Eventually(t, func() bool { return idle.Open() == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestSessionTimeoutsBoundWhatTransactionsCannot: every connection of a
+// pool carries statement_timeout 30s and lock_timeout 5s for its session,
+// so that even a statement's first preparation (pgx prepares a pipeline's
+// statements before the SET LOCAL that leads it runs) gives up on a locked
+// table with lock_not_available instead of waiting for its caller.
+func TestSessionTimeoutsBoundWhatTransactionsCannot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t, nil)
+	pools, err := database.New(database.Config{})
+	require.NoError(t, err)
+	defer pools.Close()
+	lease, err := pools.Acquire(ctx, registry.Workspace{ID: "w1", Database: registry.Database{URL: url}})
+	require.NoError(t, err)
+	defer lease.Release()
+	var statement, lock string
+	require.NoError(t, lease.Pool.QueryRow(ctx, "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')").Scan(&statement, &lock))
+	require.Equal(t, []string{"30s", "5s"}, []string{statement, lock})
+
+	_, err = lease.Pool.Exec(ctx, "CREATE TABLE locked (n int)")
+	require.NoError(t, err)
+	holder, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE locked IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	deadline, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	batch := &pgx.Batch{}
+	batch.Queue("SELECT set_config('lock_timeout', '1h', true)")
+	batch.Queue("SELECT count(*) FROM locked WHERE n > $1", 0)
+	err = lease.Pool.SendBatch(deadline, batch).Close()
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the preparation waited for the caller's deadline")
+	require.Equal(t, "55P03", pgErr.Code)
 }
