@@ -580,3 +580,45 @@ func TestDrainReadsNoBody(t *testing.T) {
 	require.Zero(t, body.reads.Load(), "the body was read")
 	require.Len(t, h.published("w1"), 3)
 }
+
+// silentPublish never answers a Publish RPC until released.
+type silentPublish struct {
+	rpcs     atomic.Int64
+	released chan struct{}
+}
+
+func (s *silentPublish) React(req any) (bool, any, error) {
+	if _, ok := req.(*pubsubpb.PublishRequest); !ok {
+		return false, nil, nil
+	}
+	select {
+	case <-s.released:
+		return false, nil, nil // released: pstest answers
+	default:
+	}
+	s.rpcs.Add(1)
+	<-s.released
+	return true, nil, status.Error(codes.Unavailable, "released")
+}
+
+// TestDrainPublishWithNoAnswer: Pub/Sub takes the request and never
+// answers: the drain gives up at its publish timeout, answers 503, and
+// acknowledges nothing; one request was sent, and the events are still
+// pending for the next wake-up.
+func TestDrainPublishWithNoAnswer(t *testing.T) {
+	t.Parallel()
+	silent := &silentPublish{released: make(chan struct{})}
+	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: silent}))
+	h.products("w1", 5)
+	code, body := h.wake("w1")
+	close(silent.released) // pstest holds its lock while a reactor runs
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Contains(t, body["error"], "nothing was acknowledged")
+	require.EqualValues(t, 1, silent.rpcs.Load())
+	require.Contains(t, h.logs.String(), "no answer within 5s")
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 5.0, body["published"], "the next wake-up publishes them")
+}

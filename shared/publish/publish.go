@@ -101,13 +101,15 @@ func (p *Publisher) Publish(ctx context.Context, topic string, data [][]byte) ([
 	for i, d := range data {
 		msgs[i] = &pubsubpb.PubsubMessage{Data: d}
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout, fmt.Errorf("publish to %s: no answer within %v", topic, p.timeout))
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	resp, err := p.client.TopicAdminClient.Publish(ctx, &pubsubpb.PublishRequest{Topic: topic, Messages: msgs},
 		gax.WithTimeout(p.timeout), gax.WithRetry(func() gax.Retryer { return nil }))
 	if err != nil {
-		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("publish: %d messages: %w (%w)", len(data), err, cause)
+		// The client's own deadline (gax's, the same timeout) may end the
+		// call a moment before ctx's: say which either way.
+		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
+			return nil, fmt.Errorf("publish: %d messages to %s: no answer within %v: %w", len(data), topic, p.timeout, err)
 		}
 		return nil, fmt.Errorf("publish: %d messages to %s: %w", len(data), topic, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/shared/publish"
 )
@@ -55,6 +56,32 @@ func TestPublishOneRequest(t *testing.T) {
 	require.Empty(t, ids)
 }
 
+// failing answers every Publish RPC with an error, counting them.
+type failing struct {
+	code codes.Code
+	n    atomic.Int64
+}
+
+func (f *failing) React(any) (bool, any, error) {
+	f.n.Add(1)
+	return true, nil, status.Error(f.code, "injected")
+}
+
+// silent never answers a Publish RPC until released, counting them.
+type silent struct {
+	n        atomic.Int64
+	released chan struct{}
+}
+
+func (s *silent) React(any) (bool, any, error) {
+	s.n.Add(1)
+	<-s.released
+	return true, nil, status.Error(codes.Unavailable, "released")
+}
+
+// TestPublishErrors: each error of Pub/Sub's is one request (no hidden
+// retry: the drain's caller retries by waking it again) and is classified
+// for the drain: refused for good, misconfigured, or worth a later try.
 func TestPublishErrors(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -65,21 +92,35 @@ func TestPublishErrors(t *testing.T) {
 		{"unavailable", codes.Unavailable, false, false},
 		{"invalid", codes.InvalidArgument, true, false},
 		{"not found", codes.NotFound, false, true},
+		{"permission denied", codes.PermissionDenied, false, true},
 		{"internal", codes.Internal, false, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			srv, p := newPublisher(t, pstest.WithErrorInjection("Publish", c.code, "injected"))
-			started := time.Now()
+			rpcs := &failing{code: c.code}
+			srv, p := newPublisher(t, pstest.ServerReactorOption{FuncName: "Publish", Reactor: rpcs})
 			_, err := p.Publish(context.Background(), topic, [][]byte{[]byte("x")})
 			require.Error(t, err)
-			require.Less(t, time.Since(started), 2*time.Second, "no hidden retry loop")
+			require.EqualValues(t, 1, rpcs.n.Load(), "one request, no hidden retry")
 			require.Equal(t, c.rejected, publish.Rejected(err))
 			require.Equal(t, c.misconfigued, publish.Misconfigured(err))
 			require.Empty(t, srv.Messages())
 		})
 	}
+	t.Run("no answer", func(t *testing.T) {
+		t.Parallel()
+		rpcs := &silent{released: make(chan struct{})}
+		srv, p := newPublisher(t, pstest.ServerReactorOption{FuncName: "Publish", Reactor: rpcs})
+		_, err := p.Publish(context.Background(), topic, [][]byte{[]byte("x")})
+		require.ErrorContains(t, err, "no answer within 2s")
+		require.Equal(t, codes.DeadlineExceeded, status.Code(err))
+		require.EqualValues(t, 1, rpcs.n.Load(), "one request, abandoned at the timeout")
+		require.False(t, publish.Rejected(err))
+		require.False(t, publish.Misconfigured(err))
+		close(rpcs.released) // pstest holds its lock while a reactor runs
+		require.Empty(t, srv.Messages())
+	})
 	_, p := newPublisher(t)
 	_, err := p.Publish(context.Background(), "projects/p1/topics/missing", [][]byte{[]byte("x")})
 	require.True(t, publish.Misconfigured(err), "%v", err)
