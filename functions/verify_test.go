@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 )
 
@@ -258,4 +260,95 @@ func FuzzParseVerifyRequest(f *testing.F) {
 			t.Fatalf("%s: accepted, then %s refused or changed: %v %+v", body, again, err, req2)
 		}
 	})
+}
+
+// TestVerifierDiesMidRound: a round looks up, then verifies the present
+// events in one transaction and retries the absent in another. Cut after
+// the lookup (the verification cannot take its lock) nothing changes; cut
+// between the two (the retry cannot take its lock) the present events stay
+// verified and the absent untouched. Either way the next pass finishes the
+// round: the absent events are retried, nothing is verified twice.
+func TestVerifierDiesMidRound(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		lock     string // held by a transaction of the test's own during the first pass
+		verified int64  // after the first pass
+	}{
+		{"between lookup and verify", `SELECT 1 FROM _ontology_replication_targets FOR UPDATE`, 0},
+		{"between verify and retry", `SELECT 1 FROM _ontology_replication_delivery WHERE event_id = $1::uuid FOR UPDATE`, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.products("w1", 6)
+			h.drainAll("w1")
+			ws := h.spaces["w1"]
+			rows, err := ws.pool.Query(h.ctx, "SELECT event_id::text FROM _ontology_replication_delivery ORDER BY event_id LIMIT 2")
+			require.NoError(t, err)
+			absent, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			hidden := map[string]bool{}
+			for _, id := range absent {
+				hidden[event.ID(ws.gen.SourceID, id, ws.gen.Generation)] = true
+			}
+			var asked atomic.Int64
+			h.answer(func(q bqserver.Query) (bqserver.Result, error) {
+				asked.Add(int64(len(q.Params["ids"].Values)))
+				res, err := h.landed(q)
+				var present []string
+				for _, row := range res.Rows {
+					if !hidden[*row[0]] {
+						present = append(present, *row[0])
+					}
+				}
+				return bqserver.Strings("event_id", present), err
+			})
+
+			lock, err := ws.pool.Begin(h.ctx)
+			require.NoError(t, err)
+			args := []any{}
+			if strings.Contains(tc.lock, "$1") {
+				args = append(args, absent[0])
+			}
+			_, err = lock.Exec(h.ctx, tc.lock, args...)
+			require.NoError(t, err)
+			code, pass := h.verify(`{"workspace": "w1"}`)
+			require.NoError(t, lock.Rollback(h.ctx))
+			require.Equal(t, http.StatusInternalServerError, code)
+			require.Equal(t, delivery.OutcomeFailed, pass.Workspaces[0].Outcome)
+			require.EqualValues(t, 6, asked.Load(), "one lookup of every due event")
+			require.Equal(t, tc.verified, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL"))
+			require.Equal(t, tc.verified, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
+			require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE last_checked_at IS NOT NULL AND verified_at IS NULL"),
+				"no absent event was retried")
+
+			asked.Store(0)
+			code, pass = h.verify(`{"workspace": "w1"}`)
+			require.Equal(t, http.StatusOK, code, pass)
+			require.EqualValues(t, 6-tc.verified, asked.Load(), "the next pass looks up only what is still due")
+			require.EqualValues(t, 4, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"), "nothing verified twice")
+			require.EqualValues(t, 2, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery
+				WHERE verified_at IS NULL AND last_checked_at IS NOT NULL AND next_verify_at = last_checked_at + interval '30 seconds'`), "the absent ones retried")
+		})
+	}
+}
+
+// TestVerifySweepStopsAtItsBatchLimit: the sweep publishes at most
+// VERIFY_SWEEP_BATCHES batches of pending events per workspace per pass;
+// the rest wait for the next pass (or a wake-up).
+func TestVerifySweepStopsAtItsBatchLimit(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, withEnv(EnvSweepBatches, "2"))
+	h.products("w1", 450)
+	code, pass := h.verify(`{"workspace": "w1"}`)
+	require.Equal(t, http.StatusOK, code, pass)
+	require.Equal(t, 200, pass.Workspaces[0].Swept, "two batches of 100")
+	require.Len(t, h.pubsub.Messages(), 200)
+	require.EqualValues(t, 250, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+	_, pass = h.verify(`{"workspace": "w1"}`)
+	require.Equal(t, 200, pass.Workspaces[0].Swept)
+	_, pass = h.verify(`{"workspace": "w1"}`)
+	require.Equal(t, 50, pass.Workspaces[0].Swept)
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
