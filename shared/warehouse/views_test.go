@@ -5,6 +5,8 @@ import (
 	"flag"
 	"net/http/httptest"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -122,4 +124,99 @@ func TestCreateViewsThroughTheClient(t *testing.T) {
 	require.True(t, strings.HasPrefix(got[0].SQL, "CREATE OR REPLACE VIEW `p1.ontology_internal.customer` AS\nSELECT"))
 	require.Contains(t, got[3].SQL, "FROM `p1.ontology_internal.events`")
 	require.Equal(t, "EU", got[0].Location)
+}
+
+// seedLiteral and seedIdentifier are the seed's literal and identifier
+// (seed 001, replication/bigquery.js).
+func seedLiteral(v string) string {
+	return "'" + strings.ReplaceAll(strings.ReplaceAll(v, `\`, `\\`), "'", `\'`) + "'"
+}
+
+func seedIdentifier(v string) string {
+	if !regexp.MustCompile(`^[A-Za-z0-9_-]+$`).MatchString(v) {
+		panic("Invalid BigQuery replication identifier.")
+	}
+	return "`" + v + "`"
+}
+
+// seedViews is the seed's replicationViews, written again from its text
+// line for line (the fixture's Fields are the SDK's queryFields): the
+// reference the product's views are compared with, independent of the
+// product's code. The seed reads `<project>.ontology_internal.events`.
+func seedViews(project, generation, source string, m sdkfixture.Manifest, selection []sdkfixture.Selection) []warehouse.View {
+	seedIdentifier(project)
+	latest := func(entity, kind, columns string) string {
+		return `SELECT ` + columns + ` FROM (
+      SELECT *, ROW_NUMBER() OVER (PARTITION BY record_key ORDER BY revision DESC, event_id DESC) AS position
+      FROM ` + "`" + project + `.ontology_internal.events` + "`" + `
+      WHERE generation = ` + seedLiteral(generation) + ` AND source_id = ` + seedLiteral(source) + `
+        AND entity_id = ` + seedLiteral(entity) + ` AND record_kind = ` + seedLiteral(kind) + `
+    ) WHERE position = 1 AND NOT deleted`
+	}
+	types := map[string]string{"integer": "INT64", "number": "FLOAT64", "boolean": "BOOL", "date": "DATE", "timestamp": "TIMESTAMP"}
+	var result []warehouse.View
+	for _, sel := range selection {
+		var entity sdkfixture.Entity
+		for _, e := range m.Entities {
+			if e.ID == sel.EntityID {
+				entity = e
+			}
+		}
+		var columns []string
+		for _, f := range entity.Fields() {
+			if f.Name != "id" && !slices.Contains(sel.Fields, f.Name) {
+				continue
+			}
+			path := seedLiteral("$." + f.Name)
+			value := "JSON_VALUE(payload, " + path + ")"
+			if f.Storage == "json" {
+				value = "JSON_QUERY(payload, " + path + ")"
+			}
+			if typ, ok := types[f.Storage]; ok {
+				value = "SAFE_CAST(" + value + " AS " + typ + ")"
+			}
+			columns = append(columns, value+" AS "+seedIdentifier(f.Name))
+		}
+		result = append(result, warehouse.View{Name: entity.Name, Query: latest(entity.ID, "entity", strings.Join(columns, ", "))})
+		for _, r := range sel.Relationships {
+			result = append(result, warehouse.View{Name: entity.Name + "_" + r,
+				Query: latest(entity.ID, "edge:"+r, "JSON_VALUE(payload, '$.source_id') AS source_id, JSON_VALUE(payload, '$.target_id') AS target_id")})
+		}
+	}
+	return result
+}
+
+// TestViewsAreTheSeeds: for selections from everything to ids only, with
+// and without relationships, and a source id that needs escaping, the
+// product's views are the seed's, name for name and byte for byte.
+func TestViewsAreTheSeeds(t *testing.T) {
+	t.Parallel()
+	full := sdkfixture.Demo.FullSelection()
+	idsOnly := slices.Clone(full)
+	for i := range idsOnly {
+		idsOnly[i] = sdkfixture.Selection{EntityID: idsOnly[i].EntityID, Fields: []string{"id"}}
+	}
+	noEmail := slices.Clone(full)
+	noEmail[0].Fields = without(noEmail[0].Fields, "email")
+	for _, tc := range []struct {
+		name      string
+		selection []sdkfixture.Selection
+		source    string
+	}{
+		{"everything", full, ""},
+		{"customer.email excluded", noEmail, ""},
+		{"ids only, no relationships", idsOnly, ""},
+		{"one entity", full[1:2], ""},
+		{"a source id to escape", full, `a'b\c`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tg := demoTarget(t, sdkfixture.Demo, tc.selection)
+			if tc.source != "" {
+				tg.SourceID = tc.source
+			}
+			got, err := warehouse.Views("p1", "`p1.ontology_internal.events`", tg)
+			require.NoError(t, err)
+			require.Equal(t, seedViews("p1", tg.Generation, tg.SourceID, sdkfixture.Demo, tc.selection), got)
+		})
+	}
 }
