@@ -196,10 +196,21 @@ func TestReplayWhileWritersCommit(t *testing.T) {
 			writes.Add(1)
 		}
 	})
-	h.mustRun("replay")
+	// The replay's second page waits on a row the test holds, after the
+	// fence: twenty writes commit for certain while the replay runs.
+	b := h.blockReplayAt(t, "w1", 1000)
+	wait := h.runCut(h.ctx, "replay")
+	b.waiter()
+	for range 20 {
+		_, err := h.spaces["w1"].w.Create(h.ctx, "product", map[string]any{"title": "after the fence"})
+		require.NoError(t, err)
+		writes.Add(1)
+	}
+	b.release()
+	logs, err := wait()
+	require.NoError(t, err, logs)
 	cancel()
 	wg.Wait()
-	require.Positive(t, writes.Load())
 
 	var fence int64
 	require.NoError(t, h.spaces["w1"].pool.QueryRow(h.ctx, "SELECT initial_revision FROM _ontology_replication_targets").Scan(&fence))
@@ -220,6 +231,7 @@ func TestReplayWhileWritersCommit(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.EqualValues(t, int64(len(pub))-atOrBelow, len(after))
+	require.GreaterOrEqual(t, len(after), 20, "writes landed after the fence")
 	for _, id := range after {
 		require.Equal(t, 1, pub[id], "an event written after the fence is published once")
 	}
