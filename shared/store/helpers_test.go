@@ -124,7 +124,3 @@ func sha(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
-
-func cancelled(e *env) (context.Context, context.CancelFunc) {
-	return context.WithCancel(e.ctx)
-}

@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
@@ -125,15 +127,55 @@ func TestBackfillResumesAfterInterruption(t *testing.T) {
 	page, err = e.store.AdvanceBackfill(e.ctx, tg) // product_history, first 1,000
 	require.NoError(t, err)
 	require.Equal(t, store.BackfillPage{Table: "product_history", Rows: 1000}, page)
-	// A page that dies before commit leaves nothing behind.
-	ctx, cancel := cancelled(e)
-	cancel()
-	_, err = e.store.AdvanceBackfill(ctx, tg)
-	require.Error(t, err)
+	cursor := func() string {
+		var c string
+		require.NoError(t, e.pool.QueryRow(e.ctx, "SELECT backfill_cursor->>'id' FROM _ontology_replication_targets").Scan(&c))
+		return c
+	}
+	var thousandth string
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT id::text FROM product_history WHERE replication IS NOT NULL
+		ORDER BY id OFFSET 999 LIMIT 1`).Scan(&thousandth))
+	require.Equal(t, thousandth, cursor())
+
+	// A page that dies in the middle of its statement leaves nothing
+	// behind: a transaction of the test's own inserts the delivery row of
+	// the page's first event and holds it, the page's INSERT waits on it,
+	// and the page's backend is terminated while it waits.
+	blocker, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(e.ctx) }()
+	_, err = blocker.Exec(e.ctx, `INSERT INTO _ontology_replication_delivery (generation, event_id, history_table, revision, is_baseline, next_verify_at)
+		SELECT $1::uuid, id, 'product_history', (replication->>'revision')::bigint, false, now() FROM product_history
+		WHERE replication IS NOT NULL ORDER BY id OFFSET 1000 LIMIT 1`, tg.Generation)
+	require.NoError(t, err)
+	died := make(chan error, 1)
+	go func() {
+		_, err := e.store.AdvanceBackfill(e.ctx, tg)
+		died <- err
+	}()
+	var pid int32
+	for pid == 0 {
+		err := e.pool.QueryRow(e.ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE 'WITH page AS%'`).Scan(&pid)
+		if err != nil {
+			require.ErrorIs(t, err, pgx.ErrNoRows)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	_, err = e.pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid)
+	require.NoError(t, err)
+	require.Error(t, <-died)
+	require.NoError(t, blocker.Rollback(e.ctx))
 	require.EqualValues(t, 1000, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery"))
-	// A second store (a new job run) continues where the first stopped.
+	require.Equal(t, thousandth, cursor(), "the cursor is where the last committed page left it")
+
+	// A second store (a new job run) continues where the first stopped:
+	// its first page is the remaining 500 rows, not the first 1,000 again.
 	other, err := store.New(e.pool, store.Config{})
 	require.NoError(t, err)
+	page, err = other.AdvanceBackfill(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, store.BackfillPage{Table: "product_history", Rows: 500}, page)
 	for !page.Complete {
 		page, err = other.AdvanceBackfill(e.ctx, tg)
 		require.NoError(t, err)
