@@ -1,7 +1,10 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -68,4 +71,37 @@ func TestPagesVacuumTheTargetTable(t *testing.T) {
 	}
 	require.Equal(t, store.TargetVacuumEvery, pages)
 	require.EqualValues(t, 1, e.count(t, "SELECT count(*) FROM _ontology_replication_targets WHERE replay_complete"))
+
+	// A role that does not own the table (PostgreSQL 15 has no MAINTAIN
+	// privilege) may not VACUUM it: the store says so once, in its log,
+	// runs no VACUUM, and the replay completes all the same.
+	role := "novacuum_" + strings.ReplaceAll(rand.Text(), "=", "")
+	password := rand.Text()
+	e.exec(t, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN PASSWORD '"+password+"'")
+	t.Cleanup(func() {
+		_, _ = e.pool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+		_, _ = e.pool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	e.exec(t, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "+pgx.Identifier{role}.Sanitize())
+	e.exec(t, "GRANT SELECT, USAGE ON ALL SEQUENCES IN SCHEMA public TO "+pgx.Identifier{role}.Sanitize())
+	limited := cfg.Copy()
+	limited.ConnConfig.User, limited.ConnConfig.Password = role, password
+	vacuums.n.Store(0)
+	pool2, err := pgxpool.NewWithConfig(e.ctx, limited)
+	require.NoError(t, err)
+	defer pool2.Close()
+	var logs bytes.Buffer
+	st2, err := store.New(pool2, store.Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	require.NoError(t, err)
+	require.NoError(t, st2.InitReplay(e.ctx, tg))
+	for {
+		page, err := st2.AdvanceReplay(e.ctx, tg)
+		require.NoError(t, err)
+		if page.Complete {
+			break
+		}
+	}
+	require.Zero(t, vacuums.n.Load(), "no VACUUM the role may not run")
+	require.Equal(t, 1, strings.Count(logs.String(), "this role may not VACUUM _ontology_replication_targets"), logs.String())
+	require.Contains(t, logs.String(), `"level":"WARN"`)
 }
