@@ -243,12 +243,12 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 	}
 	deadline := time.Now().Add(l.cfg.verifyTimeout)
 	for {
-		st, err := l.st.Status(ctx, target)
+		status, err := l.st.Status(ctx, target)
 		if err != nil {
 			return nil, err
 		}
-		sum.EventsWritten, sum.Verified, sum.Pending = st.Total, st.Verified, st.Pending
-		if st.Verified == st.Total && st.Pending == 0 && deadDone.Load() {
+		sum.EventsWritten, sum.Verified, sum.Pending = status.Total, status.Verified, status.Pending
+		if status.Verified == status.Total && status.Pending == 0 && deadDone.Load() {
 			sum.FullyVerified = true
 			break
 		}

@@ -102,7 +102,7 @@ func (p *progress) sample(ctx context.Context) string {
 	if err != nil {
 		return p.phaseLine("")
 	}
-	st, err := l.st.Status(ctx, t)
+	status, err := l.st.Status(ctx, t)
 	if err != nil {
 		return p.phaseLine("")
 	}
@@ -131,7 +131,7 @@ func (p *progress) sample(ctx context.Context) string {
 		verifyNote += " (the dead-lettered event, moved 16 minutes back)"
 	}
 	return p.phaseLine(fmt.Sprintf("%d commits · %d published · %d landed · %d of %d verified · delivery lag %s · verification lag %s",
-		p.commits(), published, landed, st.Verified, st.Total, seconds(pendingLag), verifyNote))
+		p.commits(), published, landed, status.Verified, status.Total, seconds(pendingLag), verifyNote))
 }
 
 func (p *progress) phaseLine(figures string) string {

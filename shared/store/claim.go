@@ -209,14 +209,14 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		b.Queue(fmt.Sprintf(sqlCandidates, ""), nil, ClaimLockClass, s.backoffs)
 	}
 	results := conn.SendBatch(ctx, b)
-	st, t, cands, err := readClaimStart(results, !legacyHint, s.backoffs)
+	state, t, cands, err := readClaimStart(results, !legacyHint, s.backoffs)
 	if cerr := results.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
-	case errors.As(err, &pgErr) && (pgErr.Code == "42703" || pgErr.Code == "42P01") && st.Version == 0:
+	case errors.As(err, &pgErr) && (pgErr.Code == "42703" || pgErr.Code == "42P01") && state.Version == 0:
 		// A statement of protocol 4 could not even be prepared (a legacy
 		// database has no delivery table and no v4 target columns; a
 		// database without the schema has neither): nothing ran, so no
@@ -225,23 +225,23 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		// as many concurrent claims as the pool has connections would each
 		// hold one and wait for a second forever.
 		c.Release(ctx)
-		if st, err = s.State(ctx); err != nil {
+		if state, err = s.State(ctx); err != nil {
 			return fail(err)
 		}
-		if st.Version == ProtocolDelivery {
+		if state.Version == ProtocolDelivery {
 			return fail(pgErr)
 		}
 		s.legacy.Store(true)
-	case errors.As(err, &pgErr) && pgErr.Code == "42703" && st.Version > 0 && st.Version < ProtocolDelivery:
+	case errors.As(err, &pgErr) && pgErr.Code == "42703" && state.Version > 0 && state.Version < ProtocolDelivery:
 		// The same, found while running.
 		s.legacy.Store(true)
 		err = nil
-	case errors.Is(err, pgx.ErrNoRows) && st.Version == ProtocolDelivery:
-		return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+	case errors.Is(err, pgx.ErrNoRows) && state.Version == ProtocolDelivery:
+		return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
 	default:
 		return fail(err)
 	}
-	if st.Version < ProtocolDelivery {
+	if state.Version < ProtocolDelivery {
 		c.Release(ctx)
 		keep = true // released: the legacy claim needs no session
 		state, t, err := s.ActiveTarget(ctx)
@@ -255,33 +255,33 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 	if legacyHint {
 		// Read as a legacy database last time: read the target and the
 		// candidates now.
-		if st.ActiveGeneration == "" {
-			return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+		if state.ActiveGeneration == "" {
+			return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
 		}
 		// On the claim's own session: a second connection from the pool
 		// could wait forever behind claims that each hold one.
-		if t, err = scanTarget(conn.QueryRow(ctx, sqlTargetV4, st.ActiveGeneration)); err != nil {
+		if t, err = scanTarget(conn.QueryRow(ctx, sqlTargetV4, state.ActiveGeneration)); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
-				return st, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+				return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
 			}
 			return fail(err)
 		}
-		if !st.Enabled {
-			return st, t, nil, nil
+		if !state.Enabled {
+			return state, t, nil, nil
 		}
 		if cands, err = c.candidates(ctx, t.Generation, nil); err != nil {
 			return fail(err)
 		}
 	}
 	c.target = t
-	if !st.Enabled {
-		return st, t, nil, nil
+	if !state.Enabled {
+		return state, t, nil, nil
 	}
 	if err := c.fill(ctx, cands); err != nil {
-		return st, t, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+		return state, t, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
 	}
 	keep = true
-	return st, t, c, nil
+	return state, t, c, nil
 }
 
 // readClaimStart reads the results of ClaimActive's first round trip.
@@ -298,20 +298,20 @@ func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State,
 			return State{}, Target{}, nil, ErrNoSchema
 		}
 	}
-	st, err := readStateRow(results.QueryRow())
+	state, err := readStateRow(results.QueryRow())
 	if err != nil || !v4 {
-		return st, Target{}, nil, err
+		return state, Target{}, nil, err
 	}
 	t, err := scanTarget(results.QueryRow())
 	if err != nil {
-		return st, Target{}, nil, err
+		return state, Target{}, nil, err
 	}
 	rows, err := results.Query()
 	if err != nil {
-		return st, t, nil, err
+		return state, t, nil, err
 	}
 	cands, err := collectCandidates(rows, backoffs)
-	return st, t, cands, err
+	return state, t, cands, err
 }
 
 // sqlBeginShared is sqlSetKeyOrder and the shared lifecycle lock

@@ -304,9 +304,9 @@ func TestSetAsideIsReadAsTheSeedReadsIt(t *testing.T) {
 	sdk, err := e.store.PendingEvents(e.ctx, tg)
 	require.NoError(t, err)
 	require.Equal(t, []string{bad.HistoryID}, sdk.IDs(), "the SDK's read")
-	st, err := e.store.Status(e.ctx, tg)
+	sdkStatus, err := e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, st.Total-st.Accepted, "the SDK's status")
+	require.EqualValues(t, 1, sdkStatus.Total-sdkStatus.Accepted, "the SDK's status")
 	skip := e.claimOf(t, e.store, tg)
 	require.Empty(t, skip.Events)
 

@@ -19,9 +19,9 @@ import (
 func TestStateAndTargets(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
-	st, err := e.store.State(e.ctx)
+	paused, err := e.store.State(e.ctx)
 	require.NoError(t, err)
-	require.Equal(t, store.State{Version: 4, SourceID: st.SourceID}, st, "paused, no generation")
+	require.Equal(t, store.State{Version: 4, SourceID: paused.SourceID}, paused, "paused, no generation")
 	_, _, err = e.store.ActiveTarget(e.ctx)
 	require.ErrorIs(t, err, store.ErrNoActiveTarget)
 
@@ -164,14 +164,14 @@ func TestAcknowledge(t *testing.T) {
 		FROM (SELECT event_id, row_number() OVER (ORDER BY event_id DESC) AS i FROM _ontology_replication_delivery WHERE accepted_at IS NULL) n
 		WHERE d.event_id = n.event_id`)
 	e.exec(t, `UPDATE _ontology_replication_delivery SET next_verify_at = timestamptz '2026-10-01 00:00:00+00' WHERE accepted_at IS NOT NULL`)
-	st, err := e.store.Status(e.ctx, tg)
+	status, err := e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
 	oldest := time.Date(2026, 11, 1, 0, 1, 0, 0, time.UTC)
-	require.True(t, st.OldestPending.Equal(oldest), "the oldest pending event was queued at %v, not %v", oldest, st.OldestPending)
-	st.OldestPending = time.Time{}
+	require.True(t, status.OldestPending.Equal(oldest), "the oldest pending event was queued at %v, not %v", oldest, status.OldestPending)
+	status.OldestPending = time.Time{}
 	// Nothing was in the baseline, so the generation is initially ready at once.
 	require.Equal(t, store.Status{Total: 150, Accepted: 100, Verified: 0, Pending: 50,
-		DueVerifications: 100, InitiallyReady: true}, st)
+		DueVerifications: 100, InitiallyReady: true}, status)
 }
 
 // TestIDLists: the id lists take uuids in PostgreSQL's text form, in upper
@@ -478,14 +478,14 @@ func TestVerifyAndRetry(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, due, "retried events are not due for 30 seconds; requeued ones are pending")
 
-	st, err := e.store.Status(e.ctx, tg)
+	status, err := e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.EqualValues(t, 6, st.Total)
-	require.EqualValues(t, 4, st.Accepted)
-	require.EqualValues(t, 2, st.Verified)
-	require.EqualValues(t, 2, st.Pending)
-	require.Zero(t, st.DueVerifications)
-	require.False(t, st.InitiallyReady, "the baseline event is not verified")
+	require.EqualValues(t, 6, status.Total)
+	require.EqualValues(t, 4, status.Accepted)
+	require.EqualValues(t, 2, status.Verified)
+	require.EqualValues(t, 2, status.Pending)
+	require.Zero(t, status.DueVerifications)
+	require.False(t, status.InitiallyReady, "the baseline event is not verified")
 
 	again := e.drainAll(t, tg)
 	require.ElementsMatch(t, absentOld, again, "the sweep republishes what went back to pending")
@@ -498,9 +498,9 @@ func TestVerifyAndRetry(t *testing.T) {
 	ready, err := e.store.InitiallyReady(e.ctx, tg)
 	require.NoError(t, err)
 	require.True(t, ready)
-	st, err = e.store.Status(e.ctx, tg)
+	status, err = e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.Equal(t, store.Status{Total: 6, Accepted: 6, Verified: 6, InitiallyReady: true}, st)
+	require.Equal(t, store.Status{Total: 6, Accepted: 6, Verified: 6, InitiallyReady: true}, status)
 }
 
 func TestRetryOnlyTouchesCheckedIDs(t *testing.T) {

@@ -25,9 +25,9 @@ func TestLegacyPaths(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.w.Delete(e.ctx, "order", order))
 
-	st, err := e.store.Status(e.ctx, tg)
+	status, err := e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.Equal(t, store.Status{Total: 124, Pending: 124}, st)
+	require.Equal(t, store.Status{Total: 124, Pending: 124}, status)
 
 	b, err := e.store.PendingEvents(e.ctx, tg)
 	require.NoError(t, err)
@@ -72,9 +72,9 @@ func TestLegacyPaths(t *testing.T) {
 	rest = drainWith(t, e, fresh, tg)
 	require.Len(t, rest, 1)
 
-	st, err = e.store.Status(e.ctx, tg)
+	status, err = e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.Equal(t, store.Status{Total: 124, Accepted: 124, DueVerifications: 124}, st)
+	require.Equal(t, store.Status{Total: 124, Accepted: 124, DueVerifications: 124}, status)
 
 	due, err := e.store.DueUnverified(e.ctx, tg)
 	require.NoError(t, err)
@@ -93,18 +93,18 @@ func TestLegacyPaths(t *testing.T) {
 	back, err := e.store.Retry(e.ctx, tg, ids[100:120])
 	require.NoError(t, err)
 	require.ElementsMatch(t, ids[100:110], back)
-	st, err = e.store.Status(e.ctx, tg)
+	status, err = e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.Equal(t, store.Status{Total: 124, Accepted: 114, Verified: 100, Pending: 10, DueVerifications: 14}, st)
+	require.Equal(t, store.Status{Total: 124, Accepted: 114, Verified: 100, Pending: 10, DueVerifications: 14}, status)
 
 	// Legacy replay: every receipt of the generation goes.
 	require.NoError(t, e.store.InitReplay(e.ctx, tg))
 	page, err := e.store.AdvanceReplay(e.ctx, tg)
 	require.NoError(t, err)
 	require.True(t, page.Complete)
-	st, err = e.store.Status(e.ctx, tg)
+	status, err = e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.Equal(t, store.Status{Total: 124, Pending: 124}, st)
+	require.Equal(t, store.Status{Total: 124, Pending: 124}, status)
 
 	_, err = e.store.AdvanceBackfill(e.ctx, tg)
 	require.ErrorIs(t, err, store.ErrUnsupportedProtocol)

@@ -229,9 +229,9 @@ func TestReplayResetsExactlyTheFencedRows(t *testing.T) {
 	ready, err = e.store.InitiallyReady(e.ctx, tg)
 	require.NoError(t, err)
 	require.True(t, ready)
-	st, err := e.store.Status(e.ctx, tg)
+	status, err := e.store.Status(e.ctx, tg)
 	require.NoError(t, err)
-	require.Equal(t, store.Status{Total: 2208, Accepted: 2208, Verified: 2208, InitiallyReady: true}, st)
+	require.Equal(t, store.Status{Total: 2208, Accepted: 2208, Verified: 2208, InitiallyReady: true}, status)
 }
 
 func TestInitReplayUnknownGeneration(t *testing.T) {

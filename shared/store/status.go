@@ -54,7 +54,7 @@ const sqlInitiallyReady = `SELECT baseline_complete AND backfill_complete AND re
 
 // Status reports a target's delivery status.
 func (s *Store) Status(ctx context.Context, t Target) (Status, error) {
-	var st Status
+	var status Status
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		if !t.UsesDelivery() {
 			events, err := s.legacyEvents(ctx, tx, t)
@@ -62,45 +62,45 @@ func (s *Store) Status(ctx context.Context, t Target) (Status, error) {
 				return err
 			}
 			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlLegacyStatus, events), t.Generation, t.SourceID, t.FromRevision).
-				Scan(&st.Total, &st.Accepted, &st.Verified); err != nil {
+				Scan(&status.Total, &status.Accepted, &status.Verified); err != nil {
 				return err
 			}
-			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlLegacyPendingCount, events), t.Generation, t.SourceID, t.FromRevision).Scan(&st.Pending); err != nil {
+			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlLegacyPendingCount, events), t.Generation, t.SourceID, t.FromRevision).Scan(&status.Pending); err != nil {
 				return err
 			}
-			if err := tx.QueryRow(ctx, sqlLegacyUnverifiedCount, t.Generation).Scan(&st.DueVerifications); err != nil {
+			if err := tx.QueryRow(ctx, sqlLegacyUnverifiedCount, t.Generation).Scan(&status.DueVerifications); err != nil {
 				return err
 			}
-			st.InitiallyReady = st.Verified == st.Total
+			status.InitiallyReady = status.Verified == status.Total
 			return nil
 		}
-		if err := tx.QueryRow(ctx, sqlStatus, t.Generation).Scan(&st.Total, &st.Accepted, &st.Verified); err != nil {
+		if err := tx.QueryRow(ctx, sqlStatus, t.Generation).Scan(&status.Total, &status.Accepted, &status.Verified); err != nil {
 			if err == pgx.ErrNoRows {
 				return ErrUnknownGeneration
 			}
 			return err
 		}
 		var oldest *time.Time
-		if err := tx.QueryRow(ctx, sqlOutstanding, t.Generation).Scan(&st.Pending, &oldest, &st.DueVerifications); err != nil {
+		if err := tx.QueryRow(ctx, sqlOutstanding, t.Generation).Scan(&status.Pending, &oldest, &status.DueVerifications); err != nil {
 			return err
 		}
 		if oldest != nil {
-			st.OldestPending = *oldest
+			status.OldestPending = *oldest
 		}
-		return tx.QueryRow(ctx, sqlInitiallyReady, t.Generation).Scan(&st.InitiallyReady)
+		return tx.QueryRow(ctx, sqlInitiallyReady, t.Generation).Scan(&status.InitiallyReady)
 	})
 	if err != nil {
 		return Status{}, fmt.Errorf("store: status of %s: %w", t.Generation, err)
 	}
-	return st, nil
+	return status, nil
 }
 
 // InitiallyReady is the SDK's replicationInitiallyReady: baseline, backfill
 // and replay complete and no unverified event at or below the fence.
 func (s *Store) InitiallyReady(ctx context.Context, t Target) (bool, error) {
 	if !t.UsesDelivery() {
-		st, err := s.Status(ctx, t)
-		return st.InitiallyReady, err
+		status, err := s.Status(ctx, t)
+		return status.InitiallyReady, err
 	}
 	var ready bool
 	err := s.inTx(ctx, func(tx pgx.Tx) error {

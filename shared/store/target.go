@@ -113,16 +113,16 @@ const (
 // replication schema is missing and ErrUnsupportedProtocol for a version
 // other than 3 or 4.
 func (s *Store) State(ctx context.Context) (State, error) {
-	var st State
+	var state State
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		st, err = readState(ctx, tx)
+		state, err = readState(ctx, tx)
 		return err
 	})
 	if err != nil {
 		return State{}, fmt.Errorf("store: read replication state: %w", err)
 	}
-	return st, nil
+	return state, nil
 }
 
 func readState(ctx context.Context, tx pgx.Tx) (State, error) {
@@ -138,36 +138,36 @@ func readState(ctx context.Context, tx pgx.Tx) (State, error) {
 
 // readStateRow scans and checks the singleton.
 func readStateRow(row pgx.Row) (State, error) {
-	var st State
+	var state State
 	var active *string
-	err := row.Scan(&st.Version, &st.Enabled, &st.SourceID, &active)
+	err := row.Scan(&state.Version, &state.Enabled, &state.SourceID, &active)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return State{}, ErrNoSchema
 	}
 	if err != nil {
 		return State{}, err
 	}
-	if st.Version != ProtocolLegacy && st.Version != ProtocolDelivery {
-		return State{}, fmt.Errorf("%w: the database is at version %d; this release speaks 3 and 4", ErrUnsupportedProtocol, st.Version)
+	if state.Version != ProtocolLegacy && state.Version != ProtocolDelivery {
+		return State{}, fmt.Errorf("%w: the database is at version %d; this release speaks 3 and 4", ErrUnsupportedProtocol, state.Version)
 	}
 	if active != nil {
-		st.ActiveGeneration = *active
+		state.ActiveGeneration = *active
 	}
-	return st, nil
+	return state, nil
 }
 
 // ActiveTarget returns the singleton and its active target; the target is
 // ErrNoActiveTarget when replication has never been started.
 func (s *Store) ActiveTarget(ctx context.Context) (State, Target, error) {
-	var st State
+	var state State
 	var t Target
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		if st, err = readState(ctx, tx); err != nil {
+		if state, err = readState(ctx, tx); err != nil {
 			return err
 		}
 		q := sqlActiveTargetV3
-		if st.Version >= ProtocolDelivery {
+		if state.Version >= ProtocolDelivery {
 			q = sqlActiveTargetV4
 		}
 		t, err = scanTarget(tx.QueryRow(ctx, q))
@@ -177,20 +177,20 @@ func (s *Store) ActiveTarget(ctx context.Context) (State, Target, error) {
 		return err
 	})
 	if err != nil {
-		return st, Target{}, fmt.Errorf("store: read active target: %w", err)
+		return state, Target{}, fmt.Errorf("store: read active target: %w", err)
 	}
-	return st, t, nil
+	return state, t, nil
 }
 
 // Target returns the target of a generation, or ErrUnknownGeneration.
 func (s *Store) Target(ctx context.Context, generation string) (Target, error) {
 	var t Target
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		st, err := readState(ctx, tx)
+		state, err := readState(ctx, tx)
 		if err != nil {
 			return err
 		}
-		t, err = readTarget(ctx, tx, st.Version, generation)
+		t, err = readTarget(ctx, tx, state.Version, generation)
 		return err
 	})
 	if err != nil {
