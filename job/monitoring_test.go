@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -14,19 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"cloud.google.com/go/pubsub/v2/pstest"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
 
 	"github.com/segmentstream/ontology-replication/functions"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
-	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
-	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
-	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
-	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pipeline"
 )
 
 // syncBuffer is a log destination shared by concurrent requests.
@@ -52,30 +45,10 @@ func (b *syncBuffer) String() string {
 func functionLogs(t *testing.T) []map[string]any {
 	t.Helper()
 	ctx := context.Background()
-	url := pgtest.NewDatabase(t, &sdkfixture.V4Template)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = sdkfixture.StartGeneration(ctx, pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
-	require.NoError(t, err)
-	require.NoError(t, sdkfixture.BulkCreate(ctx, pool, sdkfixture.Demo, "product", "title", 5, 5))
-	ps := pstest.NewServer()
-	t.Cleanup(func() { _ = ps.Close() })
-	_, err = ps.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events"})
-	require.NoError(t, err)
-	issuer, err := tokenissuer.New("https://runtime.test", "k1")
-	require.NoError(t, err)
-	jwks := httptest.NewServer(issuer)
-	t.Cleanup(jwks.Close)
-	bq := httptest.NewServer(bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
-		return bqserver.Strings("event_id", q.Params["ids"].Values), nil
-	}))
-	t.Cleanup(bq.Close)
+	p := pipeline.OneWorkspace(t, 5)
 	env := map[string]string{
-		"REPLICATION_WORKSPACES": fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q},
-			"workspaces": [{"id": "w1", "organization_id": "org-1", "runtime_subject": "runtime-w1", "database": {"url": %q},
-			"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, issuer.URL, jwks.URL, url, bq.URL),
-		"PUBSUB_EMULATOR_HOST":         ps.Addr,
+		"REPLICATION_WORKSPACES":       p.Registry,
+		"PUBSUB_EMULATOR_HOST":         p.PubSub.Addr,
 		functions.EnvVerifyCallerCheck: "off",
 	}
 	var logs syncBuffer
@@ -83,11 +56,11 @@ func functionLogs(t *testing.T) []map[string]any {
 		functions.LocalOptions{Logger: logging.New(&logs, logging.Config{Level: slog.LevelInfo, ProjectID: "p1"})})
 	require.NoError(t, err)
 	t.Cleanup(closeFunctions)
-	token, err := issuer.Token("runtime-w1", "replication", time.Minute)
+	token, err := p.Issuer.Token(pipeline.RuntimeSubject, pipeline.Audience, time.Minute)
 	require.NoError(t, err)
 	req := httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
 	req.Header.Set("x-segmentstream-runtime-identity", token)
-	req.Header.Set("x-segmentstream-organization-id", "org-1")
+	req.Header.Set("x-segmentstream-organization-id", pipeline.Organization)
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())

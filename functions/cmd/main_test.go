@@ -2,13 +2,11 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,15 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"cloud.google.com/go/pubsub/v2/pstest"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
-	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
-	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pipeline"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -40,33 +33,11 @@ func TestFunctionTargetAsCloudRunRunsIt(t *testing.T) {
 		t.Skip("builds the functions")
 	}
 	t.Parallel()
-	ctx := context.Background()
 	bin := filepath.Join(t.TempDir(), "functions")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
-	url := pgtest.NewDatabase(t, &sdkfixture.V4Template)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = sdkfixture.StartGeneration(ctx, pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
-	require.NoError(t, err)
-	require.NoError(t, sdkfixture.BulkCreate(ctx, pool, sdkfixture.Demo, "product", "title", 5, 5))
-	ps := pstest.NewServer()
-	t.Cleanup(func() { _ = ps.Close() })
-	_, err = ps.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events"})
-	require.NoError(t, err)
-	issuer, err := tokenissuer.New("https://runtime.test", "k1")
-	require.NoError(t, err)
-	jwks := httptest.NewServer(issuer)
-	t.Cleanup(jwks.Close)
-	bq := httptest.NewServer(bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
-		return bqserver.Strings("event_id", q.Params["ids"].Values), nil
-	}))
-	t.Cleanup(bq.Close)
-	registry := fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q},
-		"workspaces": [{"id": "w1", "organization_id": "org-1", "runtime_subject": "runtime-w1", "database": {"url": %q},
-		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`, issuer.URL, jwks.URL, url, bq.URL)
+	p := pipeline.OneWorkspace(t, 5)
 
 	// serve starts the binary and returns its base URL once it listens,
 	// or its output and exit error if it ends first.
@@ -77,8 +48,8 @@ func TestFunctionTargetAsCloudRunRunsIt(t *testing.T) {
 		port := l.Addr().(*net.TCPAddr).Port
 		require.NoError(t, l.Close())
 		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), append([]string{"PORT=" + strconv.Itoa(port), "REPLICATION_WORKSPACES=" + registry,
-			"PUBSUB_EMULATOR_HOST=" + ps.Addr}, env...)...)
+		cmd.Env = append(os.Environ(), append([]string{"PORT=" + strconv.Itoa(port), "REPLICATION_WORKSPACES=" + p.Registry,
+			"PUBSUB_EMULATOR_HOST=" + p.PubSub.Addr}, env...)...)
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		cmd.Stderr = cmd.Stdout
@@ -135,13 +106,13 @@ func TestFunctionTargetAsCloudRunRunsIt(t *testing.T) {
 	t.Run("Drain", func(t *testing.T) {
 		base, logs, err := serve(t, "FUNCTION_TARGET=Drain")
 		require.NoError(t, err, logs)
-		token, err := issuer.Token("runtime-w1", "replication", time.Minute)
+		token, err := p.Issuer.Token(pipeline.RuntimeSubject, pipeline.Audience, time.Minute)
 		require.NoError(t, err)
-		auth := map[string]string{"x-segmentstream-runtime-identity": token, "x-segmentstream-organization-id": "org-1"}
+		auth := map[string]string{"x-segmentstream-runtime-identity": token, "x-segmentstream-organization-id": pipeline.Organization}
 		code, body := call(t, http.MethodPost, base+"/api/internal/v1/workspaces/w1/ontology/replication/drain", auth)
 		require.Equal(t, http.StatusOK, code, body)
 		require.Equal(t, 5.0, body["published"])
-		require.Len(t, ps.Messages(), 5)
+		require.Len(t, p.PubSub.Messages(), 5)
 		for _, path := range []string{"/", "/Verify"} {
 			code, _ = call(t, http.MethodPost, base+path, auth)
 			require.Equal(t, http.StatusNotFound, code, "%s on the drain service is not the verifier", path)

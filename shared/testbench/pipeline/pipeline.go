@@ -1,0 +1,79 @@
+// Package pipeline builds, for a test, everything the functions need around
+// one workspace: its SDK database with a generation and some events, a
+// pstest Pub/Sub server with the workspace's topic, a runtime token issuer
+// with its JWKS, a BigQuery server that finds every event it is asked for,
+// and the registry that names them. It serves tests only and is never
+// deployed.
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"testing"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
+)
+
+// The workspace's names in the registry.
+const (
+	Workspace      = "w1"
+	Organization   = "org-1"
+	RuntimeSubject = "runtime-w1"
+	Audience       = "replication"
+	Topic          = "projects/p1/topics/events"
+)
+
+// Pipeline is one workspace's surroundings; every part is closed when the
+// test ends.
+type Pipeline struct {
+	// DatabaseURL and Pool reach the workspace's database as its owner.
+	DatabaseURL string
+	Pool        *pgxpool.Pool
+	// PubSub holds the topic (PUBSUB_EMULATOR_HOST is PubSub.Addr).
+	PubSub *pstest.Server
+	// Issuer signs runtime tokens the registry's identity accepts.
+	Issuer *tokenissuer.Issuer
+	// Registry is the registry document (REPLICATION_WORKSPACES).
+	Registry string
+}
+
+// OneWorkspace starts a pipeline whose workspace has a generation and
+// products events pending.
+func OneWorkspace(t testing.TB, products int) *Pipeline {
+	t.Helper()
+	ctx := context.Background()
+	p := &Pipeline{DatabaseURL: pgtest.NewDatabase(t, &sdkfixture.V4Template)}
+	var err error
+	p.Pool, err = pgxpool.New(ctx, p.DatabaseURL)
+	require.NoError(t, err)
+	t.Cleanup(p.Pool.Close)
+	_, err = sdkfixture.StartGeneration(ctx, p.Pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
+	require.NoError(t, err)
+	require.NoError(t, sdkfixture.BulkCreate(ctx, p.Pool, sdkfixture.Demo, "product", "title", products, products))
+	p.PubSub = pstest.NewServer()
+	t.Cleanup(func() { _ = p.PubSub.Close() })
+	_, err = p.PubSub.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: Topic})
+	require.NoError(t, err)
+	p.Issuer, err = tokenissuer.New("https://runtime.test", "k1")
+	require.NoError(t, err)
+	jwks := httptest.NewServer(p.Issuer)
+	t.Cleanup(jwks.Close)
+	bq := httptest.NewServer(bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+		return bqserver.Strings("event_id", q.Params["ids"].Values), nil
+	}))
+	t.Cleanup(bq.Close)
+	p.Registry = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
+		"workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": {"url": %q},
+		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": %q}}]}`,
+		p.Issuer.URL, Audience, jwks.URL, Workspace, Organization, RuntimeSubject, p.DatabaseURL, bq.URL)
+	return p
+}
