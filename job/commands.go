@@ -98,18 +98,26 @@ func runVerify(e *env) error {
 
 func runViews(e *env) error {
 	return e.eachWorkspace("views", func(ctx context.Context, ws registry.Workspace) (any, error) {
-		lease, err := e.svc.Lease(ctx, ws)
-		if err != nil {
-			return nil, err
-		}
-		defer lease.Release()
-		_, t, err := lease.ActiveTarget(ctx)
-		if err != nil {
-			return nil, err
-		}
-		names, err := e.svc.Warehouse.CreateViews(ctx, ws, t)
-		return viewNames(names), err
+		return e.onActiveTarget(ctx, ws, func(_ *delivery.Lease, t store.Target) (any, error) {
+			names, err := e.svc.Warehouse.CreateViews(ctx, ws, t)
+			return viewNames(names), err
+		})
 	})
+}
+
+// onActiveTarget runs fn with a lease on a workspace's store and its
+// active target.
+func (e *env) onActiveTarget(ctx context.Context, ws registry.Workspace, fn func(*delivery.Lease, store.Target) (any, error)) (any, error) {
+	lease, err := e.svc.Lease(ctx, ws)
+	if err != nil {
+		return nil, err
+	}
+	defer lease.Release()
+	_, t, err := lease.ActiveTarget(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fn(lease, t)
 }
 
 // verifyResult is a verifier pass's result for a workspace, as a command
@@ -148,25 +156,19 @@ func (r setAsideResult) text() []string {
 
 func runSetAside(e *env) error {
 	return e.eachWorkspace("set-aside", func(ctx context.Context, ws registry.Workspace) (any, error) {
-		lease, err := e.svc.Lease(ctx, ws)
-		if err != nil {
-			return nil, err
-		}
-		defer lease.Release()
-		_, t, err := lease.ActiveTarget(ctx)
-		if err != nil {
-			return nil, err
-		}
-		res := setAsideResult{Generation: t.Generation}
-		if res.SetAside, err = lease.SetAside(ctx, t, 1000, publish.MaxMessageBytes); err != nil {
-			return nil, err
-		}
-		if e.retry {
-			if res.Retried, err = lease.RetrySetAside(ctx, t); err != nil {
-				return res, err
+		return e.onActiveTarget(ctx, ws, func(lease *delivery.Lease, t store.Target) (any, error) {
+			res := setAsideResult{Generation: t.Generation}
+			var err error
+			if res.SetAside, err = lease.SetAside(ctx, t, 1000, publish.MaxMessageBytes); err != nil {
+				return nil, err
 			}
-		}
-		return res, nil
+			if e.retry {
+				if res.Retried, err = lease.RetrySetAside(ctx, t); err != nil {
+					return res, err
+				}
+			}
+			return res, nil
+		})
 	})
 }
 
