@@ -66,16 +66,7 @@ func TestSlowPublishDoesNotHoldTheSDK(t *testing.T) {
 	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 50, 50))
 	baseline := r.baselineLatency(t)
 
-	g.hold()
-	drained := make(chan error, 1)
-	go func() {
-		res, err := r.svc.Drain(r.ctx, "w1")
-		if err == nil && res.Published != 55 {
-			err = context.Canceled
-		}
-		drained <- err
-	}()
-	<-g.entered // the batch is out, its publish in flight
+	drain := r.drainHeld(g) // the batch is out, its publish in flight
 
 	// The pause and, queued behind it, a writer: neither waits for the publish.
 	var wg sync.WaitGroup
@@ -92,13 +83,15 @@ func TestSlowPublishDoesNotHoldTheSDK(t *testing.T) {
 	require.Less(t, pauseTook, time.Second, "the pause does not wait for the publish")
 	require.Less(t, writerTook, baseline+100*time.Millisecond, "an SDK writer takes no longer than without the drain (baseline %v)", baseline)
 	select {
-	case err := <-drained:
-		t.Fatalf("the drain ended before its publish returned: %v", err)
+	case d := <-drain:
+		t.Fatalf("the drain ended before its publish returned: %v", d.err)
 	default:
 	}
 
 	g.release()
-	require.NoError(t, <-drained, "the batch is acknowledged after the publish")
+	d := <-drain
+	require.NoError(t, d.err, "the batch is acknowledged after the publish")
+	require.Equal(t, 55, d.res.Published)
 	r.resume(t)
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
@@ -113,13 +106,7 @@ func TestMigrationDuringPublish(t *testing.T) {
 	g := newGate()
 	r := newRig(t, 2, withPublishReactor(g))
 	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 30, 30))
-	g.hold()
-	drained := make(chan error, 1)
-	go func() {
-		_, err := r.svc.Drain(r.ctx, "w1")
-		drained <- err
-	}()
-	<-g.entered
+	drain := r.drainHeld(g)
 
 	quick, cancel := context.WithTimeout(r.ctx, 3*time.Second)
 	defer cancel()
@@ -143,12 +130,12 @@ func TestMigrationDuringPublish(t *testing.T) {
 			AND wait_event_type = 'Lock' AND application_name = 'ontology-replication'`) == 1
 	}, 10*time.Second, 5*time.Millisecond)
 	select {
-	case err := <-drained:
-		t.Fatalf("the drain ended while the migration held its locks: %v", err)
+	case d := <-drain:
+		t.Fatalf("the drain ended while the migration held its locks: %v", d.err)
 	default:
 	}
 	require.NoError(t, migration.Commit(r.ctx))
-	require.NoError(t, <-drained)
+	require.NoError(t, (<-drain).err)
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
 
@@ -159,17 +146,11 @@ func TestAcceptedAtIsAfterThePublish(t *testing.T) {
 	g := newGate()
 	r := newRig(t, 2, withPublishReactor(g))
 	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 10, 10))
-	g.hold()
-	drained := make(chan error, 1)
-	go func() {
-		_, err := r.svc.Drain(r.ctx, "w1")
-		drained <- err
-	}()
-	<-g.entered
+	drain := r.drainHeld(g)
 	var released time.Time
 	require.NoError(t, r.pool.QueryRow(r.ctx, "SELECT clock_timestamp()").Scan(&released))
 	g.release()
-	require.NoError(t, <-drained)
+	require.NoError(t, (<-drain).err)
 	require.EqualValues(t, 10, r.count(t, `SELECT count(*) FROM _ontology_replication_delivery d JOIN _ontology_replication_receipts c USING (generation, event_id)
 		WHERE d.accepted_at >= $1 AND d.next_verify_at = d.accepted_at AND c.accepted_at = d.accepted_at`, released))
 }

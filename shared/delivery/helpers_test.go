@@ -172,6 +172,25 @@ func (g *gate) React(any) (bool, any, error) {
 
 func (g *gate) hold() { g.held.Store(true) }
 
+// drained is the end of a drain started by drainHeld.
+type drained struct {
+	res delivery.DrainResult
+	err error
+}
+
+// drainHeld starts a drain of w1 whose publish the gate holds, and returns
+// once its batch is out; the drain's end arrives on the channel.
+func (r *rig) drainHeld(g *gate) <-chan drained {
+	g.hold()
+	done := make(chan drained, 1)
+	go func() {
+		res, err := r.svc.Drain(r.ctx, "w1")
+		done <- drained{res, err}
+	}()
+	<-g.entered
+	return done
+}
+
 // release lets every held request, and every later one, through.
 func (g *gate) release() {
 	g.held.Store(false)
