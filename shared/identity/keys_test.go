@@ -137,6 +137,18 @@ func newTestVerifier(t testing.TB, iss *issuer, clk *clock) *Verifier {
 	return v
 }
 
+// verifying returns an issuer of k1 and a verifier on a test clock that
+// has fetched its keys once and verified a k1 token with them.
+func verifying(t *testing.T) (*clock, *issuer, *Verifier) {
+	t.Helper()
+	clk := newClock()
+	iss := newIssuer(t, "k1")
+	v := newTestVerifier(t, iss, clk)
+	_, err := v.Verify(context.Background(), iss.token("k1", clk.now()))
+	require.NoError(t, err)
+	return clk, iss, v
+}
+
 // idle waits for the fetch in flight, if any, to end.
 func (v *Verifier) idle() {
 	v.keys.mu.Lock()
@@ -163,12 +175,8 @@ func within(t *testing.T, what string, f func()) {
 
 func TestKeysSlowIssuer(t *testing.T) {
 	t.Parallel()
-	clk := newClock()
-	iss := newIssuer(t, "k1")
-	v := newTestVerifier(t, iss, clk)
+	clk, iss, v := verifying(t)
 	ctx := context.Background()
-	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
-	require.NoError(t, err)
 	require.EqualValues(t, 1, iss.hits.Load())
 	<-iss.arrived
 
@@ -199,12 +207,8 @@ func TestKeysSlowIssuer(t *testing.T) {
 
 func TestKeysFailingIssuer(t *testing.T) {
 	t.Parallel()
-	clk := newClock()
-	iss := newIssuer(t, "k1")
-	v := newTestVerifier(t, iss, clk)
+	clk, iss, v := verifying(t)
 	ctx := context.Background()
-	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
-	require.NoError(t, err)
 	iss.set(true, nil)
 
 	// Ten minutes of an issuer that fails, a request a second: every
@@ -225,16 +229,12 @@ func TestKeysFailingIssuer(t *testing.T) {
 
 func TestKeysMaximumStaleness(t *testing.T) {
 	t.Parallel()
-	clk := newClock()
-	iss := newIssuer(t, "k1")
-	v := newTestVerifier(t, iss, clk)
+	clk, iss, v := verifying(t)
 	ctx := context.Background()
-	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
-	require.NoError(t, err)
 	iss.set(true, nil)
 
 	clk.advance(59 * time.Minute)
-	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
+	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
 	require.NoError(t, err, "keys 59 minutes old are still trusted")
 	v.idle()
 
@@ -255,17 +255,13 @@ func TestKeysMaximumStaleness(t *testing.T) {
 
 func TestKeysRotation(t *testing.T) {
 	t.Parallel()
-	clk := newClock()
-	iss := newIssuer(t, "k1")
-	v := newTestVerifier(t, iss, clk)
+	clk, iss, v := verifying(t)
 	ctx := context.Background()
-	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
-	require.NoError(t, err)
 
 	// The issuer adds k2 and signs with it: the first k2 token refetches.
 	iss.addKey("k2")
 	clk.advance(31 * time.Second)
-	_, err = v.Verify(ctx, iss.token("k2", clk.now()))
+	_, err := v.Verify(ctx, iss.token("k2", clk.now()))
 	require.NoError(t, err)
 	require.EqualValues(t, 2, iss.hits.Load())
 	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
@@ -284,12 +280,8 @@ func TestKeysRotation(t *testing.T) {
 
 func TestKeysForgedKeyIDsWhileFailing(t *testing.T) {
 	t.Parallel()
-	clk := newClock()
-	iss := newIssuer(t, "k1")
-	v := newTestVerifier(t, iss, clk)
+	clk, iss, v := verifying(t)
 	ctx := context.Background()
-	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
-	require.NoError(t, err)
 	<-iss.arrived
 
 	// The issuer hangs, then fails. Fifty tokens with forged key ids cause
