@@ -165,6 +165,30 @@ func (h *harness) runCut(ctx context.Context, args ...string) func() (string, er
 	}
 }
 
+// cutInside runs a command until one of its pages waits on b, terminates
+// that page's backend (the page is rolled back) and returns the command's
+// error; b still holds its lock.
+func (h *harness) cutInside(b *blocker, args ...string) error {
+	wait := h.runCut(h.ctx, args...)
+	b.terminate(b.waiter())
+	_, err := wait()
+	return err
+}
+
+// cutBetween runs a command until one of its pages waits on b, interrupts
+// the command, lets that page go on (it commits; no other starts) and
+// returns the command's error.
+func (h *harness) cutBetween(b *blocker, args ...string) error {
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	wait := h.runCut(ctx, args...)
+	b.waiter()
+	cancel()
+	b.release()
+	_, err := wait()
+	return err
+}
+
 const backfillRows = 20 + 2500 // upgradedTemplate: baselines, then product history
 
 // TestBackfillKillAndResume cuts a backfill at exact points — inside a
@@ -197,9 +221,7 @@ func TestBackfillKillAndResume(t *testing.T) {
 
 	t.Run("inside a page", func(t *testing.T) {
 		b := h.blockBackfillAt(t, "w2", 1000)
-		wait := h.runCut(h.ctx, "backfill", "--workspace", "w2")
-		b.terminate(b.waiter())
-		_, err := wait()
+		err := h.cutInside(b, "backfill", "--workspace", "w2")
 		require.ErrorContains(t, err, "backfill failed for w2")
 		require.Equal(t, cursorAfter("w2", 1000), h.cursor("w2", "backfill_cursor"), "the page that died left no trace")
 		require.EqualValues(t, 20+1000, rows("w2"), "one page of products")
@@ -209,13 +231,7 @@ func TestBackfillKillAndResume(t *testing.T) {
 
 	t.Run("between pages", func(t *testing.T) {
 		b := h.blockBackfillAt(t, "w3", 1000)
-		ctx, cancel := context.WithCancel(h.ctx)
-		defer cancel()
-		wait := h.runCut(ctx, "backfill", "--workspace", "w3")
-		b.waiter()
-		cancel()
-		b.release()
-		_, err := wait()
+		err := h.cutBetween(b, "backfill", "--workspace", "w3")
 		require.ErrorContains(t, err, "backfill interrupted; everything done so far is committed: run the same command again to resume")
 		require.Equal(t, cursorAfter("w3", 2000), h.cursor("w3", "backfill_cursor"), "the page running at the interrupt committed; no other began")
 		require.EqualValues(t, 20+2000, rows("w3"))
@@ -287,9 +303,7 @@ func TestReplayKillAndResume(t *testing.T) {
 		// Initialisation, then the first page; the second waits on the
 		// row of rank 1000 and dies.
 		b := h.blockReplayAt(t, "w1", 1000)
-		wait := h.runCut(h.ctx, "replay", "--workspace", "w1")
-		b.terminate(b.waiter())
-		_, err := wait()
+		err := h.cutInside(b, "replay", "--workspace", "w1")
 		require.ErrorContains(t, err, "replay failed for w1")
 		require.Equal(t, h.deliveryID("w1", 999), h.cursor("w1", "replay_cursor"), "the page that died left no trace")
 		require.EqualValues(t, 0, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery
@@ -300,13 +314,7 @@ func TestReplayKillAndResume(t *testing.T) {
 
 	t.Run("between pages", func(t *testing.T) {
 		b := h.blockReplayAt(t, "w2", 1000)
-		ctx, cancel := context.WithCancel(h.ctx)
-		defer cancel()
-		wait := h.runCut(ctx, "replay", "--workspace", "w2")
-		b.waiter()
-		cancel()
-		b.release()
-		_, err := wait()
+		err := h.cutBetween(b, "replay", "--workspace", "w2")
 		require.ErrorContains(t, err, "replay interrupted; everything done so far is committed: run the same command again to resume")
 		require.Equal(t, h.deliveryID("w2", 1999), h.cursor("w2", "replay_cursor"), "the page running at the interrupt committed; no other began")
 		resume(t, "w2")
