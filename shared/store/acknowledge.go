@@ -40,6 +40,32 @@ const sqlSetAside = `UPDATE _ontology_replication_delivery d SET last_checked_at
        WHERE d.generation = $1::uuid AND (CASE WHEN d.accepted_at IS NULL THEN true END)
          AND d.event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))`
 
+// sqlFinish is sqlAcknowledge and sqlSetAside as one statement, for a
+// batch that has both accepted and set-aside events ($2, each with its
+// backoff in microseconds in $3, NULL for an accepted one). Two statements
+// in one transaction each lock their rows in key order, but not across
+// both: an acknowledgement that holds a high key waiting for a low one it
+// sets aside, while a replay page (or RetrySetAside) holds that low key and
+// waits for the high one, deadlocks. One UPDATE finds every row of the
+// batch by primary key (the = ANY (ARRAY(…)) index condition walks the
+// sorted list) and so locks them all in key order, as every other statement
+// that updates a set of delivery rows does. An accepted row gets what
+// sqlAcknowledge writes (accepted_at and next_verify_at now, a receipt), a
+// set-aside row what sqlSetAside writes. Finish sends the two statements of
+// one kind alone, as they are cheaper: each then locks one key-ordered set.
+const sqlFinish = `WITH finished AS (
+          UPDATE _ontology_replication_delivery d
+             SET (accepted_at, next_verify_at, last_checked_at) = (
+                   SELECT CASE WHEN q.us IS NULL THEN now() END,
+                          now() + coalesce(q.us, 0) * interval '1 microsecond',
+                          CASE WHEN q.us IS NULL THEN d.last_checked_at ELSE now() END
+                     FROM unnest($2::uuid[], $3::bigint[]) AS q(event_id, us) WHERE q.event_id = d.event_id LIMIT 1)
+           WHERE d.generation = $1::uuid AND (CASE WHEN d.accepted_at IS NULL THEN true END)
+             AND d.event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+           RETURNING d.event_id, d.accepted_at
+        ) INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at)
+          SELECT $1::uuid, event_id, accepted_at FROM finished WHERE accepted_at IS NOT NULL ON CONFLICT DO NOTHING`
+
 // Acknowledge marks events accepted after Pub/Sub accepted them, as the
 // SDK's acknowledgeReplication does: at protocol 4 the delivery rows and
 // their receipts, in one transaction under the shared lifecycle lock; on the

@@ -162,6 +162,9 @@ type Claim struct {
 	target Target
 	conn   *pgxpool.Conn // the claim's session; nil on the legacy path
 	locked bool          // the session may hold claim locks
+	// backoffs are the claimed rows' last set-aside backoffs, by history id
+	// (those set aside before only).
+	backoffs map[string]time.Duration
 }
 
 // candidate is one pending delivery row a claim read considered.
@@ -432,6 +435,14 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 		c.Release(ctx) // nothing to finish: the session goes back at once
 		return nil
 	}
+	for _, cd := range claimed {
+		if cd.backoff > 0 {
+			if c.backoffs == nil {
+				c.backoffs = map[string]time.Duration{}
+			}
+			c.backoffs[cd.id] = cd.backoff
+		}
+	}
 	items, aside, err := s.readEvents(ctx, c.conn, c.target, claimed)
 	if err != nil {
 		return err
@@ -598,7 +609,8 @@ func (c *Claim) Acknowledge(ctx context.Context) (int64, error) {
 // of events Pub/Sub accepted: call it only after the publish succeeded for
 // them) and sets aside those that cannot be published, in one short
 // transaction that takes the shared lifecycle lock first, as the seed's
-// acknowledgement does; then it releases the claim. Events in neither list
+// acknowledgement does, and then updates every row of the batch in one
+// statement, in key order (sqlFinish); then it releases the claim. Events in neither list
 // stay pending. It returns the number of receipts written.
 func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
 	if c.conn == nil {
@@ -612,53 +624,51 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	fail := func(err error) (int64, error) {
 		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(accepted), t.Generation, err)
 	}
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	if len(accepted) > 0 {
+	// One statement updates every row of the batch, so that its locks are
+	// taken in one key order (see sqlFinish).
+	var query string
+	var args []any
+	switch {
+	case len(setAside) == 0:
 		list, err := uuids(accepted)
 		if err != nil {
 			return fail(err)
 		}
-		b.Queue(sqlAcknowledge, t.Generation, list)
-	}
-	if len(setAside) > 0 {
+		query, args = sqlAcknowledge, []any{t.Generation, list}
+	case len(accepted) == 0:
 		ids, backoffs, err := c.backoffsFor(setAside)
 		if err != nil {
 			return fail(err)
 		}
-		b.Queue(sqlSetAside, t.Generation, ids, backoffs)
+		query, args = sqlSetAside, []any{t.Generation, ids, backoffs}
+	default:
+		ids, backoffs, err := c.finishList(accepted, setAside)
+		if err != nil {
+			return fail(err)
+		}
+		query, args = sqlFinish, []any{t.Generation, ids, backoffs}
 	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
+	b.Queue(query, args...)
 	b.Queue("COMMIT")
 	b.Queue(sqlUnlockClaims)
 	results := c.conn.SendBatch(ctx, b)
 	var acked int64
 	err := func() error {
-		for range 2 {
-			if _, err := results.Exec(); err != nil {
-				return err
-			}
-		}
-		if len(accepted) > 0 {
+		for i := range 5 {
 			tag, err := results.Exec()
 			if err != nil {
 				return err
 			}
-			acked = tag.RowsAffected()
-		}
-		if len(setAside) > 0 {
-			if _, err := results.Exec(); err != nil {
-				return err
-			}
-		}
-		for range 2 {
-			if _, err := results.Exec(); err != nil {
-				return err
+			if i == 2 && len(accepted) > 0 {
+				acked = tag.RowsAffected() // the receipts written
 			}
 		}
 		return nil
 	}()
-	if cerr := results.Close(); err == nil {
+	if cerr := results.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
@@ -670,20 +680,50 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 
 // backoffsFor returns the set-aside events' ids and their next backoffs:
 // the first is Config.SetAsideBackoff, each later one twice the last, up to
-// Config.SetAsideMaxBackoff.
+// Config.SetAsideMaxBackoff. Every reason backs off the same way: the prior
+// backoff is the one the claim read on the event's row, whether the store
+// found the event unpublishable or Pub/Sub refused it.
 func (c *Claim) backoffsFor(setAside []SetAside) ([]pgtype.UUID, []int64, error) {
-	prior := map[string]time.Duration{}
-	for _, p := range c.Events {
-		prior[p.HistoryID] = p.Backoff
-	}
 	ids := make([]string, len(setAside))
 	backoffs := make([]int64, len(setAside))
 	for i, a := range setAside {
 		ids[i] = a.HistoryID
-		backoffs[i] = c.store.nextBackoff(prior[a.HistoryID]).Microseconds()
+		backoffs[i] = c.store.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
 	}
 	list, err := uuids(ids)
 	return list, backoffs, err
+}
+
+// finishList returns sqlFinish's lists: the accepted events with no
+// backoff, then the set-aside events with their next backoffs.
+func (c *Claim) finishList(accepted []string, setAside []SetAside) ([]pgtype.UUID, []*int64, error) {
+	ids := make([]string, 0, len(accepted)+len(setAside))
+	backoffs := make([]*int64, 0, cap(ids))
+	for _, id := range accepted {
+		ids = append(ids, id)
+		backoffs = append(backoffs, nil)
+	}
+	for _, a := range setAside {
+		us := c.store.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
+		ids = append(ids, a.HistoryID)
+		backoffs = append(backoffs, &us)
+	}
+	list, err := uuids(ids)
+	return list, backoffs, err
+}
+
+// priorBackoff is the set-aside backoff the claim read on an event's row (0
+// if it was not set aside).
+func (c *Claim) priorBackoff(historyID string) time.Duration {
+	if d, ok := c.backoffs[historyID]; ok {
+		return d
+	}
+	for _, p := range c.Events {
+		if p.HistoryID == historyID {
+			return p.Backoff
+		}
+	}
+	return 0
 }
 
 // Release ends the claim without acknowledging anything: its events stay

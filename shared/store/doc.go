@@ -87,7 +87,10 @@
 // is taken in the SDK's order (singleton row, then the advisory lock; the
 // shared lock before any delivery row or table); statements that update a
 // set of delivery rows lock them in key order, so that they wait for each
-// other rather than deadlock (sqlSetKeyOrder). Every value is a bind
+// other rather than deadlock (sqlSetKeyOrder), and a transaction updates
+// its set of delivery rows in one statement (an acknowledgement with
+// set-aside events is sqlFinish): two statements, each in key order, are
+// not in key order together. Every value is a bind
 // parameter. History tables are never derived from names: a delivery row's
 // history_table is checked against the tables that carry the SDK's capture
 // trigger, and an entity's history table is the one whose trigger runs its

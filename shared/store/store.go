@@ -76,13 +76,33 @@ func (c Config) Validate() error {
 		// The seed's retry sets next_verify_at 30 s ahead; a set-aside
 		// backoff of 30 s could not be told from it.
 		return fmt.Errorf("SetAsideBackoff %v: must be at least 1s", c.SetAsideBackoff)
-	case c.SetAsideBackoff == 30*time.Second || c.SetAsideMaxBackoff == 30*time.Second:
-		return fmt.Errorf("SetAsideBackoff %v: 30s is the seed's recheck interval; choose another", c.SetAsideBackoff)
 	case c.SetAsideMaxBackoff < c.SetAsideBackoff:
 		return fmt.Errorf("SetAsideMaxBackoff %v: must be at least SetAsideBackoff (%v)", c.SetAsideMaxBackoff, c.SetAsideBackoff)
 	}
+	// A set-aside is told from the seed's own writes by its interval alone
+	// (sqlClaimable), so no backoff the store can write may equal one that a
+	// seed statement leaves on a pending row: every step of the doubling, in
+	// the microseconds the statements compare.
+	for _, us := range setAsideBackoffs(c.SetAsideBackoff, c.SetAsideMaxBackoff) {
+		for seed, statement := range seedIntervals {
+			if us == seed.Microseconds() {
+				return fmt.Errorf("SetAsideBackoff %v and SetAsideMaxBackoff %v: the backoff reaches %v, the interval the seed's %s leaves; choose another",
+					c.SetAsideBackoff, c.SetAsideMaxBackoff, time.Duration(us)*time.Microsecond, statement)
+			}
+		}
+	}
 	return nil
 }
+
+// seedIntervals are the intervals next_verify_at − last_checked_at that
+// the seed's statements leave on a delivery row with next_verify_at in the
+// future, with the statement: its retry (retryUnverifiedReplicationV4)
+// moves next_verify_at 30 s past last_checked_at, and a row it sends back
+// to pending keeps them. The acknowledgement, replay and backfill set
+// next_verify_at to now(), never in the future by the time a claim reads
+// it, and the verification sets verified_at, which no claim reads. Read
+// only.
+var seedIntervals = map[time.Duration]string{30 * time.Second: "verification retry (retryUnverifiedReplicationV4)"}
 
 // Store runs the replication protocol's statements against one ontology
 // database. It is safe for concurrent use.
