@@ -260,6 +260,18 @@ func TestDrainDatabaseDroppedBetweenPublishAndAcknowledge(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Len(t, h.published("w1"), 3)
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
+	// The cut sessions' claims are freed when their backends have exited
+	// (a backend releases its advisory locks before it leaves
+	// pg_stat_activity): wait for that, as the server shows it.
+	admin, err := pgx.Connect(h.ctx, pgtest.Shared(h.t).AdminURL())
+	require.NoError(t, err)
+	defer func() { _ = admin.Close(h.ctx) }()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(h.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'ontology-replication' AND datname = $1`, dbName(h.spaces["w1"].url)).Scan(&n))
+		return n == 0
+	}, time.Minute, 5*time.Millisecond, "the cut sessions end")
 	// The pool may still hand out a connection that was cut: that wake-up
 	// fails too (nothing acknowledged), and a later one republishes.
 	var code2 int

@@ -209,7 +209,7 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 	opened, err := delivery.Open(ctx, delivery.OpenConfig{
 		Registry:           reg,
 		PubSubEmulatorHost: settings.EmulatorHost,
-		Pools:              database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, defaultMaxOpenPools)},
+		Pools:              database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, defaultMaxOpenPools), ServerMaxConns: settings.ServerMaxConns},
 		Publisher:          deps.publisher,
 		Warehouse:          deps.warehouse,
 		Logger:             log,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -8,11 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -144,5 +148,130 @@ func BenchmarkJobReplay(b *testing.B) {
 			b.ReportMetric(float64(n*b.N)/elapsed.Seconds(), "rows/s")
 			b.ReportMetric(peak, "peak-heap-MB")
 		})
+	}
+}
+
+// serverCPU is the CPU time the workspace's PostgreSQL server has used so
+// far (pgtest.ServerCPU).
+func (h *harness) serverCPU(tb testing.TB, id string) time.Duration {
+	tb.Helper()
+	cpu, err := pgtest.ServerCPU(h.ctx, func(ctx context.Context) (pid int, err error) {
+		err = h.spaces[id].pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
+		return pid, err
+	})
+	require.NoError(tb, err)
+	return cpu
+}
+
+// floorDrain drains w1 with the floor's one statement per 100 events on
+// workers connections of its own, and returns how many events it took.
+func (h *harness) floorDrain(tb testing.TB, generation string, workers int) int64 {
+	tb.Helper()
+	var taken atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			conn, err := h.spaces["w1"].pool.Acquire(h.ctx)
+			if !assert.NoError(tb, err) {
+				return
+			}
+			defer conn.Release()
+			for {
+				rows, err := conn.Query(h.ctx, sdkfixture.FloorDrain, generation)
+				if !assert.NoError(tb, err) {
+					return
+				}
+				n := int64(0)
+				for rows.Next() {
+					n++
+				}
+				rows.Close()
+				if !assert.NoError(tb, rows.Err()) || n == 0 {
+					return
+				}
+				taken.Add(n)
+			}
+		})
+	}
+	wg.Wait()
+	return taken.Load()
+}
+
+// BenchmarkJobCost runs `job drain` and `job replay` end to end on 20,000
+// events of 1 KB (PostgreSQL → the command → the Pub/Sub emulator), each
+// beside its floor in the same run: the least SQL that does the same work
+// in the database (sdkfixture.FloorDrain on as many connections as the
+// job's drains; for the replay, sdkfixture.FloorReplayPage pages and then
+// the drain's floor). It reports the server's CPU per 1,000 events, the
+// rate, and the sessions the command opened as the server counts them
+// (pg_stat_database.sessions); the ratio of the command's CPU to the
+// floor's is its overhead in PostgreSQL.
+func BenchmarkJobCost(b *testing.B) {
+	const events = 20_000
+	for _, command := range []string{"drain", "replay"} {
+		for _, kind := range []string{"job", "floor"} {
+			b.Run(command+"/"+kind, func(b *testing.B) {
+				h := newHarness(b, &sdkfixture.V4Template)
+				s := h.spaces["w1"]
+				g := h.start("w1")
+				require.NoError(b, sdkfixture.BulkCreate(h.ctx, s.pool, sdkfixture.Demo, "product", "title", events, 50_000))
+				require.NoError(b, sdkfixture.PadPayloads(h.ctx, s.pool, 800))
+				total := h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery")
+				var elapsed, cpu time.Duration
+				var sessions int64
+				for b.Loop() {
+					b.StopTimer()
+					prepare := []string{`UPDATE _ontology_replication_delivery SET accepted_at = NULL, verified_at = NULL, next_verify_at = now(), last_checked_at = NULL`,
+						`DELETE FROM _ontology_replication_receipts`, `UPDATE _ontology_replication_targets SET verified_count = 0`}
+					if command == "replay" {
+						prepare = []string{`UPDATE _ontology_replication_delivery SET accepted_at = now(), verified_at = now()`,
+							`INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at, verified_at)
+							 SELECT generation, event_id, accepted_at, verified_at FROM _ontology_replication_delivery ON CONFLICT DO NOTHING`,
+							`UPDATE _ontology_replication_targets SET verified_count = (SELECT count(*) FROM _ontology_replication_delivery)`}
+					}
+					for _, q := range append(prepare, `VACUUM ANALYZE`, `CHECKPOINT`) {
+						_, err := s.pool.Exec(h.ctx, q)
+						require.NoError(b, err)
+					}
+					h.pubsub.ClearMessages()
+					opened := h.sessionsOpened(b, "w1")
+					cpuBefore := h.serverCPU(b, "w1")
+					b.StartTimer()
+					started := time.Now()
+					switch {
+					case kind == "job":
+						h.mustRun(command, "--workspace", "w1")
+					case command == "replay":
+						var cursor *string
+						for {
+							var last *string
+							var n int64
+							require.NoError(b, s.pool.QueryRow(h.ctx, sdkfixture.FloorReplayPage, g.Generation, cursor).Scan(&last, &n))
+							if n < 1000 {
+								break
+							}
+							cursor = last
+						}
+						fallthrough
+					default:
+						require.EqualValues(b, total, h.floorDrain(b, g.Generation, defaultPoolSize))
+					}
+					elapsed += time.Since(started)
+					b.StopTimer()
+					cpu += h.serverCPU(b, "w1") - cpuBefore
+					if kind == "job" {
+						sessions += opened()
+					}
+					b.StartTimer()
+				}
+				require.Zero(b, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "everything published")
+				n := float64(total) * float64(b.N)
+				b.ReportMetric(n/elapsed.Seconds(), "events/s")
+				b.ReportMetric(cpu.Seconds()*1000/n*1000, "pg-cpu-ms/1000events")
+				if kind == "job" {
+					b.ReportMetric(float64(sessions)/float64(b.N), "sessions/command")
+				}
+			})
+		}
 	}
 }

@@ -14,9 +14,13 @@ import (
 	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/stretchr/testify/require"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/function"
+	"github.com/zclconf/go-cty/cty/function/stdlib"
 	"gopkg.in/yaml.v3"
 
 	"github.com/segmentstream/ontology-replication/functions"
+	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/event"
 )
 
@@ -222,9 +226,9 @@ func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 	t.Parallel()
 	m := parseModule(t, "../terraform")
 	want := map[string][]string{
-		"google_cloud_run_v2_service.drain":   {"FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
-		"google_cloud_run_v2_service.verify":  {"FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE", "VERIFY_AUDIENCE", "VERIFY_CALLER", "VERIFY_TIME_BUDGET", "VERIFY_WORKERS"},
-		"google_cloud_run_v2_job.replication": {"GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
+		"google_cloud_run_v2_service.drain":   {"DATABASE_SERVER_MAX_CONNS", "FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
+		"google_cloud_run_v2_service.verify":  {"DATABASE_SERVER_MAX_CONNS", "FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE", "VERIFY_AUDIENCE", "VERIFY_CALLER", "VERIFY_TIME_BUDGET", "VERIFY_WORKERS"},
+		"google_cloud_run_v2_job.replication": {"DATABASE_SERVER_MAX_CONNS", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
 	}
 	targets := map[string]string{}
 	for key, names := range want {
@@ -580,4 +584,71 @@ func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(string(dashboard), "${prefix}", "logging.googleapis.com/user/")), &parsed), "the dashboard is JSON")
 	require.GreaterOrEqual(t, check("dashboard.json.tftpl", string(dashboard)), 10)
 	require.NotEmpty(t, parsed["mosaicLayout"])
+}
+
+// TestTerraformInstanceBudgetIsTheCodes: terraform's worst case of
+// connections on one Cloud SQL instance, evaluated from the HCL for shared
+// instances of 1 to 40 workspace databases, is each component's most
+// processes × min(its per-server cap, its pool size × the databases) — the
+// bound the code enforces (database.Config.ServerMaxConns, a pool per
+// workspace) — and each component is given the cap the budget counts, as
+// DATABASE_SERVER_MAX_CONNS.
+func TestTerraformInstanceBudgetIsTheCodes(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, "../terraform")
+	components := map[string]string{ // component → its service or job
+		"drain": "google_cloud_run_v2_service.drain", "verify": "google_cloud_run_v2_service.verify", "job": "google_cloud_run_v2_job.replication",
+	}
+	capVar := map[string]string{"drain": "drain_server_max_connections", "verify": "verifier_server_max_connections", "job": "job_server_max_connections"}
+	for c, key := range components {
+		env := envOf(t, m.resources[key])
+		e, ok := env["DATABASE_SERVER_MAX_CONNS"]
+		require.True(t, ok, "%s is given its per-server cap", key)
+		require.Contains(t, string(e.Range().SliceBytes(m.source[e.Range().Filename])), `local.server_max_conns["`+c+`"]`, key)
+	}
+	capsExpr := m.locals["server_max_conns"].Expr
+	require.NotNil(t, capsExpr)
+	caps := string(capsExpr.Range().SliceBytes(m.source[capsExpr.Range().Filename]))
+	for c, v := range capVar {
+		require.Contains(t, caps, c+" = var."+v)
+	}
+
+	funcs := map[string]function.Function{"min": stdlib.MinFunc, "length": stdlib.LengthFunc, "lookup": stdlib.LookupFunc}
+	for _, c := range []struct {
+		databases                   int
+		drainInstances, jobTasks    int
+		drainPool, verifyPool, job  int
+		drainCap, verifyCap, jobCap int
+	}{
+		{1, 10, 1, 2, 2, 4, 4, 8, 8},
+		{3, 10, 1, 2, 2, 4, 4, 8, 8},
+		{40, 10, 2, 2, 2, 4, 4, 8, 8},
+		{40, 20, 3, 3, 1, 6, 2, 5, 7},
+	} {
+		members := make([]cty.Value, c.databases)
+		for i := range members {
+			members[i] = cty.ObjectVal(map[string]cty.Value{"project": cty.StringVal("acme"), "name": cty.StringVal("shared")})
+		}
+		num := func(n int) cty.Value { return cty.NumberIntVal(int64(n)) }
+		ctx := &hcl.EvalContext{Functions: funcs, Variables: map[string]cty.Value{
+			"local": cty.ObjectVal(map[string]cty.Value{"sql_instances": cty.ObjectVal(map[string]cty.Value{"acme:r:shared": cty.TupleVal(members)})}),
+			"var": cty.ObjectVal(map[string]cty.Value{
+				"drain_max_instances": num(c.drainInstances), "job_tasks": num(c.jobTasks),
+				"drain_pool_size": num(c.drainPool), "verifier_pool_size": num(c.verifyPool), "job_pool_size": num(c.job),
+				"drain_server_max_connections": num(c.drainCap), "verifier_server_max_connections": num(c.verifyCap), "job_server_max_connections": num(c.jobCap),
+			}),
+		}}
+		got, diags := m.locals["instance_connections"].Expr.Value(ctx)
+		require.False(t, diags.HasErrors(), diags.Error())
+		n, _ := got.GetAttr("acme:r:shared").AsBigFloat().Int64()
+		// The verifier runs as one instance (services.tf).
+		want := c.drainInstances*min(c.drainCap, c.drainPool*c.databases) + 1*min(c.verifyCap, c.verifyPool*c.databases) + c.jobTasks*min(c.jobCap, c.job*c.databases)
+		require.EqualValues(t, want, n, "%+v", c)
+	}
+	for name, def := range map[string]int{"drain_server_max_connections": 4, "verifier_server_max_connections": database.DefaultServerMaxConns, "job_server_max_connections": database.DefaultServerMaxConns} {
+		v, diags := m.variables[name].Body.Attributes["default"].Expr.Value(nil)
+		require.False(t, diags.HasErrors())
+		got, _ := v.AsBigFloat().Int64()
+		require.EqualValues(t, def, got, name)
+	}
 }

@@ -186,12 +186,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	e.log = logging.New(stderr, logging.Config{Level: settings.LogLevel, ProjectID: settings.ProjectID, Service: "replication-job"})
 	e.progress = newProgressOutput(stderr, e.log)
+	maxOpen := e.parallel
+	if name == "verify" {
+		maxOpen = e.parallel * delivery.VerifyUnitSize
+	}
 	e.svc, err = delivery.Open(ctx, delivery.OpenConfig{
 		Registry:           e.reg,
 		PubSubEmulatorHost: settings.EmulatorHost,
-		// A command walks many workspaces: at most --parallel pools open,
-		// each closed as soon as its workspace is done.
-		Pools:            database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, e.parallel), IdleTimeout: -1},
+		// A command walks many workspaces: each workspace's pool is held
+		// for as long as the command works on it (Service.ForEach) and
+		// closed when it is done, at most --parallel at once (a verify pass
+		// verifies up to VerifyUnitSize workspaces sharing an events table
+		// together, holding their pools); connections to one server are
+		// bounded by DATABASE_SERVER_MAX_CONNS whatever the pools.
+		Pools: database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, maxOpen), IdleTimeout: -1,
+			ServerMaxConns: settings.ServerMaxConns},
+		Retry:            delivery.RetryPolicy{Budget: settings.RetryBudget},
 		Logger:           e.log,
 		DeadLetterReader: name == "dead-letter",
 	})
@@ -254,7 +264,7 @@ func shard(all []registry.Workspace, getenv func(string) string) ([]registry.Wor
 // carrying on past a failing one; it writes the summary and fails at the
 // end when any workspace failed, naming them.
 func (e *env) eachWorkspace(name string, fn func(ctx context.Context, ws registry.Workspace) (any, error)) error {
-	results := delivery.ForEach(e.ctx, e.workspaces, e.parallel, fn)
+	results := e.svc.ForEach(e.ctx, e.workspaces, e.parallel, fn)
 	return e.summarise(name, results)
 }
 

@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
@@ -116,7 +115,7 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 
 func runStatus(e *env) error {
 	for {
-		results := delivery.ForEach(e.ctx, e.workspaces, e.parallel, func(ctx context.Context, ws registry.Workspace) (any, error) {
+		results := e.svc.ForEach(e.ctx, e.workspaces, e.parallel, func(ctx context.Context, ws registry.Workspace) (any, error) {
 			return e.status(ctx, ws)
 		})
 		all := make([]workspaceStatus, len(results))

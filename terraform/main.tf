@@ -42,6 +42,26 @@ locals {
   worst_case_connections = var.drain_max_instances * var.drain_pool_size + var.verifier_pool_size + var.job_tasks * var.job_pool_size
   pool_size              = { drain = var.drain_pool_size, verify = var.verifier_pool_size, job = var.job_pool_size }
 
+  # The worst case of connections on one Cloud SQL instance, whose
+  # max_connections all its workspace databases share: each process (a drain
+  # instance, the verifier's one instance, a job task) holds at most its pool
+  # size per workspace database there, and at most its per-server cap
+  # (DATABASE_SERVER_MAX_CONNS) however many databases the instance holds.
+  server_max_conns = { drain = var.drain_server_max_connections, verify = var.verifier_server_max_connections, job = var.job_server_max_connections }
+  instance_connections = {
+    for instance, members in local.sql_instances : instance => (
+      var.drain_max_instances * min(var.drain_server_max_connections, var.drain_pool_size * length(members))
+      + 1 * min(var.verifier_server_max_connections, var.verifier_pool_size * length(members))
+      + var.job_tasks * min(var.job_server_max_connections, var.job_pool_size * length(members))
+    )
+  }
+  instance_budget = {
+    for instance, _ in local.sql_instances : instance => lookup(var.sql_instance_max_connections, instance, var.default_sql_max_connections) - var.sdk_reserved_connections
+  }
+  instances_over_budget = [
+    for instance, n in local.instance_connections : "${instance}: ${n} > ${local.instance_budget[instance]}" if n > local.instance_budget[instance]
+  ]
+
   vpc = var.vpc_network == "" ? [] : [1]
 }
 
@@ -133,11 +153,15 @@ resource "google_project_iam_custom_role" "views" {
 # The connection budget (see the variables): refused when it exceeds what
 # the SDK's databases can spare.
 resource "terraform_data" "connection_budget" {
-  input = local.worst_case_connections
+  input = { database = local.worst_case_connections, instances = local.instance_connections }
   lifecycle {
     precondition {
       condition     = local.worst_case_connections <= var.max_connections_per_database
       error_message = "The worst case of connections on one workspace database, drain_max_instances × drain_pool_size + verifier_pool_size + job_tasks × job_pool_size = ${local.worst_case_connections}, exceeds max_connections_per_database (${var.max_connections_per_database}). Lower the drain's instances or pools, or raise the limit if the database can spare it."
+    }
+    precondition {
+      condition     = length(local.instances_over_budget) == 0
+      error_message = "The worst case of connections on a Cloud SQL instance (for each component, its most instances × min(its per-server cap, its pool size × the instance's workspace databases), summed) exceeds the instance's max_connections less sdk_reserved_connections: ${join("; ", local.instances_over_budget)}. Lower drain_max_instances or the *_server_max_connections caps, or declare the instance's real max_connections in sql_instance_max_connections."
     }
   }
 }

@@ -61,6 +61,10 @@ resource "google_cloud_run_v2_service" "drain" {
         value = var.project
       }
       env {
+        name  = "DATABASE_SERVER_MAX_CONNS"
+        value = tostring(local.server_max_conns["drain"])
+      }
+      env {
         name  = "LOG_LEVEL"
         value = var.log_level
       }
@@ -142,6 +146,10 @@ resource "google_cloud_run_v2_service" "verify" {
       env {
         name  = "GOOGLE_CLOUD_PROJECT"
         value = var.project
+      }
+      env {
+        name  = "DATABASE_SERVER_MAX_CONNS"
+        value = tostring(local.server_max_conns["verify"])
       }
       env {
         name  = "VERIFY_TIME_BUDGET"
@@ -258,6 +266,10 @@ resource "google_cloud_run_v2_job" "replication" {
         env {
           name  = "GOOGLE_CLOUD_PROJECT"
           value = var.project
+        }
+        env {
+          name  = "DATABASE_SERVER_MAX_CONNS"
+          value = tostring(local.server_max_conns["job"])
         }
         env {
           name  = "LOG_LEVEL"

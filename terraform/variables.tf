@@ -157,14 +157,16 @@ variable "dead_letter_max_delivery_attempts" {
   default     = 5
 }
 
-# The connection budget: the most connections the deployment can hold on one
-# workspace database is drain_max_instances × drain_pool_size + verifier_pool_size
-# + job_tasks × job_pool_size.
+# The connection budget (terraform/README.md): on one workspace database,
+# drain_max_instances × drain_pool_size + verifier_pool_size + job_tasks ×
+# job_pool_size; on one Cloud SQL instance, for each component its most
+# instances × min(its per-server cap, its pool size × the instance's
+# workspace databases), summed.
 
 variable "drain_max_instances" {
-  description = "Most instances of the drain service."
+  description = "Most instances of the drain service (each serves up to 8 wake-ups at once)."
   type        = number
-  default     = 20
+  default     = 10
 }
 
 variable "drain_pool_size" {
@@ -189,6 +191,54 @@ variable "job_pool_size" {
   description = "Connections each job task keeps at most per workspace database."
   type        = number
   default     = 4
+}
+
+variable "drain_server_max_connections" {
+  description = "Connections each drain instance keeps at most on one Cloud SQL instance, however many workspace databases live there (DATABASE_SERVER_MAX_CONNS): wake-ups past it wait for a connection or answer 503."
+  type        = number
+  default     = 4
+  validation {
+    condition     = var.drain_server_max_connections >= 1 && var.drain_server_max_connections <= 10000
+    error_message = "drain_server_max_connections must be from 1 to 10000."
+  }
+}
+
+variable "verifier_server_max_connections" {
+  description = "Connections the verifier keeps at most on one Cloud SQL instance (DATABASE_SERVER_MAX_CONNS)."
+  type        = number
+  default     = 8
+  validation {
+    condition     = var.verifier_server_max_connections >= 1 && var.verifier_server_max_connections <= 10000
+    error_message = "verifier_server_max_connections must be from 1 to 10000."
+  }
+}
+
+variable "job_server_max_connections" {
+  description = "Connections each job task keeps at most on one Cloud SQL instance (DATABASE_SERVER_MAX_CONNS)."
+  type        = number
+  default     = 8
+  validation {
+    condition     = var.job_server_max_connections >= 1 && var.job_server_max_connections <= 10000
+    error_message = "job_server_max_connections must be from 1 to 10000."
+  }
+}
+
+variable "sql_instance_max_connections" {
+  description = "The max_connections flag of each Cloud SQL instance the workspaces use, by connection name (project:region:instance); an instance not listed counts as default_sql_max_connections."
+  type        = map(number)
+  default     = {}
+}
+
+variable "default_sql_max_connections" {
+  description = "The max_connections of an instance not listed in sql_instance_max_connections (Cloud SQL's default for a 3.75 GB instance is 100)."
+  type        = number
+  default     = 100
+}
+
+variable "sdk_reserved_connections" {
+  description = "Connections each Cloud SQL instance keeps for the ontology service, the SDK's migrations and administrators; this deployment's worst case must fit in max_connections less this."
+  type        = number
+  default     = 20
 }
 
 variable "max_connections_per_database" {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/registry"
@@ -30,13 +31,23 @@ const (
 	// the fleet. Default: the component's (64 for the functions; the job's
 	// --parallel).
 	EnvMaxOpenPools = "DATABASE_MAX_OPEN_POOLS"
+	// EnvServerMaxConns bounds this process's connections to one
+	// PostgreSQL server (a Cloud SQL instance, or a host and port), however
+	// many workspace databases live there. Default: 8
+	// (database.DefaultServerMaxConns).
+	EnvServerMaxConns = "DATABASE_SERVER_MAX_CONNS"
+	// EnvRetryBudget bounds how long a job command retries a step that
+	// meets a transient fault (Pub/Sub or the database unavailable, a
+	// deadlock) before it fails with the cause, as a Go duration from 1s
+	// to 1h. Default: 2m (delivery.RetryPolicy).
+	EnvRetryBudget = "REPLICATION_RETRY_BUDGET"
 	// EnvProject is the Google Cloud project the process runs in, which
 	// log lines name in their trace (terraform sets it).
 	EnvProject = "GOOGLE_CLOUD_PROJECT"
 )
 
 // Names lists every variable Read reads.
-var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools, EnvProject}
+var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools, EnvServerMaxConns, EnvRetryBudget, EnvProject}
 
 // Settings are the shared settings.
 type Settings struct {
@@ -52,6 +63,11 @@ type Settings struct {
 	// MaxOpenPools is DATABASE_MAX_OPEN_POOLS; 0 when unset (the
 	// component's default applies).
 	MaxOpenPools int
+	// ServerMaxConns is DATABASE_SERVER_MAX_CONNS; 0 when unset (the
+	// default applies).
+	ServerMaxConns int
+	// RetryBudget is REPLICATION_RETRY_BUDGET; 0 when unset.
+	RetryBudget time.Duration
 	// ProjectID is GOOGLE_CLOUD_PROJECT.
 	ProjectID string
 }
@@ -77,6 +93,20 @@ func Read(getenv func(string) string, defaultPoolSize int32) (Settings, error) {
 			return Settings{}, fmt.Errorf("%s: %q must be a whole number from 1 to 100000", EnvMaxOpenPools, raw)
 		}
 		s.MaxOpenPools = n
+	}
+	if raw := getenv(EnvServerMaxConns); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > 10_000 {
+			return Settings{}, fmt.Errorf("%s: %q must be a whole number from 1 to 10000", EnvServerMaxConns, raw)
+		}
+		s.ServerMaxConns = n
+	}
+	if raw := getenv(EnvRetryBudget); raw != "" {
+		d, err := time.ParseDuration(raw)
+		if err != nil || d < time.Second || d > time.Hour {
+			return Settings{}, fmt.Errorf("%s: %q must be a duration from 1s to 1h (for example 2m)", EnvRetryBudget, raw)
+		}
+		s.RetryBudget = d
 	}
 	if s.Registry, err = registry.Load(getenv); err != nil {
 		return Settings{}, err

@@ -44,13 +44,28 @@ type Config struct {
 	// OnConnect and OnClose, when set, see every connection opened and
 	// closed (tests count connections with them).
 	OnConnect, OnClose func()
+	// ServerMaxConns bounds this process's connections to one PostgreSQL
+	// server, however many workspace databases live there: PostgreSQL's
+	// max_connections is per server (one Cloud SQL instance holds many
+	// workspace databases). A connection past it first closes an idle
+	// connection of another workspace on the same server; otherwise it
+	// waits, at most the connect timeout, for one to close. Workspaces are
+	// on one server when they name the same Cloud SQL instance, or the same
+	// host and port. Default: DefaultServerMaxConns.
+	ServerMaxConns int
 }
+
+// DefaultServerMaxConns is the default bound on a process's connections to
+// one PostgreSQL server: a drain or verifier instance stays a handful of
+// sessions on the SDK's instance however many workspaces it serves.
+const DefaultServerMaxConns = 8
 
 func (c Config) withDefaults() Config {
 	c.ApplicationName = cmp.Or(c.ApplicationName, "ontology-replication")
 	c.MaxConns = cmp.Or(c.MaxConns, 2)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, 5*time.Minute)
 	c.ConnIdleTimeout = cmp.Or(c.ConnIdleTimeout, 30*time.Second)
+	c.ServerMaxConns = cmp.Or(c.ServerMaxConns, DefaultServerMaxConns)
 	return c
 }
 
@@ -65,6 +80,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("MaxOpen %d: must not be negative", c.MaxOpen)
 	case c.ConnIdleTimeout < time.Second:
 		return fmt.Errorf("ConnIdleTimeout %v: must be at least 1s", c.ConnIdleTimeout)
+	case c.ServerMaxConns < 1 || c.ServerMaxConns > 10_000:
+		return fmt.Errorf("ServerMaxConns %d: must be between 1 and 10000", c.ServerMaxConns)
 	}
 	return nil
 }
@@ -77,8 +94,9 @@ type Pools struct {
 	cfg Config
 
 	mu      sync.Mutex
-	pools   map[string]*entry // by workspace id
-	changed chan struct{}     // closed and replaced when a lease ends
+	pools   map[string]*entry  // by workspace id
+	servers map[string]*server // by server key
+	changed chan struct{}      // closed and replaced when a lease ends
 	dialer  *cloudsqlconn.Dialer
 	closed  bool
 	stop    chan struct{}
@@ -87,9 +105,19 @@ type Pools struct {
 
 type entry struct {
 	pool     *pgxpool.Pool
+	server   *server
 	leases   int
 	lastUsed time.Time
 	closing  bool // being closed: it still counts as open
+}
+
+// server is one PostgreSQL server's connection budget in this process.
+type server struct {
+	key     string
+	open    int // connections dialled and not yet closed (guarded by Pools.mu)
+	waiting int // dials waiting for a place (guarded by Pools.mu)
+	// closed is closed and replaced when one of its connections closes.
+	closed chan struct{}
 }
 
 // New returns an empty set of pools.
@@ -98,7 +126,7 @@ func New(cfg Config) (*Pools, error) {
 		return nil, fmt.Errorf("database: invalid config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	p := &Pools{cfg: cfg, pools: map[string]*entry{}, changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Pools{cfg: cfg, pools: map[string]*entry{}, servers: map[string]*server{}, changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	go p.closeIdle()
 	return p, nil
 }
@@ -163,6 +191,85 @@ func (p *Pools) Acquire(ctx context.Context, ws registry.Workspace) (*Lease, err
 		case <-ctx.Done():
 			return nil, fmt.Errorf("database: workspace %s: waiting for one of %d open pools: %w", ws.ID, p.cfg.MaxOpen, context.Cause(ctx))
 		}
+	}
+}
+
+// TryAcquireAll returns a lease of every workspace's pool, or none: without
+// waiting, when the pools are open or MaxOpen leaves (or an idle pool can
+// make) room for those that are not. A caller that holds all its pools
+// never waits for a slot, so callers that take theirs this way cannot wait
+// on one another; one that got none takes its pools one at a time with
+// Acquire.
+func (p *Pools) TryAcquireAll(ctx context.Context, wss []registry.Workspace) []*Lease {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil
+		}
+		needed := 0
+		mine := map[string]bool{}
+		for _, ws := range wss {
+			mine[ws.ID] = true
+			if e, ok := p.pools[ws.ID]; !ok || e.closing {
+				needed++
+			}
+		}
+		free := len(wss) // MaxOpen 0: no bound
+		if p.cfg.MaxOpen > 0 {
+			free = p.cfg.MaxOpen - len(p.pools)
+		}
+		if needed > free {
+			// Make room from idle pools of other workspaces, if enough are
+			// idle; otherwise take nothing.
+			var idle []string
+			for id, e := range p.pools {
+				if e.leases == 0 && !e.closing && !mine[id] {
+					idle = append(idle, id)
+				}
+			}
+			if needed > free+len(idle) {
+				p.mu.Unlock()
+				return nil
+			}
+			evict := map[string]*entry{}
+			for _, id := range idle[:needed-free] {
+				p.pools[id].closing = true
+				evict[id] = p.pools[id]
+			}
+			p.mu.Unlock()
+			for id, e := range evict {
+				p.finishClose(id, e)
+			}
+			continue
+		}
+		leases := make([]*Lease, 0, len(wss))
+		for _, ws := range wss {
+			e, ok := p.pools[ws.ID]
+			if ok && !e.closing {
+				e.leases++
+				e.lastUsed = time.Now()
+			} else if _, closing := p.pools[ws.ID]; closing {
+				// Its old pool is still closing: wait for no one, take none.
+				p.mu.Unlock()
+				for _, l := range leases {
+					l.Release()
+				}
+				return nil
+			} else {
+				var err error
+				if e, err = p.openLocked(ctx, ws); err != nil {
+					p.mu.Unlock()
+					for _, l := range leases {
+						l.Release()
+					}
+					return nil // Acquire, one at a time, reports the error
+				}
+			}
+			leases = append(leases, &Lease{Pool: e.pool, p: p, id: ws.ID, e: e})
+		}
+		p.mu.Unlock()
+		return leases
 	}
 }
 
@@ -256,11 +363,13 @@ func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, 
 	if err != nil {
 		return nil, fmt.Errorf("database: workspace %s (%s): %w", ws.ID, ws.Database.Redacted(), err)
 	}
+	srv := p.serverLocked(serverKey(ws.Database, cfg))
+	p.budget(cfg, srv)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: workspace %s (%s): %w", ws.ID, ws.Database.Redacted(), err)
 	}
-	e := &entry{pool: pool, leases: 1, lastUsed: time.Now()}
+	e := &entry{pool: pool, server: srv, leases: 1, lastUsed: time.Now()}
 	p.pools[ws.ID] = e
 	return e, nil
 }

@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -23,48 +23,19 @@ import (
 func (r *rig) payloadKB(tb testing.TB, n int) {
 	tb.Helper()
 	require.NoError(tb, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", n, 50_000))
-	_, err := r.pool.Exec(r.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}',
-		to_jsonb(((replication->>'payload')::jsonb || jsonb_build_object('note', repeat('x', 800)))::text))`)
-	require.NoError(tb, err)
-	_, err = r.pool.Exec(r.ctx, "VACUUM ANALYZE")
-	require.NoError(tb, err)
+	require.NoError(tb, sdkfixture.PadPayloads(r.ctx, r.pool, 800))
 }
 
-// serverCPU is the CPU time the PostgreSQL server behind pool has used so
-// far: the postmaster and every process it started (backends, autovacuum,
-// the writers), from /proc. On this shared machine it is the fairest cost
-// figure: it does not count the benchmark's own CPU or the emulator's.
+// serverCPU is the CPU time the PostgreSQL server has used so far
+// (pgtest.ServerCPU).
 func serverCPU(tb testing.TB, r *rig) time.Duration {
 	tb.Helper()
-	var backend int
-	require.NoError(tb, r.pool.QueryRow(r.ctx, "SELECT pg_backend_pid()").Scan(&backend))
-	stat := func(pid int) (ppid int, ticks int64, ok bool) {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return 0, 0, false
-		}
-		// The fields after the command name, which is in parentheses.
-		fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-		ppid, _ = strconv.Atoi(fields[1])
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		return ppid, utime + stime, true
-	}
-	postmaster, _, ok := stat(backend)
-	require.True(tb, ok, "no /proc entry for the server's processes: serverCPU needs a local server")
-	_, total, _ := stat(postmaster)
-	entries, err := os.ReadDir("/proc")
+	cpu, err := pgtest.ServerCPU(r.ctx, func(ctx context.Context) (pid int, err error) {
+		err = r.pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
+		return pid, err
+	})
 	require.NoError(tb, err)
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid, ticks, ok := stat(pid); ok && ppid == postmaster {
-			total += ticks
-		}
-	}
-	return time.Duration(total) * 10 * time.Millisecond // USER_HZ is 100
+	return cpu
 }
 
 // resetQueue makes every event pending again, as it was before the first
@@ -82,21 +53,9 @@ func (r *rig) resetQueue(tb testing.TB) {
 	r.srv.ClearMessages()
 }
 
-// sqlFloorDrain is the least SQL that can drain a batch: one statement per
-// 100 events that claims them, reads their events, accepts them and writes
-// their receipts (no publish between the read and the acceptance, no
-// byte bound). The drain's PostgreSQL cost is judged against it.
-const sqlFloorDrain = `WITH batch AS (
-    SELECT event_id FROM _ontology_replication_delivery WHERE generation = $1::uuid AND accepted_at IS NULL
-     ORDER BY revision, event_id LIMIT 100 FOR UPDATE SKIP LOCKED
-  ), events AS (
-    SELECT h.id, h.replication FROM product_history h WHERE h.id = ANY (ARRAY(SELECT event_id FROM batch))
-  ), accepted AS (
-    UPDATE _ontology_replication_delivery SET accepted_at = now(), next_verify_at = now()
-     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM batch)) RETURNING event_id, accepted_at
-  ), receipts AS (
-    INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at) SELECT $1::uuid, event_id, accepted_at FROM accepted
-  ) SELECT id::text, replication FROM events`
+// sqlFloorDrain is the least SQL that can drain a batch
+// (sdkfixture.FloorDrain); the drain's PostgreSQL cost is judged against it.
+const sqlFloorDrain = sdkfixture.FloorDrain
 
 // BenchmarkDrain measures the drain end to end, PostgreSQL to the Pub/Sub
 // emulator, with 1 KB payloads, for 1 and 4 concurrent invocations, and the

@@ -48,6 +48,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Store configures each workspace's store (timeouts).
 	Store store.Config
+	// Retry bounds the retries of transient faults inside a command (drain
+	// batches, backfill and replay pages).
+	Retry RetryPolicy
 	// RequeueReportAfter is how many times the verifier may send an event
 	// back to pending before it reports it (VerifyResult.RequeuedRepeatedly).
 	// Default: 3.
@@ -91,6 +94,9 @@ func (c Config) Validate() error {
 	if err := c.Store.Validate(); err != nil {
 		return fmt.Errorf("Store.%w", err)
 	}
+	if err := c.Retry.Validate(); err != nil {
+		return fmt.Errorf("Retry.%w", err)
+	}
 	return nil
 }
 
@@ -116,14 +122,16 @@ var ErrUnknownWorkspace = errors.New("unknown workspace")
 var errPublish = errors.New("publish failed")
 
 // Transient reports whether a failure may pass by itself (database or
-// Pub/Sub unavailable, a timeout, a lock conflict): an HTTP caller gets 503.
+// Pub/Sub unavailable, a timeout, a lock conflict, the server's connection
+// budget in use): an HTTP caller gets 503, a command retries it
+// (RetryPolicy).
 // Other failures (a missing history row, a malformed event, a missing
 // schema or topic) need a person: 500.
 func Transient(err error) bool {
 	if errors.Is(err, errPublish) {
 		return !publish.Misconfigured(err)
 	}
-	return store.Retryable(err)
+	return store.Retryable(err) || errors.Is(err, database.ErrServerBusy)
 }
 
 // Workspace returns a workspace of the registry.

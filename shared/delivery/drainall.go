@@ -101,6 +101,13 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 		produced  = make(chan struct{})
 		paused    atomic.Bool
 	)
+	// The workspace's pool stays open for the whole drain: each batch takes
+	// a connection of it, and none is opened per batch.
+	held, err := s.hold(ctx, workspaceID)
+	if err != nil {
+		return DrainAllResult{}, err
+	}
+	defer held()
 	tracker := progress.Start("drain", workspaceID, "events", 0)
 	defer tracker.Done()
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
@@ -121,10 +128,30 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 					return nil
 				}
 				wasProducing := producing.Load()
-				bctx, cancel := context.WithTimeout(gctx, step)
-				r, err := s.Drain(bctx, workspaceID)
-				cancel()
+				var r DrainResult
+				err := s.retrying(ctx, "drain", workspaceID, func() error {
+					bctx, cancel := context.WithTimeout(gctx, step)
+					defer cancel()
+					var err error
+					r, err = s.Drain(bctx, workspaceID)
+					if r.Published > 0 || r.SetAside > 0 {
+						// Acknowledged before the failure: counted once,
+						// never published again by the retry.
+						mu.Lock()
+						res.Published += r.Published
+						res.SetAside += r.SetAside
+						mu.Unlock()
+						tracker.Add(r.Published)
+						if err != nil {
+							r.Published, r.SetAside = 0, 0
+						}
+					}
+					return err
+				})
 				if err != nil {
+					if ctx.Err() != nil && Transient(err) {
+						return nil // interrupted while waiting to retry
+					}
 					return fmt.Errorf("drain: %w", err)
 				}
 				if r.State != StateActive {
@@ -135,15 +162,10 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 					return nil
 				}
 				mu.Lock()
-				res.Published += r.Published
-				res.SetAside += r.SetAside
 				res.State = r.State
 				mu.Unlock()
-				if r.Published > 0 || r.SetAside > 0 {
-					tracker.Add(r.Published)
-					if r.More {
-						continue
-					}
+				if (r.Published > 0 || r.SetAside > 0) && r.More {
+					continue
 				}
 				if !wasProducing {
 					return nil // nothing publishable left once the pages were done
@@ -157,7 +179,7 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 			}
 		})
 	}
-	err := g.Wait()
+	err = g.Wait()
 	res.Paused = paused.Load()
 	if err == nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w after %d events", ErrInterrupted, res.Published)
@@ -179,6 +201,36 @@ type WorkspaceResult struct {
 	Err error
 	// Detail is the command's own summary of the workspace.
 	Detail any
+}
+
+// ForEach is the package's ForEach with each workspace's database pool held
+// open for the whole of fn: the command's steps on a workspace (its pages,
+// batches, reads) share the pool's connections, none is opened per step,
+// and the pool closes when the workspace is done (where the pools close
+// when idle, as the job's do), so that at most parallel pools are open
+// however many workspaces the command walks.
+func (s *Service) ForEach(ctx context.Context, workspaces []registry.Workspace, parallel int, fn func(ctx context.Context, ws registry.Workspace) (any, error)) []WorkspaceResult {
+	return ForEach(ctx, workspaces, parallel, func(ctx context.Context, ws registry.Workspace) (any, error) {
+		held, err := s.hold(ctx, ws.ID)
+		if err != nil {
+			return nil, err
+		}
+		defer held()
+		return fn(ctx, ws)
+	})
+}
+
+// hold keeps a workspace's pool open until the returned function is called.
+func (s *Service) hold(ctx context.Context, workspaceID string) (func(), error) {
+	ws, err := s.Workspace(workspaceID)
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.cfg.Pools.Acquire(ctx, ws)
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
 }
 
 // ForEach runs fn for each workspace, at most parallel at a time (default

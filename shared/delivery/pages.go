@@ -164,9 +164,18 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 			}
 			// A page runs detached from ctx: an interrupt stops the
 			// operation between pages, never inside one.
-			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-			rows, complete, err := loop.page(pctx)
-			cancel()
+			var rows int
+			var complete bool
+			err := s.retrying(ctx, operation+" page", workspaceID, func() error {
+				pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+				defer cancel()
+				var err error
+				rows, complete, err = loop.page(pctx)
+				return err
+			})
+			if err != nil && ctx.Err() != nil && Transient(err) {
+				return fmt.Errorf("%w after %d pages (while waiting to retry: %w)", ErrInterrupted, res.Pages, err)
+			}
 			if err != nil {
 				return err
 			}

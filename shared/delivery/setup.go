@@ -26,6 +26,8 @@ type OpenConfig struct {
 	Pools database.Config
 	// Store configures each workspace's store.
 	Store store.Config
+	// Retry bounds the retries of transient faults inside a command.
+	Retry RetryPolicy
 	// Publisher and Warehouse replace the production parts (tests and the
 	// local mode); nil builds them.
 	Publisher   Publisher
@@ -102,7 +104,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		o.close = append(o.close, func() { _ = r.Close() })
 		dead = r
 	}
-	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store})
+	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry})
 	if err != nil {
 		o.Close()
 		return nil, err

@@ -84,6 +84,7 @@ func (s *Service) Verify(ctx context.Context, workspaceID string) (VerifyResult,
 	}
 	u := s.newUnit([]registry.Workspace{ws})
 	u.verify(ctx, time.Time{})
+	failUnanswered([]*unit{u})
 	res := u.members[0].res
 	if res.Error != "" {
 		return res, u.members[0].err
@@ -133,10 +134,11 @@ func (p VerifyPass) Failed() bool {
 	return false
 }
 
-// unitSize is how many workspaces sharing an events table are verified
-// together: their due events are looked up in one query (up to 1,000 each,
-// within warehouse.MaxLookupIDs).
-const unitSize = warehouse.MaxLookupIDs / store.MaxVerifyBatch
+// VerifyUnitSize is how many workspaces sharing an events table are
+// verified together: their due events are looked up in one query (up to
+// 1,000 each, within warehouse.MaxLookupIDs), and their pools are held
+// together for the unit's verification.
+const VerifyUnitSize = warehouse.MaxLookupIDs / store.MaxVerifyBatch
 
 // minSlice is the least time worth starting a workspace's verification
 // with.
@@ -178,6 +180,8 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 				// wasted. The rounds get most of the slice, the sweep the
 				// rest.
 				slice := max(share, minSlice)
+				release := u.holdPools(ctx)
+				defer release()
 				start := time.Now()
 				if opts.SweepBatches == 0 {
 					u.verify(ctx, start.Add(slice))
@@ -195,6 +199,7 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 		})
 	}
 	_ = g.Wait()
+	failUnanswered(units)
 	var notReached []string
 	for _, u := range units {
 		for _, m := range u.members {
@@ -253,7 +258,7 @@ func (s *Service) passUnits(opts VerifyAllOptions) []*unit {
 	for _, ws := range chosen {
 		key := warehouse.TableKey(ws.BigQuery)
 		u := byTable[key]
-		if u == nil || len(u.members) == unitSize {
+		if u == nil || len(u.members) == VerifyUnitSize {
 			u = s.newUnit(nil)
 			byTable[key] = u
 			units = append(units, u)
@@ -286,6 +291,8 @@ type unit struct {
 	members []*member
 	lookups int
 	shared  int
+	// answered counts the lookups BigQuery answered.
+	answered int
 }
 
 // member is one workspace of a unit, during its verification.
@@ -295,12 +302,35 @@ type member struct {
 	res    VerifyResult
 	err    error
 	done   bool
+	// lookupErr is the failed lookup that the pass's deadline cut, which
+	// leaves the member partial unless no lookup of the pass was answered
+	// (see failUnanswered).
+	lookupErr error
+}
+
+// holdPools keeps the unit's pools open for its whole verification, so that
+// its rounds, sweep and figures share their connections instead of opening
+// them again where pools close when idle (the job's). It takes all of them
+// or, when the bound on open pools leaves no room for all, none
+// (database.Pools.TryAcquireAll): then withStore takes them one at a time
+// and a unit never waits on itself or on another unit that holds pools.
+func (u *unit) holdPools(ctx context.Context) func() {
+	wss := make([]registry.Workspace, len(u.members))
+	for i, m := range u.members {
+		wss[i] = m.ws
+	}
+	leases := u.svc.cfg.Pools.TryAcquireAll(ctx, wss)
+	return func() {
+		for _, l := range leases {
+			l.Release()
+		}
+	}
 }
 
 // withStore runs f with the member's store, holding its workspace's pool
-// only meanwhile: a unit takes its members' pools one at a time, so it
-// never holds more than one, and a bound on open pools (the job's
-// --parallel) cannot leave it waiting on itself.
+// meanwhile (the unit may hold it longer: see holdPools). A unit takes its
+// members' pools one at a time here, so that a bound on open pools (the
+// job's --parallel) cannot leave it waiting on itself.
 func (m *member) withStore(ctx context.Context, s *Service, f func(*Lease) error) error {
 	l, err := s.Lease(ctx, m.ws)
 	if err != nil {
@@ -316,6 +346,26 @@ func (s *Service) newUnit(members []registry.Workspace) *unit {
 		u.members = append(u.members, &member{ws: ws, res: VerifyResult{Workspace: ws.ID}})
 	}
 	return u
+}
+
+// failUnanswered makes a failure of the members whose lookup the deadline
+// cut when BigQuery answered no lookup of the pass: an outage must never
+// read as a pass that merely ran out of time. Partial means that some work
+// was done and the rest ran out of time.
+func failUnanswered(units []*unit) {
+	for _, u := range units {
+		if u.answered > 0 {
+			return
+		}
+	}
+	for _, u := range units {
+		for _, m := range u.members {
+			if m.lookupErr != nil && m.res.Outcome == OutcomePartial {
+				m.err = fmt.Errorf("BigQuery answered no lookup of the pass: %w", m.lookupErr)
+				m.res.Outcome, m.res.Error = OutcomeFailed, m.err.Error()
+			}
+		}
+	}
 }
 
 func (u *unit) notReached() {
@@ -406,6 +456,9 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 		present, err := s.cfg.Warehouse.Present(ctx, round[0].m.ws.BigQuery, lookups)
 		took := time.Since(started)
 		u.lookups++
+		if err == nil {
+			u.answered++
+		}
 		u.shared += len(round) - 1
 		found := make(map[string]bool, len(present))
 		for _, id := range present {
@@ -415,7 +468,8 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 			m := d.m
 			m.res.LookupTime += took
 			if err != nil {
-				m.fail(ctx, fmt.Errorf("look up %d events: %w", len(d.refs), err))
+				m.lookupErr = fmt.Errorf("look up %d events: %w", len(d.refs), err)
+				m.fail(ctx, m.lookupErr)
 				continue
 			}
 			m.res.Rounds++

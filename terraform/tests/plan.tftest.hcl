@@ -200,6 +200,41 @@ run "oversized_connection_budget" {
   expect_failures = [terraform_data.connection_budget]
 }
 
+# Ten workspace databases on one instance of 50 connections: each drain
+# instance's per-server cap (4) × 10 instances + the verifier's 8 + the job's
+# 8 = 56 > 50 − 20 reserved. One database each is within it.
+run "shared_instance_over_its_budget" {
+  command = plan
+
+  variables {
+    workspaces = { for i in range(10) : "w${i}" => {
+      organization_id = "org-1"
+      runtime_subject = "runtime:w${i}"
+      database        = { instance = "acme:europe-west1:shared", name = "w${i}" }
+    } }
+    sql_instance_max_connections = { "acme:europe-west1:shared" = 50 }
+  }
+
+  expect_failures = [terraform_data.connection_budget]
+}
+
+run "shared_instance_within_its_budget" {
+  command = plan
+
+  variables {
+    workspaces = { for i in range(10) : "w${i}" => {
+      organization_id = "org-1"
+      runtime_subject = "runtime:w${i}"
+      database        = { instance = "acme:europe-west1:shared", name = "w${i}" }
+    } }
+  }
+
+  assert {
+    condition     = local.instance_connections["acme:europe-west1:shared"] == 10 * 4 + 8 + 8
+    error_message = "the worst case on the shared instance is each component's per-server cap"
+  }
+}
+
 run "image_tags_are_refused" {
   command = plan
 

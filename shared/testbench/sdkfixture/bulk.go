@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // BulkCreate creates n records of an entity with set-based statements, in
@@ -50,3 +51,49 @@ func BulkCreate(ctx context.Context, db DB, m Manifest, entity, stringField stri
 	}
 	return nil
 }
+
+// PadPayloads adds a note of n bytes to the payload of every captured
+// product event, then vacuums and analyses (benchmarks of 1 KB events).
+func PadPayloads(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, n int) error {
+	if _, err := db.Exec(ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}',
+		to_jsonb(((replication->>'payload')::jsonb || jsonb_build_object('note', repeat('x', $1::int)))::text))`, n); err != nil {
+		return fmt.Errorf("sdkfixture: pad payloads: %w", err)
+	}
+	if _, err := db.Exec(ctx, "VACUUM ANALYZE"); err != nil {
+		return fmt.Errorf("sdkfixture: vacuum: %w", err)
+	}
+	return nil
+}
+
+// FloorDrain is the least SQL that can drain a batch of the demo's
+// products: one statement per 100 events that claims them, reads their
+// events, accepts them and writes their receipts (no publish between the
+// read and the acceptance, no byte bound). $1 is the generation.
+// Benchmarks judge the drain's PostgreSQL cost against it.
+const FloorDrain = `WITH batch AS (
+    SELECT event_id FROM _ontology_replication_delivery WHERE generation = $1::uuid AND accepted_at IS NULL
+     ORDER BY revision, event_id LIMIT 100 FOR UPDATE SKIP LOCKED
+  ), events AS (
+    SELECT h.id, h.replication FROM product_history h WHERE h.id = ANY (ARRAY(SELECT event_id FROM batch))
+  ), accepted AS (
+    UPDATE _ontology_replication_delivery SET accepted_at = now(), next_verify_at = now()
+     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM batch)) RETURNING event_id, accepted_at
+  ), receipts AS (
+    INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at) SELECT $1::uuid, event_id, accepted_at FROM accepted
+  ) SELECT id::text, replication FROM events`
+
+// FloorReplayPage is the least SQL that can reset a page of a replay: one
+// statement that sends the next 1,000 rows by event_id after $2 (NULL:
+// from the start) back to pending, drops their receipts and returns the
+// page's last id and size. $1 is the generation.
+const FloorReplayPage = `WITH page AS (
+    SELECT event_id FROM _ontology_replication_delivery WHERE generation = $1::uuid AND ($2::uuid IS NULL OR event_id > $2::uuid)
+     ORDER BY event_id LIMIT 1000
+  ), reset AS (
+    UPDATE _ontology_replication_delivery SET accepted_at = NULL, verified_at = NULL, next_verify_at = now()
+     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM page)) RETURNING event_id
+  ), receipts AS (
+    DELETE FROM _ontology_replication_receipts WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM reset))
+  ) SELECT (SELECT max(event_id::text) FROM page), (SELECT count(*) FROM page)`

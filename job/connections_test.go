@@ -1,0 +1,167 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+)
+
+// sessionsOpened returns a function that reports how many sessions the
+// server has opened on the workspace's database since it was called, as
+// PostgreSQL counts them (pg_stat_database.sessions), read from another
+// database so that the reading adds none. A new session's count reaches
+// the statistics when its first statement completes (a backend that has
+// never flushed its statistics flushes them at once), so the command's
+// sessions are all counted once it has returned; the harness's own pool
+// is not used meanwhile.
+func (h *harness) sessionsOpened(t testing.TB, id string) func() int64 {
+	t.Helper()
+	u, err := url.Parse(h.spaces[id].url)
+	require.NoError(t, err)
+	dbname := strings.TrimPrefix(u.Path, "/")
+	u.Path = "/postgres"
+	monitor, err := pgx.Connect(h.ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = monitor.Close(h.ctx) })
+	read := func() int64 {
+		var n int64
+		require.NoError(t, monitor.QueryRow(h.ctx, `SELECT sessions FROM pg_stat_database WHERE datname = $1`, dbname).Scan(&n))
+		return n
+	}
+	before := read()
+	return func() int64 { return read() - before }
+}
+
+// TestCommandsHoldOnePoolPerWorkspace: a drain of tens of thousands of
+// events opens at most its pool's size of sessions, whatever the
+// scheduling, and so do a replay and a verify pass: the workspace's pool
+// lives as long as the command works on the workspace. With one connection
+// a pool closed between batches would open one session per batch.
+func TestCommandsHoldOnePoolPerWorkspace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drains 20,000 events")
+	}
+	t.Parallel()
+	for _, size := range []string{"1", "3"} {
+		t.Run("pool size "+size, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, &sdkfixture.V4Template)
+			h.start("w1")
+			h.products("w1", 20_000)
+			env := map[string]string{"DATABASE_POOL_SIZE": size}
+			for _, args := range [][]string{{"drain"}, {"replay"}, {"verify", "--budget", "1m"}} {
+				opened := h.sessionsOpened(t, "w1")
+				out, logs, err := h.runEnv(h.ctx, env, args...)
+				require.NoError(t, err, "%s\n%s", out, logs)
+				n := opened()
+				t.Logf("job %s: %d sessions", args[0], n)
+				limit, err := strconv.Atoi(size)
+				require.NoError(t, err)
+				require.LessOrEqual(t, n, int64(limit), "job %s opened %d sessions with a pool of %s", args[0], n, size)
+				require.Positive(t, n)
+			}
+			require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+		})
+	}
+}
+
+// TestCommandsRideOutUnavailable: Pub/Sub answers UNAVAILABLE to a burst of
+// publish requests in the middle of `job drain` and of `job replay`; both
+// retry with backoff and complete, every event published, none accepted
+// that Pub/Sub did not take. A burst longer than the retry budget fails the
+// command with the cause.
+func TestCommandsRideOutUnavailable(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 1500)
+	var requests atomic.Int64
+	refuse := func(from, to int64) {
+		requests.Store(0)
+		h.mu.Lock()
+		h.onPublish = func(*pubsubpb.PublishRequest) error {
+			if n := requests.Add(1); n >= from && n < to {
+				return status.Error(codes.Unavailable, "the service is unavailable (injected)")
+			}
+			return nil
+		}
+		h.mu.Unlock()
+	}
+	check := func(t *testing.T) {
+		t.Helper()
+		published := h.published("w1")
+		rows, err := h.spaces["w1"].pool.Query(h.ctx, `SELECT d.event_id::text, t.source_id, d.generation::text, d.accepted_at IS NOT NULL
+			FROM _ontology_replication_delivery d JOIN _ontology_replication_targets t USING (generation)`)
+		require.NoError(t, err)
+		var id, source, gen string
+		var accepted bool
+		total := 0
+		_, err = pgx.ForEachRow(rows, []any{&id, &source, &gen, &accepted}, func() error {
+			total++
+			require.True(t, accepted, "every event published and acknowledged")
+			require.Positive(t, published[event.ID(source, id, gen)], "acknowledged only once Pub/Sub took it")
+			return nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 1500+h.baseline("w1"), total)
+	}
+	for _, command := range []string{"drain", "replay"} {
+		t.Run(command, func(t *testing.T) {
+			refuse(3, 9) // six requests in a row refused, the drain's third onwards
+			out, logs, err := h.run(h.ctx, command)
+			require.NoError(t, err, "%s\n%s", out, logs)
+			require.Contains(t, logs, "a transient fault; retrying")
+			require.Contains(t, logs, `"attempt":`)
+			check(t)
+		})
+	}
+	t.Run("outage past the budget", func(t *testing.T) {
+		refuse(1, 1<<40)
+		h.products("w1", 10)
+		_, _, err := h.runEnv(h.ctx, map[string]string{"REPLICATION_RETRY_BUDGET": "2s"}, "drain")
+		require.ErrorContains(t, err, "still failing after")
+		require.ErrorContains(t, err, "Unavailable")
+	})
+}
+
+// TestVerifyWithoutBigQueryFails: a pass in which BigQuery never answered
+// is a failed pass, whatever its budget, not a partial one.
+func TestVerifyWithoutBigQueryFails(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 10)
+	h.mustRun("drain")
+	stop := make(chan struct{})
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(func() { close(stop); silent.Close() })
+	registry := strings.ReplaceAll(h.env["REPLICATION_WORKSPACES"], h.bqURL, silent.URL)
+	out, logs, err := h.runEnv(h.ctx, map[string]string{"REPLICATION_WORKSPACES": registry}, "verify", "--budget", "2s", "--json")
+	require.Error(t, err, "%s\n%s", out, logs)
+	require.ErrorContains(t, err, "BigQuery answered no lookup of the pass")
+	require.Contains(t, logs, `"severity":"ERROR"`)
+	require.Contains(t, out, `"outcome":"failed"`)
+}
+
+// baseline counts a workspace's baseline events.
+func (h *harness) baseline(id string) int {
+	return int(h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE is_baseline"))
+}

@@ -1,0 +1,193 @@
+package database
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/segmentstream/ontology-replication/shared/registry"
+)
+
+// The per-server budget.
+//
+// PostgreSQL's max_connections is per server, and one Cloud SQL instance
+// holds many workspace databases, so a pool per workspace database bounds
+// nothing the server counts. Every pool's dial goes through its server's
+// budget instead: a connection takes one of Config.ServerMaxConns places
+// before it dials and gives it back when it closes (its net.Conn's Close,
+// which pgconn calls however the connection ends). A dial that finds every
+// place taken closes one idle connection of another workspace's pool on the
+// same server (idle: in that pool, not held by any caller, so nothing is
+// lost) and takes its place; with none idle it waits for a connection to
+// close, and while a dial waits, a connection released by its caller is
+// closed instead of kept idle, handing its place over. The wait is the dial's: pgconn bounds it with the connect timeout
+// (10 s unless the URL sets connect_timeout), and it ends with ErrServerBusy,
+// a failure a caller may retry (an HTTP caller answers 503).
+
+// ErrServerBusy: every connection this process may open to the workspace's
+// PostgreSQL server is in use.
+var ErrServerBusy = errors.New("database: every connection this process may open to the server is in use")
+
+// serverKey names the PostgreSQL server a workspace's database lives on: its
+// Cloud SQL instance, or its host and port.
+func serverKey(db registry.Database, cfg *pgxpool.Config) string {
+	if db.Instance != "" {
+		return "cloudsql:" + db.Instance
+	}
+	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+}
+
+func (p *Pools) serverLocked(key string) *server {
+	srv := p.servers[key]
+	if srv == nil {
+		srv = &server{key: key, closed: make(chan struct{})}
+		p.servers[key] = srv
+	}
+	return srv
+}
+
+// budget makes every connection of cfg's pool go through srv's budget.
+func (p *Pools) budget(cfg *pgxpool.Config, srv *server) {
+	cfg.AfterRelease = func(*pgx.Conn) bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return srv.waiting == 0 // false: closed, its place handed over
+	}
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if err := p.take(ctx, srv); err != nil {
+			return nil, err
+		}
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			p.giveBack(srv)
+			return nil, err
+		}
+		return &budgetedConn{Conn: conn, giveBack: sync.OnceFunc(func() { p.giveBack(srv) })}, nil
+	}
+}
+
+// take takes one of srv's places: a free one, one freed by closing an idle
+// connection of another pool on srv, or the first one freed before ctx ends.
+func (p *Pools) take(ctx context.Context, srv *server) error {
+	// Give up a moment before the dial's deadline, so that the caller's
+	// error names the budget (pgconn reports a dial that outlived its
+	// context only as a timeout).
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-min(time.Until(deadline)/10, 100*time.Millisecond)))
+		defer cancel()
+	}
+	for {
+		p.mu.Lock()
+		if srv.open < p.cfg.ServerMaxConns {
+			srv.open++
+			p.mu.Unlock()
+			return nil
+		}
+		closed := srv.closed
+		siblings := p.idleOnLocked(srv)
+		srv.waiting++
+		p.mu.Unlock()
+		var err error
+		if !closeOneIdle(ctx, siblings) {
+			select {
+			case <-closed:
+			case <-ctx.Done():
+				err = fmt.Errorf("%w (%s, %d connections): %w", ErrServerBusy, srv.key, p.cfg.ServerMaxConns, ctx.Err())
+			}
+		}
+		p.mu.Lock()
+		srv.waiting--
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (p *Pools) giveBack(srv *server) {
+	p.mu.Lock()
+	srv.open--
+	close(srv.closed)
+	srv.closed = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// idleOnLocked returns the open pools on srv that hold idle connections,
+// least recently used first.
+func (p *Pools) idleOnLocked(srv *server) []*pgxpool.Pool {
+	var found []*entry
+	for _, e := range p.pools {
+		if e.server == srv && !e.closing && e.pool.Stat().IdleConns() > 0 {
+			found = append(found, e)
+		}
+	}
+	slices.SortFunc(found, func(a, b *entry) int { return a.lastUsed.Compare(b.lastUsed) })
+	pools := make([]*pgxpool.Pool, len(found))
+	for i, e := range found {
+		pools[i] = e.pool
+	}
+	return pools
+}
+
+// closeOneIdle closes one idle connection of the first pool that has one:
+// it takes the pool's idle connections, closes one (its place goes back to
+// the server's budget) and hands the others back.
+func closeOneIdle(ctx context.Context, pools []*pgxpool.Pool) bool {
+	for _, pool := range pools {
+		idle := pool.AcquireAllIdle(ctx)
+		if len(idle) == 0 {
+			continue
+		}
+		_ = idle[0].Conn().Close(ctx)
+		for _, c := range idle {
+			c.Release() // the closed one is destroyed
+		}
+		return true
+	}
+	return false
+}
+
+// budgetedConn gives its place back to the server's budget when closed.
+type budgetedConn struct {
+	net.Conn
+	giveBack func()
+}
+
+func (c *budgetedConn) Close() error {
+	defer c.giveBack()
+	return c.Conn.Close()
+}
+
+// ServerConns reports how many connections this process has open to each
+// PostgreSQL server, by server key (Cloud SQL instance or host:port).
+func (p *Pools) ServerConns() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.servers))
+	for key, srv := range p.servers {
+		out[key] = srv.open
+	}
+	return out
+}
+
+// ServerWaiting reports how many connections are waiting for a place in
+// their server's budget.
+func (p *Pools) ServerWaiting() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, srv := range p.servers {
+		n += srv.waiting
+	}
+	return n
+}

@@ -1,0 +1,116 @@
+package database_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/database"
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+)
+
+// sessionsOf counts the server's sessions of an application name.
+func sessionsOf(t *testing.T, admin *pgx.Conn, app string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+	return n
+}
+
+// TestServerBudget: workspaces whose databases live on one server share
+// its budget of connections, as the server counts them: a connection past
+// it closes another workspace's idle connection, or waits for one to be
+// released (which is then handed over), or, when the caller's context ends
+// first, fails with ErrServerBusy.
+func TestServerBudget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const app = "server-budget-test"
+	pools, err := database.New(database.Config{ApplicationName: app, MaxConns: 2, ServerMaxConns: 2})
+	require.NoError(t, err)
+	defer pools.Close()
+	admin, err := pgx.Connect(ctx, pgtest.Shared(t).AdminURL())
+	require.NoError(t, err)
+	defer func() { _ = admin.Close(ctx) }()
+	leases := map[string]*database.Lease{}
+	for _, id := range []string{"a", "b", "c"} {
+		url := pgtest.NewDatabase(t, nil)
+		if id == "b" {
+			// b's connections wait at most a second for a place.
+			url += map[bool]string{true: "&", false: "?"}[strings.Contains(url, "?")] + "connect_timeout=1"
+		}
+		l, err := pools.Acquire(ctx, registry.Workspace{ID: id, Database: registry.Database{URL: url}})
+		require.NoError(t, err)
+		defer l.Release()
+		leases[id] = l
+	}
+	use := func(ctx context.Context, id string) error {
+		var one int
+		return leases[id].Pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+	}
+
+	// Two connections of a, held: the server's budget is spent.
+	a1, err := leases["a"].Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer a1.Release()
+	a2, err := leases["a"].Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer a2.Release()
+	require.Equal(t, 2, sessionsOf(t, admin, app))
+
+	// b's first connection waits; past its connect timeout it fails as
+	// busy, a failure a caller may retry.
+	err = use(ctx, "b")
+	require.ErrorIs(t, err, database.ErrServerBusy)
+	require.Zero(t, pools.ServerWaiting())
+
+	// b waits again; a connection a releases is handed over to it.
+	done := make(chan error, 1)
+	go func() { done <- use(ctx, "b") }()
+	require.Eventually(t, func() bool { return pools.ServerWaiting() == 1 }, 30*time.Second, time.Millisecond, "b waits for a place")
+	a1.Release()
+	require.NoError(t, <-done)
+	require.LessOrEqual(t, sessionsOf(t, admin, app), 2)
+
+	// a's other connection goes back idle; c takes its place by closing it.
+	a2.Release()
+	require.Eventually(t, func() bool { return leases["a"].Pool.Stat().IdleConns() == 1 }, 30*time.Second, time.Millisecond)
+	require.NoError(t, use(ctx, "c"))
+	require.Zero(t, leases["a"].Pool.Stat().TotalConns(), "a's idle connection was closed for c")
+	require.LessOrEqual(t, sessionsOf(t, admin, app), 2)
+	for key, n := range pools.ServerConns() {
+		require.LessOrEqual(t, n, 2, key)
+	}
+}
+
+// TestTryAcquireAll: all of the pools or none, without waiting.
+func TestTryAcquireAll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t, nil)
+	pools, err := database.New(database.Config{MaxOpen: 3, IdleTimeout: -1})
+	require.NoError(t, err)
+	defer pools.Close()
+	ws := func(ids ...string) []registry.Workspace {
+		out := make([]registry.Workspace, len(ids))
+		for i, id := range ids {
+			out[i] = registry.Workspace{ID: id, Database: registry.Database{URL: url}}
+		}
+		return out
+	}
+	held := pools.TryAcquireAll(ctx, ws("a", "b"))
+	require.Len(t, held, 2)
+	require.Nil(t, pools.TryAcquireAll(ctx, ws("c", "d")), "two more pools do not fit in three")
+	require.Equal(t, 2, pools.Open(), "none taken")
+	more := pools.TryAcquireAll(ctx, ws("b", "c"))
+	require.Len(t, more, 2, "b is open already, c fits")
+	for _, l := range append(held, more...) {
+		l.Release()
+	}
+	require.Zero(t, pools.Open())
+}

@@ -1,0 +1,55 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ServerCPU is the CPU time the local PostgreSQL server behind db has used
+// so far: the postmaster and every process it started (backends,
+// autovacuum, the writers), from /proc. On a shared machine it is the
+// fairest cost figure for benchmarks: it does not count the benchmark's own
+// CPU or an emulator's. It fails when the server's processes are not
+// visible (a remote server).
+func ServerCPU(ctx context.Context, backendPID func(ctx context.Context) (int, error)) (time.Duration, error) {
+	backend, err := backendPID(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: the server's backend pid: %w", err)
+	}
+	stat := func(pid int) (ppid int, ticks int64, ok bool) {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, 0, false
+		}
+		// The fields after the command name, which is in parentheses.
+		fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+		ppid, _ = strconv.Atoi(fields[1])
+		utime, _ := strconv.ParseInt(fields[11], 10, 64)
+		stime, _ := strconv.ParseInt(fields[12], 10, 64)
+		return ppid, utime + stime, true
+	}
+	postmaster, _, ok := stat(backend)
+	if !ok {
+		return 0, errors.New("pgtest: no /proc entry for the server's processes: ServerCPU needs a local server")
+	}
+	_, total, _ := stat(postmaster)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ticks, ok := stat(pid); ok && ppid == postmaster {
+			total += ticks
+		}
+	}
+	return time.Duration(total) * 10 * time.Millisecond, nil // USER_HZ is 100
+}
