@@ -165,3 +165,26 @@ func TestVerifyWithoutBigQueryFails(t *testing.T) {
 func (h *harness) baseline(id string) int {
 	return int(h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE is_baseline"))
 }
+
+// TestReplayRidesOutALostConnection: a replay page's backend is terminated
+// mid-statement (a failover, a server restart); the page is rolled back and
+// retried, and the replay completes, every event published again.
+func TestReplayRidesOutALostConnection(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 2500)
+	h.mustRun("drain")
+	b := h.blockReplayAt(t, "w1", 1500) // in the second page
+	wait := h.runCut(h.ctx, nil, "replay")
+	b.terminate(b.waiter())
+	b.release()
+	logs, err := wait()
+	require.NoError(t, err, logs)
+	require.Contains(t, logs, "a transient fault; retrying")
+	require.Contains(t, logs, `"operation":"replay page"`)
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+	for id, n := range h.published("w1") {
+		require.Equal(t, 2, n, "event %s published again by the replay", id)
+	}
+}

@@ -199,7 +199,7 @@ func TestReplayWhileWritersCommit(t *testing.T) {
 	// The replay's second page waits on a row the test holds, after the
 	// fence: twenty writes commit for certain while the replay runs.
 	b := h.blockReplayAt(t, "w1", 1000)
-	wait := h.runCut(h.ctx, "replay")
+	wait := h.runCut(h.ctx, nil, "replay")
 	b.waiter()
 	for range 20 {
 		_, err := h.spaces["w1"].w.Create(h.ctx, "product", map[string]any{"title": "after the fence"})

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -149,14 +150,14 @@ func (h *harness) messages(id string) int {
 }
 
 // runCut runs a command in the background and returns a wait for its end.
-func (h *harness) runCut(ctx context.Context, args ...string) func() (string, error) {
+func (h *harness) runCut(ctx context.Context, replace map[string]string, args ...string) func() (string, error) {
 	type result struct {
 		logs string
 		err  error
 	}
 	done := make(chan result, 1)
 	go func() {
-		_, logs, err := h.run(ctx, args...)
+		_, logs, err := h.runEnv(ctx, replace, args...)
 		done <- result{logs, err}
 	}()
 	return func() (string, error) {
@@ -167,9 +168,12 @@ func (h *harness) runCut(ctx context.Context, args ...string) func() (string, er
 
 // cutInside runs a command until one of its pages waits on b, terminates
 // that page's backend (the page is rolled back) and returns the command's
-// error; b still holds its lock.
+// error; b still holds its lock. A lost connection is a transient fault
+// the command retries; with the shortest retry budget its retry waits on
+// b again until the lock timeout and the command then fails, as one killed
+// mid-page would have.
 func (h *harness) cutInside(b *blocker, args ...string) error {
-	wait := h.runCut(h.ctx, args...)
+	wait := h.runCut(h.ctx, map[string]string{"REPLICATION_RETRY_BUDGET": "1s"}, args...)
 	b.terminate(b.waiter())
 	_, err := wait()
 	return err
@@ -181,7 +185,7 @@ func (h *harness) cutInside(b *blocker, args ...string) error {
 func (h *harness) cutBetween(b *blocker, args ...string) error {
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
-	wait := h.runCut(ctx, args...)
+	wait := h.runCut(ctx, nil, args...)
 	b.waiter()
 	cancel()
 	b.release()
@@ -240,14 +244,26 @@ func TestBackfillKillAndResume(t *testing.T) {
 
 	t.Run("during the drain", func(t *testing.T) {
 		// The interrupt arrives while the drain publishes its fourth
-		// batch.
+		// batch, once the pages are done: that publish is held until the
+		// database says the backfill is complete (the pages run beside
+		// the drains, on a connection of their own).
 		ctx, cancel := context.WithCancel(h.ctx)
 		defer cancel()
 		var sent atomic.Int64
+		var interrupt sync.Once
 		h.mu.Lock()
 		h.onPublish = func(r *pubsubpb.PublishRequest) error {
 			if r.GetTopic() == "projects/p1/topics/events-w4" && sent.Add(int64(len(r.GetMessages()))) >= 300 {
-				cancel()
+				interrupt.Do(func() {
+					for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+						var complete bool
+						err := h.spaces["w4"].pool.QueryRow(h.ctx, "SELECT bool_and(backfill_complete) FROM _ontology_replication_targets").Scan(&complete)
+						if err != nil || complete {
+							break
+						}
+					}
+					cancel()
+				})
 			}
 			return nil
 		}

@@ -34,6 +34,16 @@
 //
 // A Service leases each workspace's store from its database.Pools for the
 // length of an operation (Lease); the pools bound the connections per
-// workspace and how many workspaces are open at once, and close what is
-// idle.
+// workspace, per PostgreSQL server and how many workspaces are open at
+// once, and close what is idle. Long work holds a workspace's pool for its
+// whole length (Service.ForEach, DrainAll, a verify pass's units), so that
+// no connection is opened per batch or page where pools close when idle
+// (the job's).
+//
+// # Transient faults
+//
+// DrainAll, Backfill and Replay retry a batch or page that meets a
+// transient fault (Transient) under the Service's RetryPolicy, with backoff,
+// logging each retry at WARNING; acknowledged work is never re-run. The
+// drain function does not retry inside a request.
 package delivery

@@ -129,7 +129,10 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 				}
 				wasProducing := producing.Load()
 				var r DrainResult
-				err := s.retrying(ctx, "drain", workspaceID, func() error {
+				// Retries end with the command, or when another drain failed.
+				rctx, stop := context.WithCancel(gctx)
+				unhook := context.AfterFunc(ctx, stop)
+				err := s.retrying(rctx, "drain", workspaceID, func() error {
 					bctx, cancel := context.WithTimeout(gctx, step)
 					defer cancel()
 					var err error
@@ -148,6 +151,8 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 					}
 					return err
 				})
+				unhook()
+				stop()
 				if err != nil {
 					if ctx.Err() != nil && Transient(err) {
 						return nil // interrupted while waiting to retry

@@ -3,6 +3,7 @@ package delivery
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -54,8 +55,8 @@ func (p RetryPolicy) Validate() error {
 }
 
 // retrying runs step, retrying its transient failures under the service's
-// RetryPolicy; ctx ends the pauses (the step itself runs on the context it
-// is given by its caller). Each retry is logged at WARNING with the
+// RetryPolicy; ctx ends the pauses and the retries (the step itself runs on
+// the context its caller gives it). Each retry is logged at WARNING with the
 // attempt and the cause.
 func (s *Service) retrying(ctx context.Context, operation, workspaceID string, step func() error) error {
 	policy := s.cfg.Retry.withDefaults()
@@ -63,7 +64,10 @@ func (s *Service) retrying(ctx context.Context, operation, workspaceID string, s
 		first   time.Time
 		attempt int
 	)
-	retryer := gax.OnErrorFunc(gax.Backoff{Initial: policy.Initial, Max: policy.Max, Multiplier: 2}, Transient)
+	// A step cancelled from outside (the command interrupted, or a sibling
+	// drain failed) is not retried: only its own faults are.
+	retryable := func(err error) bool { return Transient(err) && !errors.Is(err, context.Canceled) }
+	retryer := gax.OnErrorFunc(gax.Backoff{Initial: policy.Initial, Max: policy.Max, Multiplier: 2}, retryable)
 	err := gax.Invoke(ctx, func(context.Context, gax.CallSettings) error {
 		attempt++
 		return step()

@@ -12,7 +12,7 @@ import (
 
 // ServerCPU is the CPU time the local PostgreSQL server behind db has used
 // so far: the postmaster and every process it started (backends,
-// autovacuum, the writers), from /proc. On a shared machine it is the
+// autovacuum, the writers), running or ended, from /proc. On a shared machine it is the
 // fairest cost figure for benchmarks: it does not count the benchmark's own
 // CPU or an emulator's. It fails when the server's processes are not
 // visible (a remote server).
@@ -21,17 +21,23 @@ func ServerCPU(ctx context.Context, backendPID func(ctx context.Context) (int, e
 	if err != nil {
 		return 0, fmt.Errorf("pgtest: the server's backend pid: %w", err)
 	}
+	// stat reads a process's parent and CPU ticks: its own, and those of
+	// its children that have exited and been waited for (a backend's time
+	// moves to the postmaster's when the session ends).
 	stat := func(pid int) (ppid int, ticks int64, ok bool) {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
 			return 0, 0, false
 		}
-		// The fields after the command name, which is in parentheses.
+		// The fields after the command name, which is in parentheses:
+		// state, ppid, …, utime (14th), stime, cutime, cstime.
 		fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
 		ppid, _ = strconv.Atoi(fields[1])
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		return ppid, utime + stime, true
+		for _, f := range fields[11:15] {
+			n, _ := strconv.ParseInt(f, 10, 64)
+			ticks += n
+		}
+		return ppid, ticks, true
 	}
 	postmaster, _, ok := stat(backend)
 	if !ok {
