@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/segmentstream/ontology-replication/shared/config"
 	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
@@ -354,13 +356,11 @@ func (e *env) writeJSON(v any) error {
 	return enc.Encode(v)
 }
 
+// isTerminal reports whether w is a terminal (not a pipe, a file or
+// /dev/null).
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // oneLine flattens a multi-line message (pgx's errors carry details on

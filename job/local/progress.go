@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
@@ -33,15 +35,11 @@ func newProgress(w io.Writer, l *local) *progress {
 	return &progress{w: w, terminal: isTerminal(w), l: l, commits: func() int64 { return 0 }}
 }
 
-// isTerminal reports whether w is a terminal. (The job has the same eight
-// lines; a package for them would be the bigger cost.)
+// isTerminal reports whether w is a terminal (not a pipe, a file or
+// /dev/null).
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // enter starts a phase: in a pipe its line is written now.

@@ -377,12 +377,16 @@ func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, 
 func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.Config, error) {
 	dsn := db.URL
 	if db.Instance != "" {
-		// No password: cloudsqlconn logs in with the IAM identity.
-		dsn = fmt.Sprintf("user=%s dbname=%s sslmode=disable", quoteDSN(db.User), quoteDSN(db.Name))
+		// No TLS on the wire pgx sees: cloudsqlconn's tunnel is TLS. No
+		// password: it logs in with the IAM identity.
+		dsn = "sslmode=disable"
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parse connection settings: %w", err)
+	}
+	if db.Instance != "" {
+		cfg.ConnConfig.User, cfg.ConnConfig.Database = db.User, db.Name
 	}
 	cfg.MaxConns = cmp.Or(db.MaxConns, p.cfg.MaxConns)
 	cfg.MinConns = 0
@@ -433,18 +437,6 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 		return dialer.Dial(ctx, instance, dialOpts...)
 	}
 	return cfg, nil
-}
-
-// quoteDSN quotes a keyword/value connection string value.
-func quoteDSN(v string) string {
-	out := []byte{'\''}
-	for i := 0; i < len(v); i++ {
-		if v[i] == '\'' || v[i] == '\\' {
-			out = append(out, '\\')
-		}
-		out = append(out, v[i])
-	}
-	return string(append(out, '\''))
 }
 
 // Close closes every pool (waiting for their connections to come back)
