@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/cloudsqlconn"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/oauth2"
 
 	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/registry"
@@ -160,4 +162,27 @@ func TestSessionTimeoutsBoundWhatTransactionsCannot(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr, "the preparation waited for the caller's deadline")
 	require.Equal(t, "55P03", pgErr.Code)
+}
+
+// TestCloudSQLSettings: a Cloud SQL workspace's pool logs in as its IAM
+// user to its database, names taken as they are (no quoting to get
+// wrong), with no TLS of pgx's own (the connector's tunnel is TLS).
+func TestCloudSQLSettings(t *testing.T) {
+	t.Parallel()
+	static := oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "test", Expiry: time.Now().Add(time.Hour)})
+	pools, err := database.New(database.Config{DialerOptions: []cloudsqlconn.Option{cloudsqlconn.WithIAMAuthNTokenSources(static, static)}})
+	require.NoError(t, err)
+	defer pools.Close()
+	for _, name := range []string{"ontology", `it's a "name" \ with spaces`} {
+		l, err := pools.Acquire(context.Background(), registry.Workspace{ID: name, Database: registry.Database{
+			Instance: "acme:europe-west1:ontology", Name: name, User: "replication-drain@acme.iam", IAMAuth: true}})
+		require.NoError(t, err)
+		cfg := l.Pool.Config().ConnConfig
+		require.Equal(t, "replication-drain@acme.iam", cfg.User)
+		require.Equal(t, name, cfg.Database)
+		require.Nil(t, cfg.TLSConfig)
+		require.Empty(t, cfg.Password)
+		require.NotNil(t, cfg.DialFunc)
+		l.Release()
+	}
 }
