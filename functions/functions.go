@@ -159,7 +159,7 @@ func newServerFromEnv() *server {
 }
 
 func newServer(ctx context.Context, getenv func(string) string, deps dependencies) (*server, error) {
-	s := &server{verifyBudget: 50 * time.Second, sweepBatches: 20, verifyWorkers: 16}
+	s := &server{verifyBudget: delivery.DefaultVerifyBudget, sweepBatches: delivery.DefaultSweepBatches, verifyWorkers: delivery.DefaultVerifyWorkers}
 	if raw := getenv(EnvVerifyBudget); raw != "" {
 		d, err := time.ParseDuration(raw)
 		if err != nil || d < time.Second || d > time.Hour {

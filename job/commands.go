@@ -80,7 +80,7 @@ func runVerify(e *env) error {
 	for i, ws := range e.workspaces {
 		names[i] = ws.ID
 	}
-	pass := e.svc.VerifyAll(e.ctx, delivery.VerifyAllOptions{Workspaces: names, Budget: e.budget, SweepBatches: 20, Workers: e.parallel})
+	pass := e.svc.VerifyAll(e.ctx, delivery.VerifyAllOptions{Workspaces: names, Budget: e.budget, SweepBatches: delivery.DefaultSweepBatches, Workers: e.parallel})
 	out := make([]delivery.WorkspaceResult, len(pass.Workspaces))
 	for i, r := range pass.Workspaces {
 		out[i] = delivery.WorkspaceResult{Workspace: r.Workspace, Detail: verifyResult{r}}

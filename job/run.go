@@ -133,7 +133,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"generation": func() { fs.StringVar(&e.generation, "generation", "", flagHelp["generation"]) },
 		"parallel":   func() { fs.IntVar(&e.parallel, "parallel", 4, flagHelp["parallel"]) },
 		"json":       func() { fs.BoolVar(&e.json, "json", false, flagHelp["json"]) },
-		"budget":     func() { fs.DurationVar(&e.budget, "budget", 50*time.Second, flagHelp["budget"]) },
+		"budget":     func() { fs.DurationVar(&e.budget, "budget", delivery.DefaultVerifyBudget, flagHelp["budget"]) },
 		"restart":    func() { fs.BoolVar(&e.restart, "restart", false, flagHelp["restart"]) },
 		"retry":      func() { fs.BoolVar(&e.retry, "retry", false, flagHelp["retry"]) },
 		"republish":  func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
@@ -237,7 +237,7 @@ func ids(ws []registry.Workspace, most int) string {
 
 // shard returns this Cloud Run task's share of the workspaces: with
 // CLOUD_RUN_TASK_COUNT > 1, task i takes the workspaces whose position in id
-// order is i modulo the count.
+// order is i modulo the count (delivery.Shard, the verifier's rule too).
 func shard(all []registry.Workspace, getenv func(string) string) ([]registry.Workspace, error) {
 	countRaw, indexRaw := getenv("CLOUD_RUN_TASK_COUNT"), getenv("CLOUD_RUN_TASK_INDEX")
 	if countRaw == "" {
@@ -251,15 +251,7 @@ func shard(all []registry.Workspace, getenv func(string) string) ([]registry.Wor
 	if err != nil || index < 0 || index >= count {
 		return nil, fmt.Errorf("CLOUD_RUN_TASK_INDEX %q: want 0 to %d", indexRaw, count-1)
 	}
-	sorted := slices.Clone(all)
-	slices.SortFunc(sorted, func(a, b registry.Workspace) int { return cmp.Compare(a.ID, b.ID) })
-	var mine []registry.Workspace
-	for i, ws := range sorted {
-		if i%count == index {
-			mine = append(mine, ws)
-		}
-	}
-	return mine, nil
+	return delivery.Shard(all, index, count), nil
 }
 
 // eachWorkspace runs fn for the task's workspaces, --parallel at a time,

@@ -92,6 +92,20 @@ func (s *Service) Verify(ctx context.Context, workspaceID string) (VerifyResult,
 	return res, nil
 }
 
+// The verifier's defaults, which the Verify function, `job verify` and
+// VerifyAll all use.
+const (
+	// DefaultVerifyBudget is a pass's time budget: the scheduler runs a
+	// pass every minute.
+	DefaultVerifyBudget = 50 * time.Second
+	// DefaultSweepBatches is how many pending batches a workspace's sweep
+	// publishes at most in a scheduled pass.
+	DefaultSweepBatches = 20
+	// DefaultVerifyWorkers is how many workspaces (or groups sharing a
+	// table) a pass verifies at once.
+	DefaultVerifyWorkers = 16
+)
+
 // VerifyAllOptions configures a verifier pass.
 type VerifyAllOptions struct {
 	// Workspaces limits the pass to these workspace ids; empty means every
@@ -101,13 +115,14 @@ type VerifyAllOptions struct {
 	// Shards > 1 the pass takes the workspaces whose position in id order
 	// is Shard modulo Shards.
 	Shard, Shards int
-	// Budget bounds the whole pass, shared by its workspaces. Default: 50s.
+	// Budget bounds the whole pass, shared by its workspaces. Default:
+	// DefaultVerifyBudget.
 	Budget time.Duration
 	// SweepBatches is how many pending batches each workspace's sweep
 	// publishes at most. Default: 0 (no sweep).
 	SweepBatches int
 	// Workers is how many workspaces (or groups sharing a table) are
-	// verified at once. Default: 16.
+	// verified at once. Default: DefaultVerifyWorkers.
 	Workers int
 }
 
@@ -154,7 +169,7 @@ const minSlice = 200 * time.Millisecond
 // it did not finish). One
 // workspace's failure does not stop the others.
 func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPass {
-	budget := cmp.Or(opts.Budget, 50*time.Second)
+	budget := cmp.Or(opts.Budget, DefaultVerifyBudget)
 	deadline := time.Now().Add(budget)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -162,7 +177,7 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 	var pass VerifyPass
 	var mu sync.Mutex
 	var g errgroup.Group
-	workers := cmp.Or(opts.Workers, 16)
+	workers := cmp.Or(opts.Workers, DefaultVerifyWorkers)
 	g.SetLimit(workers)
 	remaining := len(units)
 	for _, u := range units {

@@ -75,7 +75,7 @@ func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64,
 	fail := func(err error) (int64, error) {
 		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), t.Generation, err)
 	}
-	delivery := t.DeliveryVersion >= ProtocolDelivery
+	delivery := t.DatabaseAtDelivery()
 	query, list := sqlLegacyAcknowledge, any(nil)
 	if delivery {
 		uu, err := uuids(ids)

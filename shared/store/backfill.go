@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 
@@ -116,7 +117,7 @@ type BackfillPage struct {
 // function (CaptureFunction), never a name derived from the manifest. It
 // reports Complete at once for a target that needs no backfill.
 func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, error) {
-	if t.DeliveryVersion < ProtocolDelivery {
+	if !t.DatabaseAtDelivery() {
 		return BackfillPage{}, fmt.Errorf("store: backfill of %s: %w: backfill needs protocol 4 and the database is at %d", t.Generation, ErrUnsupportedProtocol, t.DeliveryVersion)
 	}
 	var page BackfillPage
@@ -128,7 +129,7 @@ func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, er
 			return err
 		}
 		cur, err := scanTarget(tx.QueryRow(ctx, sqlBackfillTarget, t.Generation))
-		if err == pgx.ErrNoRows {
+		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrUnknownGeneration
 		}
 		if err != nil {

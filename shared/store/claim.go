@@ -96,8 +96,7 @@ const sqlReadShared = `SELECT set_config('statement_timeout', $1, true), set_con
 // skipped until its backoff has passed. $3 is the set of backoffs the store
 // writes, in microseconds; the seed's retry moves next_verify_at exactly
 // 30 s past last_checked_at, which is not one of them.
-const sqlClaimable = `NOT (next_verify_at > now() AND last_checked_at IS NOT NULL
-         AND (extract(epoch FROM next_verify_at - last_checked_at) * 1000000)::bigint = ANY ($3::bigint[]))`
+var sqlClaimable = `NOT (next_verify_at > now() AND ` + setAsideMarked("$3") + `)`
 
 // sqlCandidates is the read of pendingReplicationEvents at protocol 4 (seed
 // 000): the oldest outstanding references in revision order, from the
@@ -108,14 +107,14 @@ const sqlClaimable = `NOT (next_verify_at > now() AND last_checked_at IS NOT NUL
 // replication is enabled); $2 is ClaimLockClass. %s bounds the page:
 // nothing on the first, sqlCandidatesAfter on the next ones, which walk the
 // index from the last candidate.
-const sqlCandidates = `WITH candidates AS MATERIALIZED (
+var sqlCandidates = `WITH candidates AS MATERIALIZED (
     SELECT event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
      WHERE generation = coalesce($1::uuid, (SELECT active_generation FROM _ontology_replication WHERE id AND enabled))
        AND accepted_at IS NULL %s AND ` + sqlClaimable + `
      ORDER BY revision, event_id LIMIT 100
   )
   SELECT event_id::text, history_table, revision,
-         (extract(epoch FROM next_verify_at - last_checked_at) * 1000000)::bigint,
+         ` + sqlSetAsideInterval + `,
          pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
     FROM candidates ORDER BY revision, event_id`
 
@@ -127,22 +126,19 @@ const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
 // taken after their locks (see above): each claimed row comes back with its
 // event, or with NULL when its history (or baseline) row is gone. Delivery and
 // event rows are found by primary key (see Finding rows by key in the package
-// doc). %s is the history table's quoted identifier, checked against the
+// doc); the delivery rows are read in a subquery of their own, so that the
+// claim rule (sqlClaimable) applies to them unqualified, as everywhere else.
+// %s is the history table's quoted identifier, checked against the
 // capture-trigger tables.
-const (
-	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event FROM _ontology_replication_delivery d
-       LEFT JOIN _ontology_replication_baselines b ON b.generation = $1::uuid AND b.id = d.event_id
-     WHERE d.generation = $1::uuid AND d.event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
-       AND (CASE WHEN d.accepted_at IS NULL AND ` + sqlClaimableD + ` THEN true END)`
-	sqlPendingHistoryEvents = `SELECT d.event_id::text, h.replication FROM _ontology_replication_delivery d
-       LEFT JOIN %s h ON h.id = d.event_id
-     WHERE d.generation = $1::uuid AND d.event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
-       AND (CASE WHEN d.accepted_at IS NULL AND ` + sqlClaimableD + ` THEN true END)`
+var (
+	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event FROM (` + sqlClaimedStillPending + `) d
+       LEFT JOIN _ontology_replication_baselines b ON b.generation = $1::uuid AND b.id = d.event_id`
+	sqlPendingHistoryEvents = `SELECT d.event_id::text, h.replication FROM (` + sqlClaimedStillPending + `) d
+       LEFT JOIN %s h ON h.id = d.event_id`
+	sqlClaimedStillPending = `SELECT event_id FROM _ontology_replication_delivery
+     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+       AND (CASE WHEN accepted_at IS NULL AND ` + sqlClaimable + ` THEN true END)`
 )
-
-// sqlClaimableD is sqlClaimable on the delivery row d.
-const sqlClaimableD = `NOT (d.next_verify_at > now() AND d.last_checked_at IS NOT NULL
-         AND (extract(epoch FROM d.next_verify_at - d.last_checked_at) * 1000000)::bigint = ANY ($3::bigint[]))`
 
 // sqlUnlockClaims releases every claim lock of the session.
 const sqlUnlockClaims = `SELECT pg_advisory_unlock_all()`

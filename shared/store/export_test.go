@@ -31,7 +31,7 @@ var (
 )
 
 // SQLFigures is the figures read, for its plan.
-const SQLFigures = sqlFigures
+var SQLFigures = sqlFigures
 
 // Backoffs are a Store's set-aside backoffs in microseconds, as its
 // statements take them.

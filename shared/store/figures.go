@@ -54,13 +54,12 @@ const (
 // unverified_rows _ontology_delivery_verify in due order, each LIMIT $3;
 // the counts read the same indexes' entries only, LIMIT $4. $2 are the
 // set-aside backoffs (see sqlSetAsideMarked).
-const sqlFigures = `WITH pending_rows AS (
+var sqlFigures = `WITH pending_rows AS (
     SELECT next_verify_at, last_checked_at FROM _ontology_replication_delivery
      WHERE generation = $1::uuid AND accepted_at IS NULL
      ORDER BY revision, event_id LIMIT $3
   ), pending_aside AS (
-    SELECT next_verify_at, last_checked_at IS NOT NULL
-             AND (extract(epoch FROM next_verify_at - last_checked_at) * 1000000)::bigint = ANY ($2::bigint[]) AS aside
+    SELECT next_verify_at, ` + setAsideMarked("$2") + ` AS aside
       FROM pending_rows
   ), unverified_rows AS (
     SELECT accepted_at, next_verify_at FROM _ontology_replication_delivery

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -87,7 +88,7 @@ const (
 func (s *Store) InitReplay(ctx context.Context, t Target) error {
 	generation := t.Generation
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		if t.DeliveryVersion < ProtocolDelivery {
+		if !t.DatabaseAtDelivery() {
 			_, err := tx.Exec(ctx, sqlLegacyReplay, generation)
 			return err
 		}
@@ -133,7 +134,7 @@ func (s *Store) AdvanceReplay(ctx context.Context, t Target) (ReplayPage, error)
 		var cursor *string
 		var fence *int64
 		err := tx.QueryRow(ctx, sqlReplayTarget, t.Generation).Scan(&complete, &cursor, &fence)
-		if err == pgx.ErrNoRows || (err == nil && complete) {
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && complete) {
 			page.Complete = true
 			return nil
 		}
@@ -171,7 +172,7 @@ func (s *Store) AdvanceReplay(ctx context.Context, t Target) (ReplayPage, error)
 // are still waiting to be published (pending and not set aside): a replay
 // whose pages are done but whose drain did not finish. It reads the pending
 // index, stopping at the first such row.
-const sqlReplayUndrained = `SELECT EXISTS (SELECT 1 FROM _ontology_replication_delivery
+var sqlReplayUndrained = `SELECT EXISTS (SELECT 1 FROM _ontology_replication_delivery
        WHERE generation = $1::uuid AND accepted_at IS NULL AND (is_baseline OR revision <= $2::bigint) AND ` + sqlClaimable + `)`
 
 // ReplayUndrained reports whether a replay's pages are done but some of its

@@ -27,15 +27,28 @@ import (
 // which mark no set-aside: the event is fresh again. Only the interval is
 // kept, so the reason is found again when the set-aside events are listed.
 
+// sqlSetAsideInterval is a delivery row's set-aside interval, as the store
+// writes it and compares it with its backoffs: next_verify_at −
+// last_checked_at, in whole microseconds. It is the one spelling of the
+// set-aside rule: every statement that tells a set-aside row from another
+// builds on it (setAsideMarked).
+const sqlSetAsideInterval = `(extract(epoch FROM next_verify_at - last_checked_at) * 1000000)::bigint`
+
+// setAsideMarked is the predicate "this delivery row's interval is one of
+// the backoffs" (the bigint[] parameter named by backoffs, such as "$2"),
+// on a row of _ontology_replication_delivery in scope unqualified.
+func setAsideMarked(backoffs string) string {
+	return `last_checked_at IS NOT NULL AND ` + sqlSetAsideInterval + ` = ANY (` + backoffs + `::bigint[])`
+}
+
 // sqlSetAsideMarked is the set-aside predicate of a delivery row: pending,
-// with next_verify_at − last_checked_at one of the backoffs ($2).
-const sqlSetAsideMarked = `accepted_at IS NULL AND last_checked_at IS NOT NULL
-       AND (extract(epoch FROM next_verify_at - last_checked_at) * 1000000)::bigint = ANY ($2::bigint[])`
+// with its interval one of the backoffs ($2).
+var sqlSetAsideMarked = `accepted_at IS NULL AND ` + setAsideMarked("$2")
 
 // sqlSetAsideCount and sqlSetAsideList count and list a target's set-aside
 // events, from the pending rows (the partial index
 // _ontology_delivery_pending), oldest first.
-const (
+var (
 	sqlSetAsideCount = `SELECT count(*) FROM _ontology_replication_delivery WHERE generation = $1::uuid AND ` + sqlSetAsideMarked
 	sqlSetAsideList  = `SELECT event_id::text, history_table, last_checked_at, next_verify_at FROM _ontology_replication_delivery
      WHERE generation = $1::uuid AND ` + sqlSetAsideMarked + ` ORDER BY revision, event_id LIMIT $3`
@@ -46,7 +59,7 @@ const (
 // next claim takes them as fresh events. The rows are found from the
 // pending index and updated by primary key, in key order (see
 // sqlSetKeyOrder).
-const sqlRetrySetAside = `UPDATE _ontology_replication_delivery SET next_verify_at = now()
+var sqlRetrySetAside = `UPDATE _ontology_replication_delivery SET next_verify_at = now()
      WHERE generation = $1::uuid AND (CASE WHEN ` + sqlSetAsideMarked + ` THEN true END)
        AND event_id = ANY (ARRAY(SELECT event_id FROM _ontology_replication_delivery
                                   WHERE generation = $1::uuid AND ` + sqlSetAsideMarked + `))`

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -75,7 +76,7 @@ func (s *Store) Status(ctx context.Context, t Target) (Status, error) {
 			return nil
 		}
 		if err := tx.QueryRow(ctx, sqlStatus, t.Generation).Scan(&status.Total, &status.Accepted, &status.Verified); err != nil {
-			if err == pgx.ErrNoRows {
+			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrUnknownGeneration
 			}
 			return err
@@ -105,7 +106,7 @@ func (s *Store) InitiallyReady(ctx context.Context, t Target) (bool, error) {
 	var ready bool
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, sqlInitiallyReady, t.Generation).Scan(&ready)
-		if err == pgx.ErrNoRows {
+		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrUnknownGeneration
 		}
 		return err

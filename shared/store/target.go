@@ -70,11 +70,31 @@ type Target struct {
 	VerifiedCount    int64
 }
 
-// UsesDelivery reports whether the target's events flow through the delivery
-// queue (protocol 4) rather than the legacy scan; the seeds' test is
-// delivery_version === 4 || protocol === 4.
+// The seed switches between its protocol-4 and legacy statements by two
+// rules, each written once here:
+//
+//   - UsesDelivery, for what reads a target's events and figures
+//     (pendingReplicationEvents, replicationStatus,
+//     unverifiedReplicationEvents, replicationInitiallyReady): the target's
+//     delivery_version === 4 || protocol === 4;
+//   - DatabaseAtDelivery, for what writes their state (acknowledgeReplication,
+//     verifyReplicationEvents, retryUnverifiedReplication, replayReplication)
+//     and for the backfill, which needs the delivery table: the database's
+//     protocol() >= 4.
+//
+// They differ only for a target of protocol 4 in a database whose
+// singleton says 3, which no SDK migration produces.
+
+// UsesDelivery reports whether the target's events are read from the
+// delivery queue (protocol 4) rather than the legacy scan.
 func (t Target) UsesDelivery() bool {
 	return t.DeliveryVersion == ProtocolDelivery || t.Protocol == ProtocolDelivery
+}
+
+// DatabaseAtDelivery reports whether the target's database is at protocol 4
+// or later, where event state is written to the delivery queue.
+func (t Target) DatabaseAtDelivery() bool {
+	return t.DeliveryVersion >= ProtocolDelivery
 }
 
 // sqlSchemaPresent checks for the singleton table, as the SDK does before

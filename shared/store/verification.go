@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -104,7 +105,7 @@ func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int6
 	}
 	var n int64
 	err := s.inKeyOrderTx(ctx, func(tx pgx.Tx) error {
-		if t.DeliveryVersion < ProtocolDelivery {
+		if !t.DatabaseAtDelivery() {
 			tag, err := tx.Exec(ctx, sqlLegacyVerify, t.Generation, idsJSON(historyIDs))
 			n = tag.RowsAffected()
 			return err
@@ -114,7 +115,7 @@ func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int6
 			return err
 		}
 		err = tx.QueryRow(ctx, sqlVerify, t.Generation, list).Scan(&n)
-		if err == pgx.ErrNoRows {
+		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrUnknownGeneration
 		}
 		return err
@@ -135,7 +136,7 @@ func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string)
 		return nil, nil
 	}
 	query, list := sqlLegacyRetry, any(nil)
-	if t.DeliveryVersion >= ProtocolDelivery {
+	if t.DatabaseAtDelivery() {
 		ids, err := uuids(missingHistoryIDs)
 		if err != nil {
 			return nil, fmt.Errorf("store: retry %d absent events of %s: %w", len(missingHistoryIDs), t.Generation, err)
