@@ -7,9 +7,7 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // drains is how many drains of a workspace run at once: one per connection
@@ -98,26 +96,9 @@ func runVerify(e *env) error {
 
 func runViews(e *env) error {
 	return e.eachWorkspace("views", func(ctx context.Context, ws registry.Workspace) (any, error) {
-		return e.onActiveTarget(ctx, ws, func(_ *delivery.Lease, t store.Target) (any, error) {
-			names, err := e.svc.Warehouse.CreateViews(ctx, ws, t)
-			return viewNames(names), err
-		})
+		names, err := e.svc.CreateViews(ctx, ws.ID)
+		return viewNames(names), err
 	})
-}
-
-// onActiveTarget runs fn with a lease on a workspace's store and its
-// active target.
-func (e *env) onActiveTarget(ctx context.Context, ws registry.Workspace, fn func(*delivery.Lease, store.Target) (any, error)) (any, error) {
-	lease, err := e.svc.Lease(ctx, ws)
-	if err != nil {
-		return nil, err
-	}
-	defer lease.Release()
-	_, t, err := lease.ActiveTarget(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return fn(lease, t)
 }
 
 // verifyResult is a verifier pass's result for a workspace, as a command
@@ -135,12 +116,8 @@ type viewNames []string
 func (v viewNames) text() []string { return v }
 
 // setAsideResult is one workspace's set-aside events, and how many a
-// --retry made claimable again.
-type setAsideResult struct {
-	Generation string               `json:"generation"`
-	SetAside   store.SetAsideReport `json:"set_aside"`
-	Retried    int64                `json:"retried,omitempty"`
-}
+// --retry made claimable again, as a command shows them.
+type setAsideResult struct{ delivery.SetAsideResult }
 
 func (r setAsideResult) text() []string {
 	lines := []string{fmt.Sprintf("generation %s: %d events set aside", r.Generation, r.SetAside.Count)}
@@ -156,19 +133,8 @@ func (r setAsideResult) text() []string {
 
 func runSetAside(e *env) error {
 	return e.eachWorkspace("set-aside", func(ctx context.Context, ws registry.Workspace) (any, error) {
-		return e.onActiveTarget(ctx, ws, func(lease *delivery.Lease, t store.Target) (any, error) {
-			res := setAsideResult{Generation: t.Generation}
-			var err error
-			if res.SetAside, err = lease.SetAside(ctx, t, 1000, publish.MaxMessageBytes); err != nil {
-				return nil, err
-			}
-			if e.retry {
-				if res.Retried, err = lease.RetrySetAside(ctx, t); err != nil {
-					return res, err
-				}
-			}
-			return res, nil
-		})
+		res, err := e.svc.SetAside(ctx, ws.ID, 1000, e.retry)
+		return setAsideResult{res}, err
 	})
 }
 

@@ -127,7 +127,7 @@ func TestStatusStates(t *testing.T) {
 	require.NotEmpty(t, s.OldestUnverifiedAge)
 	require.EqualValues(t, 1, s.SetAside.Count, "an event too large for Pub/Sub is set aside")
 	require.Len(t, s.SetAside.Events, 1)
-	require.Equal(t, store.ReasonTooLarge, s.SetAside.Events[0].Reason)
+	require.Equal(t, string(store.ReasonTooLarge), s.SetAside.Events[0].Reason)
 
 	// Replaying: initialised, not advanced.
 	st, err := store.New(h.spaces["w2"].pool, store.Config{})

@@ -76,7 +76,7 @@ func TestOneRefusedEventAmongMany(t *testing.T) {
 	require.EqualValues(t, 1, s.SetAside.Count)
 	require.Len(t, s.SetAside.Events, 1)
 	ev := s.SetAside.Events[0]
-	require.Equal(t, store.ReasonRejected, ev.Reason)
+	require.Equal(t, string(store.ReasonRejected), ev.Reason)
 	require.Equal(t, "product_history", ev.HistoryTable)
 	require.EqualValues(t, 1, h.count("w1", `SELECT count(*) FROM product_history WHERE id = $1::uuid AND replication->>'payload' LIKE '%REFUSED%'`, ev.HistoryID))
 
@@ -150,11 +150,11 @@ func TestUnpublishableRowsAtTheHead(t *testing.T) {
 	out := h.mustRun("drain")
 	require.Contains(t, out, "published 298 events, set aside 2")
 	s := h.statusJSON()[0]
-	reasons := map[store.Reason]int{}
+	reasons := map[string]int{}
 	for _, ev := range s.SetAside.Events {
 		reasons[ev.Reason]++
 	}
-	require.Equal(t, map[store.Reason]int{store.ReasonMissingHistory: 1, store.ReasonUnknownTable: 1}, reasons)
+	require.Equal(t, map[string]int{string(store.ReasonMissingHistory): 1, string(store.ReasonUnknownTable): 1}, reasons)
 	table := h.mustRun("status")
 	require.Contains(t, table, "missing_history")
 	require.Contains(t, table, "gone_history")

@@ -3,14 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
 
-	"github.com/segmentstream/ontology-replication/shared/publish"
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // workspaceStatus is one workspace's line of `job status`.
@@ -43,12 +41,12 @@ type workspaceStatus struct {
 	OldestUnverifiedAge string     `json:"oldest_unverified_age,omitempty"`
 	DueVerifications    int64      `json:"due_verifications"`
 	// FiguresCapped: the backlog is larger than the bounded reads count
-	// (see store.Figures).
+	// (see delivery.WorkspaceStatus).
 	FiguresCapped bool `json:"figures_capped,omitempty"`
 	// SetAside lists the events set aside because they cannot be
 	// published (with their reasons), seen from any process.
-	SetAside store.SetAsideReport `json:"set_aside"`
-	Error    string               `json:"error,omitempty"`
+	SetAside delivery.SetAsideReport `json:"set_aside"`
+	Error    string                  `json:"error,omitempty"`
 }
 
 func rawCursor(raw []byte) any {
@@ -64,52 +62,28 @@ func rawCursor(raw []byte) any {
 
 // status reads one workspace's status.
 func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatus, error) {
-	out := workspaceStatus{Workspace: ws.ID}
-	lease, err := e.svc.Lease(ctx, ws)
-	if err != nil {
+	st, err := e.svc.Status(ctx, ws.ID, e.generation, 100)
+	out := workspaceStatus{Workspace: ws.ID, Protocol: st.Protocol, Enabled: st.Enabled}
+	if err != nil && st.Generation == "" {
 		return out, err
 	}
-	defer lease.Release()
-	state, t, err := lease.ActiveTarget(ctx)
-	out.Protocol, out.Enabled = state.Version, state.Enabled
-	if e.generation != "" && (err == nil || errors.Is(err, store.ErrNoActiveTarget)) {
-		t, err = lease.Target(ctx, e.generation)
-	}
-	if err != nil {
-		return out, err
-	}
-	out.Generation = t.Generation
-	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = t.BaselineComplete, t.BackfillComplete, t.ReplayComplete
-	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = rawCursor(t.BaselineCursor), rawCursor(t.BackfillCursor), t.ReplayCursor
-	counts, err := lease.Status(ctx, t)
-	if err != nil {
-		return out, err
-	}
-	out.Total, out.Accepted, out.Verified, out.InitiallyReady = counts.Total, counts.Accepted, counts.Verified, counts.InitiallyReady
-	out.Pending, out.DueVerifications = counts.Pending, counts.DueVerifications
-	oldestPending := counts.OldestPending
-	var oldestUnverified time.Time
-	switch f, err := lease.Figures(ctx, t); {
-	case err == nil:
-		out.Pending, out.Unverified, out.DueVerifications, out.FiguresCapped = f.Pending, f.Unverified, f.DueVerifications, f.Capped
-		oldestPending, oldestUnverified = f.OldestPending, f.OldestUnverified
-	case errors.Is(err, store.ErrNoFigures):
-		out.Unverified = counts.Accepted - counts.Verified
-	default:
-		return out, err
-	}
+	out.Generation = st.Generation
+	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = st.BaselineComplete, st.BackfillComplete, st.ReplayComplete
+	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = rawCursor(st.BaselineCursor), rawCursor(st.BackfillCursor), st.ReplayCursor
+	out.Total, out.Accepted, out.Verified, out.InitiallyReady = st.Total, st.Accepted, st.Verified, st.InitiallyReady
+	out.Pending, out.Unverified, out.DueVerifications, out.FiguresCapped = st.Pending, st.Unverified, st.DueVerifications, st.FiguresCapped
 	now := time.Now()
-	if !oldestPending.IsZero() {
-		oldest := oldestPending.UTC()
+	if !st.OldestPending.IsZero() {
+		oldest := st.OldestPending.UTC()
 		out.OldestPending = &oldest
 		out.OldestPendingAge = max(now.Sub(oldest), 0).Round(time.Second).String()
 	}
-	if !oldestUnverified.IsZero() {
-		oldest := oldestUnverified.UTC()
+	if !st.OldestUnverified.IsZero() {
+		oldest := st.OldestUnverified.UTC()
 		out.OldestUnverified = &oldest
 		out.OldestUnverifiedAge = max(now.Sub(oldest), 0).Round(time.Second).String()
 	}
-	out.SetAside, err = lease.SetAside(ctx, t, 100, publish.MaxMessageBytes)
+	out.SetAside = st.SetAside
 	return out, err
 }
 

@@ -368,7 +368,7 @@ func (l *local) checkViews(ctx context.Context, t store.Target) ([]viewCheck, er
 	if _, err := l.wh.CreateViews(ctx, t); err != nil {
 		return nil, err
 	}
-	specs, err := warehouse.ViewSpecs(t)
+	specs, err := warehouse.ViewSpecs(delivery.ViewsTarget(t))
 	if err != nil {
 		return nil, err
 	}

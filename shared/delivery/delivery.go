@@ -48,6 +48,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Store configures each workspace's store (timeouts).
 	Store store.Config
+	// Views creates the latest-state views (`job views`). Required by
+	// CreateViews only.
+	Views ViewCreator
 	// Retry bounds the retries of transient faults inside a command (drain
 	// batches, backfill and replay pages).
 	Retry RetryPolicy
@@ -143,19 +146,20 @@ func (s *Service) Workspace(id string) (registry.Workspace, error) {
 	return ws, nil
 }
 
-// Lease is a workspace's store in use: its database pool stays open until
-// Release.
-type Lease struct {
-	*store.Store
-	pool *database.Lease
+// workspaceLease is a workspace's store in use: its database pool stays open until
+// Release. It holds the store in a field, so that the store's methods are
+// the Service's to call, never its callers'.
+type workspaceLease struct {
+	store *store.Store
+	pool  *database.Lease
 }
 
 // Release ends the lease; the pool may then be closed when idle.
-func (l *Lease) Release() { l.pool.Release() }
+func (l *workspaceLease) Release() { l.pool.Release() }
 
-// Lease returns the workspace's store, opening its pool on first use (or
+// lease returns the workspace's store, opening its pool on first use (or
 // again after it was closed when idle). The caller must Release it.
-func (s *Service) Lease(ctx context.Context, ws registry.Workspace) (*Lease, error) {
+func (s *Service) lease(ctx context.Context, ws registry.Workspace) (*workspaceLease, error) {
 	pl, err := s.cfg.Pools.Acquire(ctx, ws)
 	if err != nil {
 		return nil, err
@@ -163,7 +167,7 @@ func (s *Service) Lease(ctx context.Context, ws registry.Workspace) (*Lease, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.stores[ws.ID]; ok && c.pool == pl.Pool {
-		return &Lease{Store: c.st, pool: pl}, nil
+		return &workspaceLease{store: c.st, pool: pl}, nil
 	}
 	cfg := s.cfg.Store
 	if cfg.Logger == nil {
@@ -177,7 +181,7 @@ func (s *Service) Lease(ctx context.Context, ws registry.Workspace) (*Lease, err
 	// One store per pool: a pool opened again gets a new store (its caches
 	// start afresh).
 	s.stores[ws.ID] = cachedStore{pool: pl.Pool, st: st}
-	return &Lease{Store: st, pool: pl}, nil
+	return &workspaceLease{store: st, pool: pl}, nil
 }
 
 // Registry returns the registry the service serves.

@@ -53,12 +53,12 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 	if err != nil {
 		return DrainResult{Workspace: workspaceID}, err
 	}
-	st, err := s.Lease(ctx, ws)
+	st, err := s.lease(ctx, ws)
 	if err != nil {
 		return DrainResult{Workspace: ws.ID}, err
 	}
 	defer st.Release()
-	state, target, claim, err := st.ClaimActive(ctx)
+	state, target, claim, err := st.store.ClaimActive(ctx)
 	res := DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}
 	switch {
 	case errors.Is(err, store.ErrNoActiveTarget):

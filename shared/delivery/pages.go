@@ -129,12 +129,12 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 	if err != nil {
 		return PagesResult{}, err
 	}
-	st, err := s.Lease(ctx, ws)
+	st, err := s.lease(ctx, ws)
 	if err != nil {
 		return PagesResult{}, err
 	}
 	defer st.Release()
-	state, t, err := s.target(ctx, st.Store, opts.Generation)
+	state, t, err := s.target(ctx, st.store, opts.Generation)
 	if err != nil {
 		return PagesResult{}, err
 	}
@@ -142,7 +142,7 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 	if !t.BaselineComplete {
 		return res, fmt.Errorf("generation %s: %w; run %s after the SDK has finished it", t.Generation, store.ErrBaselineIncomplete, operation)
 	}
-	loop, err := prepare(ctx, st.Store, t)
+	loop, err := prepare(ctx, st.store, t)
 	if err != nil {
 		return res, err
 	}

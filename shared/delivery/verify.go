@@ -346,13 +346,13 @@ func (u *unit) holdPools(ctx context.Context) func() {
 // meanwhile (the unit may hold it longer: see holdPools). A unit takes its
 // members' pools one at a time here, so that a bound on open pools (the
 // job's --parallel) cannot leave it waiting on itself.
-func (m *member) withStore(ctx context.Context, s *Service, f func(*Lease) error) error {
-	l, err := s.Lease(ctx, m.ws)
+func (m *member) withStore(ctx context.Context, s *Service, f func(*store.Store) error) error {
+	l, err := s.lease(ctx, m.ws)
 	if err != nil {
 		return err
 	}
 	defer l.Release()
-	return f(l)
+	return f(l.store)
 }
 
 func (s *Service) newUnit(members []registry.Workspace) *unit {
@@ -413,7 +413,7 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 			continue
 		}
 		var t store.Target
-		err := m.withStore(ctx, s, func(l *Lease) (err error) {
+		err := m.withStore(ctx, s, func(l *store.Store) (err error) {
 			_, t, err = l.ActiveTarget(ctx)
 			return err
 		})
@@ -442,7 +442,7 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 				continue
 			}
 			var refs []store.Ref
-			err := m.withStore(ctx, s, func(l *Lease) (err error) {
+			err := m.withStore(ctx, s, func(l *store.Store) (err error) {
 				refs, err = l.DueUnverified(ctx, m.target)
 				return err
 			})
@@ -499,7 +499,7 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 			}
 			var n int64
 			var requeued []string
-			err := m.withStore(ctx, s, func(l *Lease) (err error) {
+			err := m.withStore(ctx, s, func(l *store.Store) (err error) {
 				if n, err = l.Verify(ctx, m.target, verified); err != nil {
 					return err
 				}
@@ -531,7 +531,7 @@ func (u *unit) figures(ctx context.Context) {
 			continue
 		}
 		var f store.Figures
-		err := m.withStore(ctx, u.svc, func(l *Lease) (err error) {
+		err := m.withStore(ctx, u.svc, func(l *store.Store) (err error) {
 			f, err = l.Figures(ctx, m.target)
 			return err
 		})

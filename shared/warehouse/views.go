@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // View is one latest-state view: its name and its query.
@@ -96,12 +95,34 @@ type ViewColumn struct {
 	Storage string // string, integer, number, boolean, date, timestamp or json
 }
 
+// Target is what a replication target's views are built from: its
+// generation and source, the manifest it was started with and what it
+// selected (the warehouse's own copy of the store's target, so that the
+// warehouse does not depend on the database's package).
+type Target struct {
+	Generation string
+	SourceID   string
+	// Manifest is the ontology manifest (JSON) the generation was started
+	// with.
+	Manifest json.RawMessage
+	// Selection is what the generation replicates.
+	Selection []Selection
+}
+
+// Selection is one selected entity of a target: the entity id, its
+// replicated fields and its replicated many-relationships.
+type Selection struct {
+	EntityID      string
+	Fields        []string
+	Relationships []string
+}
+
 // ViewSpecs builds the view model of a target as the SDK's replicationViews
 // (replication/bigquery.js, seed 001) does: per selected entity, id and its
 // selected fields in query-field order; per selected relationship, its
 // edges' source_id and target_id. Field names are validated as identifiers;
 // names that collide, ignoring case, are an error.
-func ViewSpecs(t store.Target) ([]ViewSpec, error) {
+func ViewSpecs(t Target) ([]ViewSpec, error) {
 	var m manifest
 	if err := json.Unmarshal(t.Manifest, &m); err != nil {
 		return nil, fmt.Errorf("target %s: manifest: %w", t.Generation, err)
@@ -152,7 +173,7 @@ func ViewSpecs(t store.Target) ([]ViewSpec, error) {
 // BigQuery renders the view's query in BigQuery SQL, as replicationViews:
 // JSON_VALUE (JSON_QUERY for json fields), SAFE_CAST for typed fields, and
 // ROW_NUMBER() by revision then event_id, first rank, then tombstones.
-func (v ViewSpec) BigQuery(table string, t store.Target) string {
+func (v ViewSpec) BigQuery(table string, t Target) string {
 	var columns []string
 	for _, c := range v.Columns {
 		path := literal("$." + c.Name)
@@ -180,7 +201,7 @@ func (v ViewSpec) BigQuery(table string, t store.Target) string {
 // Views builds the BigQuery latest-state views of a target (replicationViews
 // of seed 001). table is the events table's `project.dataset.table` (the
 // seed's is always <project>.ontology_internal.events).
-func Views(project, table string, t store.Target) ([]View, error) {
+func Views(project, table string, t Target) ([]View, error) {
 	if _, err := identifier(project); err != nil {
 		return nil, err
 	}
@@ -201,7 +222,7 @@ func ViewsDataset(bq registry.BigQuery) string { return bq.Dataset }
 // CreateViews creates or replaces the views of the target in the events
 // table's dataset, one CREATE OR REPLACE VIEW statement each, through the
 // BigQuery client. It returns the fully qualified view names.
-func (b *BigQuery) CreateViews(ctx context.Context, ws registry.Workspace, t store.Target) ([]string, error) {
+func (b *BigQuery) CreateViews(ctx context.Context, ws registry.Workspace, t Target) ([]string, error) {
 	views, err := Views(ws.BigQuery.Project, tableRef(ws.BigQuery), t)
 	if err != nil {
 		return nil, err

@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
@@ -22,11 +22,11 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
-func demoTarget(t *testing.T, m sdkfixture.Manifest, sel []sdkfixture.Selection) store.Target {
+func demoTarget(t *testing.T, m sdkfixture.Manifest, sel []sdkfixture.Selection) warehouse.Target {
 	t.Helper()
 	tg, err := sdkfixture.StaticTarget(m, sel)
 	require.NoError(t, err)
-	return tg
+	return delivery.ViewsTarget(tg)
 }
 
 func TestViewsGolden(t *testing.T) {

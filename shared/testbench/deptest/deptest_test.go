@@ -36,6 +36,59 @@ func TestDeployedBinariesLinkNoBench(t *testing.T) {
 	}
 }
 
+// TestLayerBoundaries lists each package's direct imports and fails on one
+// that NoDirectImports bans.
+func TestLayerBoundaries(t *testing.T) {
+	t.Parallel()
+	for pkg, banned := range deptest.NoDirectImports {
+		cmd := exec.Command("go", "list", "-f", "{{join .Imports \" \"}}", pkg)
+		cmd.Dir = "../../.."
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		imports := strings.Fields(string(out))
+		if len(imports) == 0 {
+			t.Fatalf("go list %s listed no imports", pkg)
+		}
+		for _, imp := range imports {
+			if why, ok := banned[imp]; ok {
+				t.Errorf("%s imports %s: %s", pkg, imp, why)
+			}
+		}
+	}
+}
+
+// TestBannedPackagesExist: every package a rule bans exists, so that a
+// rename cannot silently disable the rule (a ban of a package that is
+// gone bans nothing).
+func TestBannedPackagesExist(t *testing.T) {
+	t.Parallel()
+	var patterns []string
+	for pattern := range deptest.BadDeps {
+		patterns = append(patterns, pattern)
+	}
+	for _, extra := range deptest.Binaries {
+		for pattern := range extra {
+			patterns = append(patterns, pattern)
+		}
+	}
+	for _, banned := range deptest.NoDirectImports {
+		for pattern := range banned {
+			patterns = append(patterns, pattern)
+		}
+	}
+	for _, pattern := range patterns {
+		// Each package the pattern names, or "missing: <error>".
+		cmd := exec.Command("go", "list", "-e", "-f", "{{if .Error}}missing: {{.Error}}{{else}}{{.ImportPath}}{{end}}", pattern)
+		cmd.Dir = "../../.."
+		out, err := cmd.CombinedOutput()
+		if err != nil || len(strings.Fields(string(out))) == 0 || strings.Contains(string(out), "missing: ") || strings.Contains(string(out), "matched no packages") {
+			t.Errorf("banned %s: no such package (%v): %s", pattern, err, out)
+		}
+	}
+}
+
 func merge(a, b map[string]string) map[string]string {
 	out := map[string]string{}
 	for k, v := range a {

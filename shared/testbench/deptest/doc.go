@@ -23,3 +23,17 @@ var Binaries = map[string]map[string]string{
 	},
 	"./functions/cmd": {},
 }
+
+// Store is the package of every SQL statement against the ontology
+// database.
+const Store = "github.com/segmentstream/ontology-replication/shared/store"
+
+// NoDirectImports are packages that must not import some others directly,
+// with the reason: delivery is the shells' one way into the store, and the
+// warehouse (BigQuery) sits beside the store, not above it.
+var NoDirectImports = map[string]map[string]string{
+	"./job":              {Store: "the job speaks to the store only through delivery"},
+	"./functions":        {Store: "the functions speak to the store only through delivery"},
+	"./functions/cmd":    {Store: "the functions' entry point speaks to the store only through delivery"},
+	"./shared/warehouse": {Store: "the warehouse takes its own input type"},
+}

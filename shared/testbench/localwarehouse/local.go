@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
@@ -219,7 +220,7 @@ func PostgreSQL(v warehouse.ViewSpec, t store.Target) string {
 // CreateViews creates or replaces the target's latest-state views in the
 // local warehouse and returns their names.
 func (l *Local) CreateViews(ctx context.Context, t store.Target) ([]string, error) {
-	specs, err := warehouse.ViewSpecs(t)
+	specs, err := warehouse.ViewSpecs(delivery.ViewsTarget(t))
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,221 @@
+package delivery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/publish"
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
+)
+
+// What an operator's commands read and change (`job status`, `job
+// set-aside`, `job views`), in delivery's own types: the shells speak to
+// the store only through the Service.
+
+// Errors callers branch on, the store's sentinels under delivery's name.
+var (
+	// ErrNoActiveTarget: replication has no active generation.
+	ErrNoActiveTarget = store.ErrNoActiveTarget
+)
+
+// WorkspaceStatus is a workspace's replication state: the protocol, the
+// target's completion, its counts as the SDK's replicationStatus gives
+// them, its lags and backlogs, and its set-aside events.
+type WorkspaceStatus struct {
+	// Protocol is the database's replication protocol (3 or 4); Enabled
+	// reports whether capture is on.
+	Protocol int
+	Enabled  bool
+	// Generation is the target's (the active one unless asked for
+	// another).
+	Generation string
+	// The target's baseline, backfill and replay: complete or not, and the
+	// cursor of the one in progress (JSON, as the target row holds it).
+	BaselineComplete bool
+	BaselineCursor   json.RawMessage
+	BackfillComplete bool
+	BackfillCursor   json.RawMessage
+	ReplayComplete   bool
+	ReplayCursor     *string
+	// Total, Accepted and Verified count the target's events as the SDK's
+	// replicationStatus does; InitiallyReady is its replicationInitiallyReady.
+	Total, Accepted, Verified int64
+	InitiallyReady            bool
+	// Pending counts the events waiting to be published (set-aside ones
+	// apart); OldestPending is when the oldest was queued or sent back
+	// (zero when none is, or at protocol 3).
+	Pending       int64
+	OldestPending time.Time
+	// Unverified counts accepted events not verified yet; OldestUnverified
+	// is when the oldest was accepted; DueVerifications counts those whose
+	// check is due.
+	Unverified       int64
+	OldestUnverified time.Time
+	DueVerifications int64
+	// FiguresCapped: the backlog is larger than the bounded reads count, so
+	// the counts are lower bounds and the times come from the oldest rows.
+	FiguresCapped bool
+	// SetAside are the events set aside because they cannot be published.
+	SetAside SetAsideReport
+}
+
+// SetAsideReport is a target's set-aside events.
+type SetAsideReport struct {
+	// Count is how many events are set aside.
+	Count int64 `json:"count"`
+	// Events lists the oldest of them (up to the limit asked for).
+	Events []SetAsideEvent `json:"events,omitempty"`
+}
+
+// SetAsideEvent is one set-aside event with the reason found now.
+type SetAsideEvent struct {
+	HistoryID    string `json:"history_id"`
+	EventID      string `json:"event_id"`
+	HistoryTable string `json:"history_table,omitempty"`
+	// Reason is why it cannot be published (missing_history,
+	// unknown_table, malformed, too_large, rejected); Detail says more.
+	Reason string `json:"reason"`
+	Detail string `json:"detail,omitempty"`
+	// Since is when it was last set aside, NextAttempt when claims take it
+	// again, Attempts how many times in a row it was set aside.
+	Since       time.Time `json:"since"`
+	NextAttempt time.Time `json:"next_attempt"`
+	Attempts    int       `json:"attempts"`
+}
+
+func setAsideReport(r store.SetAsideReport) SetAsideReport {
+	out := SetAsideReport{Count: r.Count}
+	for _, e := range r.Events {
+		out.Events = append(out.Events, SetAsideEvent{HistoryID: e.HistoryID, EventID: e.EventID, HistoryTable: e.HistoryTable,
+			Reason: string(e.Reason), Detail: e.Detail, Since: e.Since, NextAttempt: e.NextAttempt, Attempts: e.Attempts})
+	}
+	return out
+}
+
+// Status reads a workspace's status: of generation, or of the active target
+// when generation is empty. It lists up to setAsideLimit set-aside events.
+// On an error it returns what it had read (the protocol, at least).
+func (s *Service) Status(ctx context.Context, workspaceID, generation string, setAsideLimit int) (WorkspaceStatus, error) {
+	var out WorkspaceStatus
+	ws, err := s.Workspace(workspaceID)
+	if err != nil {
+		return out, err
+	}
+	l, err := s.lease(ctx, ws)
+	if err != nil {
+		return out, err
+	}
+	defer l.Release()
+	st := l.store
+	state, t, err := st.ActiveTarget(ctx)
+	out.Protocol, out.Enabled = state.Version, state.Enabled
+	if generation != "" && (err == nil || errors.Is(err, store.ErrNoActiveTarget)) {
+		t, err = st.Target(ctx, generation)
+	}
+	if err != nil {
+		return out, err
+	}
+	out.Generation = t.Generation
+	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = t.BaselineComplete, t.BackfillComplete, t.ReplayComplete
+	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = t.BaselineCursor, t.BackfillCursor, t.ReplayCursor
+	counts, err := st.Status(ctx, t)
+	if err != nil {
+		return out, err
+	}
+	out.Total, out.Accepted, out.Verified, out.InitiallyReady = counts.Total, counts.Accepted, counts.Verified, counts.InitiallyReady
+	out.Pending, out.DueVerifications, out.OldestPending = counts.Pending, counts.DueVerifications, counts.OldestPending
+	switch f, err := st.Figures(ctx, t); {
+	case err == nil:
+		out.Pending, out.Unverified, out.DueVerifications, out.FiguresCapped = f.Pending, f.Unverified, f.DueVerifications, f.Capped
+		out.OldestPending, out.OldestUnverified = f.OldestPending, f.OldestUnverified
+	case errors.Is(err, store.ErrNoFigures):
+		out.Unverified = counts.Accepted - counts.Verified
+	default:
+		return out, err
+	}
+	rep, err := st.SetAside(ctx, t, setAsideLimit, publish.MaxMessageBytes)
+	out.SetAside = setAsideReport(rep)
+	return out, err
+}
+
+// SetAsideResult is a workspace's set-aside events, and how many a retry
+// made claimable again.
+type SetAsideResult struct {
+	Generation string         `json:"generation"`
+	SetAside   SetAsideReport `json:"set_aside"`
+	Retried    int64          `json:"retried,omitempty"`
+}
+
+// SetAside lists up to limit of the active target's set-aside events and,
+// with retry, ends their backoff so that the next drain tries them.
+func (s *Service) SetAside(ctx context.Context, workspaceID string, limit int, retry bool) (SetAsideResult, error) {
+	var res SetAsideResult
+	err := s.onActiveTarget(ctx, workspaceID, func(st *store.Store, t store.Target) error {
+		res.Generation = t.Generation
+		rep, err := st.SetAside(ctx, t, limit, publish.MaxMessageBytes)
+		if err != nil {
+			return err
+		}
+		res.SetAside = setAsideReport(rep)
+		if retry {
+			res.Retried, err = st.RetrySetAside(ctx, t)
+		}
+		return err
+	})
+	return res, err
+}
+
+// ViewCreator creates a target's latest-state views in a workspace's
+// warehouse. *warehouse.BigQuery is the implementation.
+type ViewCreator interface {
+	CreateViews(ctx context.Context, ws registry.Workspace, t warehouse.Target) ([]string, error)
+}
+
+// CreateViews creates or replaces the BigQuery latest-state views of the
+// workspace's active target and returns their names.
+func (s *Service) CreateViews(ctx context.Context, workspaceID string) ([]string, error) {
+	if s.cfg.Views == nil {
+		return nil, errors.New("delivery: no warehouse configured for views")
+	}
+	ws, err := s.Workspace(workspaceID)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	err = s.onActiveTarget(ctx, workspaceID, func(_ *store.Store, t store.Target) (err error) {
+		names, err = s.cfg.Views.CreateViews(ctx, ws, ViewsTarget(t))
+		return err
+	})
+	return names, err
+}
+
+// ViewsTarget is the warehouse's view of a replication target.
+func ViewsTarget(t store.Target) warehouse.Target {
+	sel := make([]warehouse.Selection, len(t.Selection))
+	for i, s := range t.Selection {
+		sel[i] = warehouse.Selection{EntityID: s.EntityID, Fields: s.Fields, Relationships: s.Relationships}
+	}
+	return warehouse.Target{Generation: t.Generation, SourceID: t.SourceID, Manifest: t.Manifest, Selection: sel}
+}
+
+// onActiveTarget runs fn with the workspace's store and its active target.
+func (s *Service) onActiveTarget(ctx context.Context, workspaceID string, fn func(*store.Store, store.Target) error) error {
+	ws, err := s.Workspace(workspaceID)
+	if err != nil {
+		return err
+	}
+	l, err := s.lease(ctx, ws)
+	if err != nil {
+		return err
+	}
+	defer l.Release()
+	_, t, err := l.store.ActiveTarget(ctx)
+	if err != nil {
+		return err
+	}
+	return fn(l.store, t)
+}
