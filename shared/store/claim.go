@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
@@ -86,11 +85,6 @@ const maxClaimPages = 16
 const sqlClaimSession = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
   set_config('idle_session_timeout', $3, false), pg_advisory_xact_lock_shared(hashtextextended($4, 0))`
 
-// sqlReadShared is sqlSetTimeouts with the shared lifecycle lock, for the
-// claim's second read (see sqlClaimSession).
-const sqlReadShared = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
-  pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
-
 // sqlClaimable is what the store adds to the seed's pending predicate
 // (accepted_at IS NULL): a pending row that was set aside (see SetAside) is
 // skipped until its backoff has passed. $3 is the set of backoffs the store
@@ -119,26 +113,6 @@ var sqlCandidates = `WITH candidates AS MATERIALIZED (
     FROM candidates ORDER BY revision, event_id`
 
 const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
-
-// sqlPendingBaselineEvents and sqlPendingHistoryEvents are the per-table reads
-// of pendingReplicationEvents (sqlBaselineEvents, sqlHistoryEvents) for the
-// claimed rows ($2) that are still pending and not set aside, in a snapshot
-// taken after their locks (see above): each claimed row comes back with its
-// event, or with NULL when its history (or baseline) row is gone. Delivery and
-// event rows are found by primary key (see Finding rows by key in the package
-// doc); the delivery rows are read in a subquery of their own, so that the
-// claim rule (sqlClaimable) applies to them unqualified, as everywhere else.
-// %s is the history table's quoted identifier, checked against the
-// capture-trigger tables.
-var (
-	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event FROM (` + sqlClaimedStillPending + `) d
-       LEFT JOIN _ontology_replication_baselines b ON b.generation = $1::uuid AND b.id = d.event_id`
-	sqlPendingHistoryEvents = `SELECT d.event_id::text, h.replication FROM (` + sqlClaimedStillPending + `) d
-       LEFT JOIN %s h ON h.id = d.event_id`
-	sqlClaimedStillPending = `SELECT event_id FROM _ontology_replication_delivery
-     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
-       AND (CASE WHEN accepted_at IS NULL AND ` + sqlClaimable + ` THEN true END)`
-)
 
 // sqlUnlockClaims releases every claim lock of the session.
 const sqlUnlockClaims = `SELECT pg_advisory_unlock_all()`
@@ -313,12 +287,6 @@ func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State,
 	return state, t, cands, err
 }
 
-// sqlBeginShared is sqlSetKeyOrder and the shared lifecycle lock
-// (shareReplicationLifecycle, seed 000) in one statement.
-const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
-  set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
-  pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
-
 // Claim claims the next batch of a target's pending events for publishing.
 // An event past the SDK's bound comes alone, with Oversize set. The caller
 // must call Finish after publishing, or Release.
@@ -452,274 +420,6 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 		c.Release(ctx) // every claimed row had been taken meanwhile
 	}
 	return nil
-}
-
-// readEvents reads the events of claimed rows that are still pending, in
-// claim order, in one round trip; events whose table has no capture
-// trigger come back set aside, and an event whose row is gone with no raw
-// event. A cached history table that has gone (renamed) is looked up again
-// once.
-func (s *Store) readEvents(ctx context.Context, conn *pgxpool.Conn, t Target, claimed []candidate) ([]captured, []SetAside, error) {
-	for attempt := 0; ; attempt++ {
-		items, aside, err := s.readEventsOnce(ctx, conn, t, claimed)
-		if err != nil && attempt == 0 && undefinedTable(err) {
-			s.forgetCaptureTables()
-			continue
-		}
-		return items, aside, err
-	}
-}
-
-func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target, claimed []candidate) ([]captured, []SetAside, error) {
-	// Group by table, resolving each table against the capture tables.
-	type group struct {
-		ident string
-		ids   []string
-	}
-	groups := map[string]*group{} // "" = baselines
-	var order []string
-	unknown := map[string]error{}
-	ids := make([]string, len(claimed))
-	for i, cd := range claimed {
-		ids[i] = cd.id
-		table := ""
-		if cd.table != nil {
-			table = *cd.table
-		}
-		if _, ok := unknown[table]; ok {
-			continue
-		}
-		g, ok := groups[table]
-		if !ok {
-			g = &group{}
-			if table != "" {
-				ident, err := s.historyTable(ctx, conn, table)
-				if errors.Is(err, ErrNoCaptureTable) {
-					unknown[table] = err
-					continue
-				}
-				if err != nil {
-					return nil, nil, err
-				}
-				g.ident = ident
-			}
-			groups[table] = g
-			order = append(order, table)
-		}
-		g.ids = append(g.ids, cd.id)
-	}
-	b := &pgx.Batch{}
-	b.Queue(sqlReadShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	for _, table := range order {
-		g := groups[table]
-		gl, err := uuids(g.ids)
-		if err != nil {
-			return nil, nil, err
-		}
-		query := sqlPendingBaselineEvents
-		if table != "" {
-			query = fmt.Sprintf(sqlPendingHistoryEvents, g.ident)
-		}
-		b.Queue(query, t.Generation, gl, s.backoffs)
-	}
-	var unknownIDs []string
-	for _, cd := range claimed {
-		if cd.table != nil && unknown[*cd.table] != nil {
-			unknownIDs = append(unknownIDs, cd.id)
-		}
-	}
-	if len(unknownIDs) > 0 {
-		// Rows of tables without a capture trigger are only checked to be
-		// still pending: their table is never read.
-		ul, err := uuids(unknownIDs)
-		if err != nil {
-			return nil, nil, err
-		}
-		b.Queue(sqlPendingBaselineEvents, t.Generation, ul, s.backoffs)
-	}
-	results := conn.SendBatch(ctx, b)
-	events, pending, err := readEventResults(results, len(order)+min(len(unknownIDs), 1))
-	if cerr := results.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	items := make([]captured, 0, len(claimed))
-	var aside []SetAside
-	for _, cd := range claimed {
-		if !pending[cd.id] {
-			continue
-		}
-		table := ""
-		if cd.table != nil {
-			table = *cd.table
-		}
-		if err := unknown[table]; err != nil {
-			aside = append(aside, SetAside{HistoryID: cd.id, HistoryTable: table, EventID: event.ID(t.SourceID, cd.id, t.Generation),
-				Reason: ReasonUnknownTable, Cause: err})
-			continue
-		}
-		items = append(items, captured{id: cd.id, table: table, raw: events[cd.id], backoff: cd.backoff})
-	}
-	return items, aside, nil
-}
-
-// readEventResults reads readEventsOnce's pipeline: the timeouts, then
-// each read's claimed rows still pending with their events.
-func readEventResults(results pgx.BatchResults, reads int) (map[string][]byte, map[string]bool, error) {
-	if _, err := results.Exec(); err != nil {
-		return nil, nil, err
-	}
-	pending := map[string]bool{}
-	events := map[string][]byte{}
-	var id string
-	var raw []byte
-	for range reads {
-		rows, err := results.Query()
-		if err != nil {
-			return nil, nil, fmt.Errorf("read events: %w", err)
-		}
-		_, err = pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
-			pending[id] = true
-			if raw != nil {
-				events[id] = append([]byte(nil), raw...)
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, nil, fmt.Errorf("read events: %w", err)
-		}
-	}
-	return events, pending, nil
-}
-
-// Acknowledge finishes a claim whose whole batch Pub/Sub accepted: the
-// batch is acknowledged and the claim's Unpublishable events are set aside.
-// It returns the number of receipts written.
-func (c *Claim) Acknowledge(ctx context.Context) (int64, error) {
-	return c.Finish(ctx, c.IDs(), c.Unpublishable)
-}
-
-// Finish ends the claim: it acknowledges the accepted events (history ids
-// of events Pub/Sub accepted: call it only after the publish succeeded for
-// them) and sets aside those that cannot be published, in one short
-// transaction that takes the shared lifecycle lock first, as the seed's
-// acknowledgement does, and then updates every row of the batch in one
-// statement, in key order (sqlFinish); then it releases the claim. Events in neither list
-// stay pending. It returns the number of receipts written.
-func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
-	if c.conn == nil {
-		return c.finishLegacy(ctx, accepted, setAside)
-	}
-	defer c.Release(ctx)
-	if len(accepted) == 0 && len(setAside) == 0 {
-		return 0, nil
-	}
-	s, t := c.store, c.target
-	fail := func(err error) (int64, error) {
-		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(accepted), t.Generation, err)
-	}
-	// One statement updates every row of the batch, so that its locks are
-	// taken in one key order (see sqlFinish).
-	var query string
-	var args []any
-	switch {
-	case len(setAside) == 0:
-		list, err := uuids(accepted)
-		if err != nil {
-			return fail(err)
-		}
-		query, args = sqlAcknowledge, []any{t.Generation, list}
-	case len(accepted) == 0:
-		ids, backoffs, err := c.backoffsFor(setAside)
-		if err != nil {
-			return fail(err)
-		}
-		query, args = sqlSetAside, []any{t.Generation, ids, backoffs}
-	default:
-		ids, backoffs, err := c.finishList(accepted, setAside)
-		if err != nil {
-			return fail(err)
-		}
-		query, args = sqlFinish, []any{t.Generation, ids, backoffs}
-	}
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	b.Queue(query, args...)
-	b.Queue("COMMIT")
-	b.Queue(sqlUnlockClaims)
-	results := c.conn.SendBatch(ctx, b)
-	var acked int64
-	err := func() error {
-		for i := range 5 {
-			tag, err := results.Exec()
-			if err != nil {
-				return err
-			}
-			if i == 2 && len(accepted) > 0 {
-				acked = tag.RowsAffected() // the receipts written
-			}
-		}
-		return nil
-	}()
-	if cerr := results.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		return fail(err)
-	}
-	c.locked = false
-	return acked, nil
-}
-
-// backoffsFor returns the set-aside events' ids and their next backoffs:
-// the first is Config.SetAsideBackoff, each later one twice the last, up to
-// Config.SetAsideMaxBackoff. Every reason backs off the same way: the prior
-// backoff is the one the claim read on the event's row, whether the store
-// found the event unpublishable or Pub/Sub refused it.
-func (c *Claim) backoffsFor(setAside []SetAside) ([]pgtype.UUID, []int64, error) {
-	ids := make([]string, len(setAside))
-	backoffs := make([]int64, len(setAside))
-	for i, a := range setAside {
-		ids[i] = a.HistoryID
-		backoffs[i] = c.store.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
-	}
-	list, err := uuids(ids)
-	return list, backoffs, err
-}
-
-// finishList returns sqlFinish's lists: the accepted events with no
-// backoff, then the set-aside events with their next backoffs.
-func (c *Claim) finishList(accepted []string, setAside []SetAside) ([]pgtype.UUID, []*int64, error) {
-	ids := make([]string, 0, len(accepted)+len(setAside))
-	backoffs := make([]*int64, 0, cap(ids))
-	for _, id := range accepted {
-		ids = append(ids, id)
-		backoffs = append(backoffs, nil)
-	}
-	for _, a := range setAside {
-		us := c.store.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
-		ids = append(ids, a.HistoryID)
-		backoffs = append(backoffs, &us)
-	}
-	list, err := uuids(ids)
-	return list, backoffs, err
-}
-
-// priorBackoff is the set-aside backoff the claim read on an event's row (0
-// if it was not set aside).
-func (c *Claim) priorBackoff(historyID string) time.Duration {
-	if d, ok := c.backoffs[historyID]; ok {
-		return d
-	}
-	for _, p := range c.Events {
-		if p.HistoryID == historyID {
-			return p.Backoff
-		}
-	}
-	return 0
 }
 
 // Release ends the claim without acknowledging anything: its events stay
