@@ -75,10 +75,6 @@ type usageError struct{ error }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
-// jobEnv lists every environment variable the job reads (Cloud Run sets the
-// task variables itself).
-var jobEnv = append(slices.Clone(config.Names), "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT")
-
 // defaultPoolSize is the job's connections per workspace database: pages on
 // one, drains on the others.
 const defaultPoolSize = 4

@@ -7,6 +7,7 @@ package config
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -45,6 +46,10 @@ const (
 	// log lines name in their trace (terraform sets it).
 	EnvProject = "GOOGLE_CLOUD_PROJECT"
 )
+
+// JobNames lists every variable the job reads: Read's, and the task
+// variables Cloud Run sets itself.
+var JobNames = append(slices.Clone(Names), "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT")
 
 // Names lists every variable Read reads.
 var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools, EnvServerMaxConns, EnvRetryBudget, EnvProject}

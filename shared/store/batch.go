@@ -85,38 +85,26 @@ type captured struct {
 	backoff   time.Duration
 }
 
-type boundMode int
-
-const (
-	// strictBound is the SDK's: an event past the bound fails the read.
-	strictBound boundMode = iota
-	// aloneBound publishes an event past the bound in a batch of its own.
-	aloneBound
-)
-
 // bound builds the messages of captured events in order and stops where
-// the SDK's byte bound stops (pendingReplicationEvents). With aloneBound an
-// event whose row is gone or whose capture is malformed is set aside and
-// the events behind it go on; with strictBound it fails the read, as the
-// SDK's does. more reports whether items followed the last one the batch
-// took or set aside.
-func bound(t Target, items []captured, mode boundMode, more bool) (Batch, []SetAside, error) {
+// the SDK's byte bound stops (pendingReplicationEvents). Where the SDK's
+// read fails, it goes on: an event whose row is gone or whose capture is
+// malformed is set aside and the events behind it go on, and an event past
+// the bound comes in a batch of its own. more reports whether items
+// followed the last one the batch took or set aside.
+func bound(t Target, items []captured, more bool) (Batch, []SetAside, error) {
 	var b Batch
 	var aside []SetAside
 	var size event.SizeBound
 	for i, it := range items {
 		if it.raw == nil {
 			err := fmt.Errorf("%w: %s/%s", ErrMissingHistory, cmpOr(it.table, "baselines"), it.id)
-			if mode == strictBound {
-				return Batch{}, nil, err
-			}
 			aside = append(aside, SetAside{HistoryID: it.id, HistoryTable: it.table, EventID: event.ID(t.SourceID, it.id, t.Generation),
 				Reason: ReasonMissingHistory, Cause: err})
 			continue
 		}
 		js, eventID, err := event.AppendMessage(make([]byte, 0, len(it.raw)+128), it.raw, t.SourceID, it.id, t.Generation)
 		if err != nil {
-			if mode == strictBound || !errors.Is(err, event.ErrMalformed) {
+			if !errors.Is(err, event.ErrMalformed) {
 				return Batch{}, nil, err
 			}
 			aside = append(aside, SetAside{HistoryID: it.id, HistoryTable: it.table, EventID: eventID, Reason: ReasonMalformed, Cause: err})
@@ -128,9 +116,6 @@ func bound(t Target, items []captured, mode boundMode, more bool) (Batch, []SetA
 			b.Events = append(b.Events, p)
 			continue
 		case event.TooLarge:
-			if mode == strictBound {
-				return Batch{}, nil, &event.OversizeError{HistoryID: it.id, EventID: eventID, Bytes: event.MessageBytes(len(js))}
-			}
 			if len(b.Events) == 0 {
 				b.Events = []Pending{p}
 				b.Oversize = true

@@ -75,16 +75,32 @@ func historyEnv(b testing.TB, protocol, n int) (*env, store.Target) {
 func BenchmarkPendingRead(b *testing.B) {
 	for _, protocol := range []int{4, 3} {
 		for _, n := range benchSizes(b) {
-			b.Run(fmt.Sprintf("protocol=%d/history=%d", protocol, n), func(b *testing.B) {
-				e, tg := historyEnv(b, protocol, n)
-				require.NoError(b, sdkfixture.BulkCreate(e.ctx, e.pool, sdkfixture.Demo, "product", "title", 100, 100))
-				for b.Loop() {
-					batch, err := e.store.PendingEvents(e.ctx, tg)
-					if err != nil || len(batch.Events) != 100 {
-						b.Fatalf("read %d events: %v", len(batch.Events), err)
+			for _, read := range []string{"claim", "sdk"} {
+				b.Run(fmt.Sprintf("protocol=%d/history=%d/%s", protocol, n, read), func(b *testing.B) {
+					e, tg := historyEnv(b, protocol, n)
+					require.NoError(b, sdkfixture.BulkCreate(e.ctx, e.pool, sdkfixture.Demo, "product", "title", 100, 100))
+					for b.Loop() {
+						var events int
+						var err error
+						if read == "claim" {
+							// What the drain runs: the state, the target and the
+							// claimed batch, released unpublished.
+							var c *store.Claim
+							if _, _, c, err = e.store.ClaimActive(e.ctx); err == nil {
+								events = len(c.Events)
+								c.Release(e.ctx)
+							}
+						} else {
+							var batch store.Batch
+							batch, err = e.store.PendingEvents(e.ctx, tg)
+							events = len(batch.Events)
+						}
+						if err != nil || events != 100 {
+							b.Fatalf("read %d events: %v", events, err)
+						}
 					}
-				}
-			})
+				})
+			}
 		}
 	}
 }

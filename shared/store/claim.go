@@ -287,32 +287,6 @@ func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State,
 	return state, t, cands, err
 }
 
-// Claim claims the next batch of a target's pending events for publishing.
-// An event past the SDK's bound comes alone, with Oversize set. The caller
-// must call Finish after publishing, or Release.
-func (s *Store) Claim(ctx context.Context, t Target) (*Claim, error) {
-	if !t.UsesDelivery() {
-		return s.legacyClaim(ctx, t)
-	}
-	conn, err := s.db.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
-	}
-	c := &Claim{store: s, target: t, conn: conn}
-	err = func() error {
-		cands, err := c.candidates(ctx, t.Generation, nil)
-		if err != nil {
-			return err
-		}
-		return c.fill(ctx, cands)
-	}()
-	if err != nil {
-		c.Release(ctx)
-		return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
-	}
-	return c, nil
-}
-
 // candidates reads and try-locks the next page of candidates after the
 // given one (nil: from the start), in one round trip that also sets the
 // session's timeouts.
@@ -411,7 +385,7 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 	if err != nil {
 		return err
 	}
-	b, bad, err := bound(c.target, items, aloneBound, more)
+	b, bad, err := bound(c.target, items, more)
 	if err != nil {
 		return err
 	}

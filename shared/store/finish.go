@@ -18,13 +18,6 @@ const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_co
   set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
   pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
 
-// Acknowledge finishes a claim whose whole batch Pub/Sub accepted: the
-// batch is acknowledged and the claim's Unpublishable events are set aside.
-// It returns the number of receipts written.
-func (c *Claim) Acknowledge(ctx context.Context) (int64, error) {
-	return c.Finish(ctx, c.IDs(), c.Unpublishable)
-}
-
 // Finish ends the claim: it acknowledges the accepted events (history ids
 // of events Pub/Sub accepted: call it only after the publish succeeded for
 // them) and sets aside those that cannot be published, in one short

@@ -98,17 +98,27 @@ func (s *Store) legacyEvents(ctx context.Context, tx pgx.Tx, t Target) (string, 
 	return strings.Join(parts, " UNION ALL "), nil
 }
 
-func (s *Store) legacyPending(ctx context.Context, tx pgx.Tx, t Target, mode boundMode, exclude []string) (Batch, []SetAside, error) {
-	events, err := s.legacyEvents(ctx, tx, t)
+func (s *Store) legacyPending(ctx context.Context, tx pgx.Tx, t Target, exclude []string) (Batch, []SetAside, error) {
+	items, err := s.legacyCaptured(ctx, tx, t, exclude)
 	if err != nil {
 		return Batch{}, nil, err
+	}
+	return bound(t, items, len(items) == event.MaxBatchEvents)
+}
+
+// legacyCaptured reads the next pending events of the legacy scan, those
+// in exclude left out.
+func (s *Store) legacyCaptured(ctx context.Context, tx pgx.Tx, t Target, exclude []string) ([]captured, error) {
+	events, err := s.legacyEvents(ctx, tx, t)
+	if err != nil {
+		return nil, err
 	}
 	if exclude == nil {
 		exclude = []string{}
 	}
 	rows, err := tx.Query(ctx, fmt.Sprintf(sqlLegacyPending, events), t.Generation, t.SourceID, t.FromRevision, exclude)
 	if err != nil {
-		return Batch{}, nil, err
+		return nil, err
 	}
 	var items []captured
 	var it captured
@@ -116,10 +126,7 @@ func (s *Store) legacyPending(ctx context.Context, tx pgx.Tx, t Target, mode bou
 		items = append(items, captured{id: it.id, raw: append([]byte(nil), it.raw...)})
 		return nil
 	})
-	if err != nil {
-		return Batch{}, nil, err
-	}
-	return bound(t, items, mode, len(items) == event.MaxBatchEvents)
+	return items, err
 }
 
 // legacyAside is where a protocol-3 database's set-aside events are kept:
@@ -153,7 +160,7 @@ func (a *legacyAside) excluded(now time.Time) []string {
 func (s *Store) legacyClaim(ctx context.Context, t Target) (*Claim, error) {
 	var c *Claim
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		b, aside, err := s.legacyPending(ctx, tx, t, aloneBound, s.legacyAside.excluded(time.Now()))
+		b, aside, err := s.legacyPending(ctx, tx, t, s.legacyAside.excluded(time.Now()))
 		c = &Claim{Batch: b, Unpublishable: aside, store: s, target: t}
 		return err
 	})

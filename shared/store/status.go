@@ -96,27 +96,6 @@ func (s *Store) Status(ctx context.Context, t Target) (Status, error) {
 	return status, nil
 }
 
-// InitiallyReady is the SDK's replicationInitiallyReady: baseline, backfill
-// and replay complete and no unverified event at or below the fence.
-func (s *Store) InitiallyReady(ctx context.Context, t Target) (bool, error) {
-	if !t.UsesDelivery() {
-		status, err := s.Status(ctx, t)
-		return status.InitiallyReady, err
-	}
-	var ready bool
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, sqlInitiallyReady, t.Generation).Scan(&ready)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrUnknownGeneration
-		}
-		return err
-	})
-	if err != nil {
-		return false, fmt.Errorf("store: initial readiness of %s: %w", t.Generation, err)
-	}
-	return ready, nil
-}
-
 // The remaining work of a replay or a backfill, counted once when a job
 // starts so that its progress can show an ETA.
 const (

@@ -1,4 +1,4 @@
-package main
+package terraform_test
 
 import (
 	"encoding/json"
@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/segmentstream/ontology-replication/functions"
+	"github.com/segmentstream/ontology-replication/shared/config"
 	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/event"
 )
@@ -105,7 +106,7 @@ func walk(body *hclsyntax.Body, scope []string, fn func(name string, expr hclsyn
 }
 
 // terraformDirs are the modules of the deployment.
-var terraformDirs = []string{"../terraform", "../terraform/modules/workspace"}
+var terraformDirs = []string{".", "modules/workspace"}
 
 func TestTerraformReferencesResolve(t *testing.T) {
 	t.Parallel()
@@ -224,7 +225,7 @@ func envOf(t *testing.T, b *hclsyntax.Block) map[string]hclsyntax.Expression {
 // the code, FUNCTION_TARGET a registered function.
 func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 	t.Parallel()
-	m := parseModule(t, "../terraform")
+	m := parseModule(t, ".")
 	want := map[string][]string{
 		"google_cloud_run_v2_service.drain":   {"DATABASE_SERVER_MAX_CONNS", "FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
 		"google_cloud_run_v2_service.verify":  {"DATABASE_SERVER_MAX_CONNS", "FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE", "VERIFY_AUDIENCE", "VERIFY_CALLER", "VERIFY_TIME_BUDGET", "VERIFY_WORKERS"},
@@ -244,7 +245,7 @@ func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 		for _, name := range got {
 			read := functions.Env
 			if strings.HasPrefix(key, "google_cloud_run_v2_job.") {
-				read = jobEnv
+				read = config.JobNames
 			}
 			require.True(t, name == "FUNCTION_TARGET" || slices.Contains(read, name), "%s sets %s, which the code does not read", key, name)
 		}
@@ -267,7 +268,7 @@ func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 
 func TestTerraformTableSchemaIsTheGoSchema(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("../terraform/modules/workspace/events_schema.json")
+	raw, err := os.ReadFile("modules/workspace/events_schema.json")
 	require.NoError(t, err)
 	var got []event.Field
 	require.NoError(t, json.Unmarshal(raw, &got))
@@ -302,8 +303,8 @@ var roleLiteral = regexp.MustCompile(`"(roles/[A-Za-z0-9._]+)"`)
 // only the drain turns the invoker check off, and the verifier is private.
 func TestTerraformLeastPrivilege(t *testing.T) {
 	t.Parallel()
-	root := parseModule(t, "../terraform")
-	child := parseModule(t, "../terraform/modules/workspace")
+	root := parseModule(t, ".")
+	child := parseModule(t, "modules/workspace")
 	for _, m := range []*tfModule{root, child} {
 		for file, raw := range m.source {
 			for _, match := range roleLiteral.FindAllStringSubmatch(string(raw), -1) {
@@ -547,7 +548,7 @@ func checkBlock(t *testing.T, at string, body *hclsyntax.Body, s schemaBlock, to
 // terraform defines or a Google metric that exists.
 func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 	t.Parallel()
-	m := parseModule(t, "../terraform")
+	m := parseModule(t, ".")
 	defined := map[string]bool{}
 	for _, name := range []string{"log_counters", "log_distributions"} {
 		v, diags := m.locals[name].Expr.Value(nil)
@@ -575,10 +576,10 @@ func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 		}
 		return n
 	}
-	monitoring, err := os.ReadFile("../terraform/monitoring.tf")
+	monitoring, err := os.ReadFile("monitoring.tf")
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, check("monitoring.tf", string(monitoring)), 7)
-	dashboard, err := os.ReadFile("../terraform/dashboard.json.tftpl")
+	dashboard, err := os.ReadFile("dashboard.json.tftpl")
 	require.NoError(t, err)
 	var parsed map[string]any
 	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(string(dashboard), "${prefix}", "logging.googleapis.com/user/")), &parsed), "the dashboard is JSON")
@@ -595,7 +596,7 @@ func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 // DATABASE_SERVER_MAX_CONNS.
 func TestTerraformInstanceBudgetIsTheCodes(t *testing.T) {
 	t.Parallel()
-	m := parseModule(t, "../terraform")
+	m := parseModule(t, ".")
 	components := map[string]string{ // component → its service or job
 		"drain": "google_cloud_run_v2_service.drain", "verify": "google_cloud_run_v2_service.verify", "job": "google_cloud_run_v2_job.replication",
 	}

@@ -1,4 +1,4 @@
-package main
+package terraform_test
 
 import (
 	"bytes"
@@ -83,7 +83,7 @@ func functionLogs(t *testing.T) []map[string]any {
 // dashboard that silently goes flat.
 func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 	t.Parallel()
-	m := parseModule(t, "../terraform")
+	m := parseModule(t, ".")
 	value := func(name string) map[string]any {
 		v, diags := m.locals[name].Expr.Value(nil)
 		require.False(t, diags.HasErrors(), "local.%s: %s", name, diags)
