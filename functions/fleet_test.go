@@ -135,7 +135,7 @@ func TestVerifySharedTableIsOneLookup(t *testing.T) {
 // requireTimedOutAtMost: a pass of TestVerifyReportsWorkspacesNotReached
 // answers 200, or, when BigQuery (150 ms a lookup) answered none of its
 // lookups within the 1 s budget on a busy machine, 500: a pass that did no
-// work is a failed pass, and its failed workspaces did no round.
+// work is a failed pass, and none of its workspaces completed a round.
 func requireTimedOutAtMost(t *testing.T, code int, pass delivery.VerifyPass) {
 	t.Helper()
 	if code == http.StatusOK {
@@ -143,11 +143,9 @@ func requireTimedOutAtMost(t *testing.T, code int, pass delivery.VerifyPass) {
 	}
 	require.Equal(t, http.StatusInternalServerError, code, pass)
 	for _, r := range pass.Workspaces {
-		if r.Outcome == delivery.OutcomeFailed {
-			require.Zero(t, r.Rounds, "%s failed in a pass that answered lookups", r.Workspace)
-		} else {
-			require.NotEqual(t, delivery.OutcomeVerified, r.Outcome, "a pass that verified %s answered a lookup", r.Workspace)
-		}
+		// No round of any workspace completed, so no lookup was answered;
+		// a workspace with nothing due is verified without one.
+		require.Zero(t, r.Rounds, "%s (%s) had a lookup answered in a pass that failed", r.Workspace, r.Outcome)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
+
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -215,19 +217,4 @@ func (h *harness) snapshot(id string) string {
 }
 
 // syncBuffer is a log destination shared by concurrent requests.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = logbuf.Buffer

@@ -1,5 +1,9 @@
 package main
 
+// This file is long because it is one thing: the local mode's workload and
+// its checks of what landed (the summary's counts and the views against the
+// source tables), which read best together.
+
 import (
 	"bytes"
 	"context"

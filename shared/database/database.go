@@ -1,5 +1,9 @@
 package database
 
+// This file holds the pools' one concern, their lifetime: open on first
+// use, lease, bound, close when idle; the per-server budget is server.go.
+// Its length is the lifecycle's cases, each with the invariant it keeps.
+
 import (
 	"cmp"
 	"context"

@@ -1,5 +1,9 @@
 package event
 
+// This file is long because it is one thing: the wire message built byte for
+// byte as the SDK's JSON.stringify builds it, with the escaping and number
+// rules that takes; splitting it would scatter one specification.
+
 import (
 	"bytes"
 	"encoding/json"

@@ -1,5 +1,9 @@
 package registry
 
+// This file is long because it is one thing: the registry's shape, the
+// interface its JSON field names are, and the validation of each field
+// with a message that names it.
+
 import (
 	"bytes"
 	"encoding/json"

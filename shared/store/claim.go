@@ -1,5 +1,9 @@
 package store
 
+// This file is long because of its design comment (the claim's locking,
+// which every change to it must keep); the code is the claim's candidates
+// and locks only: its events read is read.go, its end finish.go.
+
 import (
 	"context"
 	"errors"

@@ -387,3 +387,31 @@ func TestFirstClaimOnALegacyDatabaseNeedsOneConnection(t *testing.T) {
 	require.Len(t, c.Events, 2)
 	c.Release(ctx)
 }
+
+func TestClaimAndRelease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 150)
+	first, err := e.store.Claim(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, first.Events, 100)
+	second, err := e.store.Claim(e.ctx, tg)
+	require.NoError(t, err)
+	require.Len(t, second.Events, 50, "a concurrent claim skips the locked rows")
+	for _, id := range second.IDs() {
+		require.NotContains(t, first.IDs(), id)
+	}
+	// The SDK's unlocked read sees the same first 100 whatever is claimed.
+	unlocked, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	require.Equal(t, first.IDs(), unlocked.IDs())
+
+	second.Release(e.ctx)
+	second.Release(e.ctx) // idempotent
+	_, err = first.Acknowledge(e.ctx)
+	require.NoError(t, err)
+	rest := e.drainAll(t, tg)
+	require.ElementsMatch(t, second.IDs(), rest, "released events are claimed again")
+	require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+}
