@@ -1,7 +1,9 @@
 // Package deptest checks that the deployed binaries link none of the test
-// bench: its test runs `go list -deps` on ./job and ./functions/cmd and
-// fails on any package of BadDeps, as tailscale's tstest/deptest does. It
-// is never deployed.
+// bench: each binary's own test (job/deps_test.go, functions/cmd/deps_test.go)
+// calls Check, which runs `go list -deps` on it and fails on any package of
+// BadDeps, and on a banned package that no longer exists, as tailscale's
+// tstest/deptest does. Its own test checks the layers' direct imports
+// (NoDirectImports). It is never deployed.
 package deptest
 
 // BadDeps are the packages (or package trees, ending in "/...") the
