@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -187,4 +188,52 @@ func TestReplayRidesOutALostConnection(t *testing.T) {
 	for id, n := range h.published("w1") {
 		require.Equal(t, 2, n, "event %s published again by the replay", id)
 	}
+}
+
+// TestVerifyExitCodes: `job verify` succeeds (exit 0) only when every
+// workspace was reached and verified; a workspace the budget did not reach
+// fails the command (exit 1, not the usage error's 2), naming it.
+func TestVerifyExitCodes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template, &sdkfixture.V4Template, &sdkfixture.V4Template)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		h.start(id)
+		h.products(id, 5)
+	}
+	h.mustRun("drain")
+	_, logs, err := h.run(h.ctx, "verify", "--budget", "1m")
+	require.NoError(t, err, "every workspace reached and verified: exit 0\n%s", logs)
+
+	h.products("w1", 5)
+	h.products("w2", 5)
+	h.products("w3", 5)
+	h.mustRun("drain")
+	// BigQuery never answers: the first workspace's lookup holds the only
+	// worker until the budget ends, and the others are never reached.
+	stop := make(chan struct{})
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(func() { close(stop); silent.Close() })
+	registry := strings.ReplaceAll(h.env["REPLICATION_WORKSPACES"], h.bqURL, silent.URL)
+	// Each workspace its own events table, so that each is a unit of the
+	// pass of its own (workspaces sharing a table are looked up together).
+	parts := strings.Split(registry, `{"id": `)
+	for i := range parts {
+		for _, id := range []string{"w2", "w3"} {
+			if strings.HasPrefix(parts[i], `"`+id+`"`) {
+				parts[i] = strings.Replace(parts[i], `"location": "EU"`, `"location": "EU", "table": "events_`+id+`"`, 1)
+			}
+		}
+	}
+	registry = strings.Join(parts, `{"id": `)
+	out, logs, err := h.runEnv(h.ctx, map[string]string{"REPLICATION_WORKSPACES": registry}, "verify", "--budget", "2s", "--parallel", "1", "--json")
+	require.Error(t, err, "%s\n%s", out, logs)
+	var usage usageError
+	require.False(t, errors.As(err, &usage), "a failure, not a usage error: exit 1")
+	require.ErrorContains(t, err, "not reached within the --budget")
+	require.Contains(t, out, `"not_reached"`)
 }

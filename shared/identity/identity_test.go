@@ -215,3 +215,39 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+// TestClockLeeway: the default leeway (30 s) is tolerated on expiry and
+// not-before, just inside it, and no more, just outside it (10 s either
+// side, a margin no busy machine takes between signing and checking).
+func TestClockLeeway(t *testing.T) {
+	t.Parallel()
+	iss, v, _ := setup(t)
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		exp  time.Duration // from now
+		nbf  time.Duration
+		ok   bool
+	}{
+		{"expired 20 s ago", -20 * time.Second, 0, true},
+		{"expired 40 s ago", -40 * time.Second, 0, false},
+		{"valid from 20 s on", time.Minute, 20 * time.Second, true},
+		{"valid from 40 s on", time.Minute, 40 * time.Second, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			claims := jwt.Claims{Issuer: iss.URL, Subject: "runtime-w1", Audience: jwt.Audience{"replication"},
+				Expiry: jwt.NewNumericDate(now.Add(c.exp)), IssuedAt: jwt.NewNumericDate(now.Add(-time.Minute))}
+			if c.nbf != 0 {
+				claims.NotBefore = jwt.NewNumericDate(now.Add(c.nbf))
+			}
+			tok, err := iss.Sign(claims)
+			require.NoError(t, err)
+			_, err = v.Verify(context.Background(), tok)
+			if c.ok {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, identity.ErrInvalidToken)
+			}
+		})
+	}
+}

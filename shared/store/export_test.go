@@ -36,3 +36,6 @@ var SQLFigures = sqlFigures
 // Backoffs are a Store's set-aside backoffs in microseconds, as its
 // statements take them.
 func Backoffs(s *Store) []int64 { return s.backoffs }
+
+// Defaults is the Config a zero Config becomes.
+func Defaults() Config { return Config{}.withDefaults() }

@@ -77,3 +77,35 @@ func TestRetryable(t *testing.T) {
 	_, err = store.New(e.pool, store.Config{LockTimeout: -1})
 	require.ErrorContains(t, err, "LockTimeout")
 }
+
+// TestDefaultTimeouts: the store's defaults are the SDK lifecycle code's
+// (statement 30 s, lock 5 s), and a store built with them waits for a lock
+// that long and no less: an acknowledgement behind an exclusive lifecycle
+// lock gives up with lock_not_available after at least 5 s.
+func TestDefaultTimeouts(t *testing.T) {
+	t.Parallel()
+	d := store.Defaults()
+	require.Equal(t, 30*time.Second, d.StatementTimeout)
+	require.Equal(t, 5*time.Second, d.LockTimeout)
+	require.Equal(t, time.Minute, d.SetAsideBackoff)
+	require.Equal(t, time.Hour, d.SetAsideMaxBackoff)
+	require.Equal(t, time.Minute, d.ClaimIdleTimeout)
+
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 1)
+	pending, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err)
+	tx, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	_, err = tx.Exec(e.ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", store.LifecycleLock)
+	require.NoError(t, err)
+	started := time.Now()
+	_, err = e.store.Acknowledge(e.ctx, tg, pending.IDs())
+	waited := time.Since(started)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "55P03", pgErr.Code, "lock_timeout: %v", err)
+	require.GreaterOrEqual(t, waited, 5*time.Second, "the default lock timeout is waited out")
+}
