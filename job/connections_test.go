@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/jackc/pgx/v5"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -236,4 +239,93 @@ func TestVerifyExitCodes(t *testing.T) {
 	require.False(t, errors.As(err, &usage), "a failure, not a usage error: exit 1")
 	require.ErrorContains(t, err, "not reached within the --budget")
 	require.Contains(t, out, `"not_reached"`)
+}
+
+// TestParallelBoundsWorkspacesInFlight: `--parallel 2` works on two
+// workspaces at a time, counted where the server shows it. Each
+// workspace's first acknowledgement waits for a row the test holds; when
+// two workspaces wait, the workspaces not yet begun have not opened a
+// single session, and only once the test lets those two go do the next
+// two begin.
+func TestParallelBoundsWorkspacesInFlight(t *testing.T) {
+	t.Parallel()
+	templates := make([]*pgtest.Template, 5)
+	for i := range templates {
+		templates[i] = &sdkfixture.V4Template
+	}
+	h := newHarness(t, templates...)
+	blockers := map[string]*blocker{}
+	dbs := map[string]string{} // database name → workspace
+	for id, s := range h.spaces {
+		h.start(id)
+		h.products(id, 150)
+		blockers[id] = h.blocker(t, id, `SELECT 1 FROM _ontology_replication_delivery WHERE event_id =
+			(SELECT event_id FROM _ontology_replication_delivery ORDER BY revision, event_id LIMIT 1) FOR UPDATE`)
+		u, err := url.Parse(s.url)
+		require.NoError(t, err)
+		dbs[strings.TrimPrefix(u.Path, "/")] = id
+	}
+	admin, err := pgx.Connect(h.ctx, pgtest.Shared(t).AdminURL())
+	require.NoError(t, err)
+	defer func() { _ = admin.Close(h.ctx) }()
+	sessions := func(condition string) map[string]int {
+		rows, err := admin.Query(h.ctx, `SELECT datname, count(*) FROM pg_stat_activity
+			WHERE application_name = 'ontology-replication' AND `+condition+` GROUP BY datname`)
+		require.NoError(t, err)
+		out := map[string]int{}
+		var db string
+		var n int
+		_, err = pgx.ForEachRow(rows, []any{&db, &n}, func() error {
+			if id, ok := dbs[db]; ok {
+				out[id] = n
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		return out
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		// Room for every workspace's pool, so that the bound on open
+		// pools (also --parallel by default) cannot stand in for
+		// --parallel's own.
+		_, logs, err := h.runEnv(h.ctx, map[string]string{"DATABASE_MAX_OPEN_POOLS": "10"}, "drain", "--parallel", "2")
+		if err != nil {
+			err = fmt.Errorf("%w\n%s", err, logs)
+		}
+		done <- err
+	}()
+	notBegun := map[string]bool{}
+	for id := range h.spaces {
+		notBegun[id] = true
+	}
+	for len(notBegun) > 0 {
+		want := min(2, len(notBegun))
+		var waiting []string
+		require.Eventually(t, func() bool {
+			waiting = waiting[:0]
+			for id := range sessions("wait_event_type = 'Lock'") {
+				if notBegun[id] {
+					waiting = append(waiting, id)
+				}
+			}
+			return len(waiting) >= want
+		}, time.Minute, 5*time.Millisecond, "%d workspaces begin", want)
+		require.Len(t, waiting, want, "no more than --parallel workspaces at once")
+		for _, id := range waiting {
+			delete(notBegun, id)
+		}
+		open := sessions("true")
+		for id := range notBegun {
+			require.Zero(t, open[id], "%s has not begun: no session of its own yet", id)
+		}
+		for _, id := range waiting {
+			blockers[id].release()
+		}
+	}
+	require.NoError(t, <-done)
+	for id := range h.spaces {
+		require.Zero(t, h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), id)
+	}
 }
