@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -59,6 +60,21 @@ func statusOf(t *testing.T, h *harness, args ...string) []workspaceStatus {
 	return out
 }
 
+// requireLag checks a lag of `job status` against the database: its time is
+// what query reads, and its age that time's distance from a moment between
+// before and after, rounded to the second.
+func requireLag(t *testing.T, h *harness, id, query string, at *time.Time, age string, before, after time.Time) {
+	t.Helper()
+	var want time.Time
+	require.NoError(t, h.spaces[id].pool.QueryRow(h.ctx, query).Scan(&want))
+	require.NotNil(t, at)
+	require.WithinDuration(t, want, *at, time.Millisecond, "the lag's time is the database's")
+	got, err := time.ParseDuration(age)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, got, before.Sub(want).Round(time.Second)-time.Second, "age %s", age)
+	require.LessOrEqual(t, got, after.Sub(want).Round(time.Second)+time.Second, "age %s", age)
+}
+
 func TestCommandsOnProtocol4(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, &sdkfixture.V4Template)
@@ -66,7 +82,14 @@ func TestCommandsOnProtocol4(t *testing.T) {
 	g := h.start("w1")
 	h.products("w1", 250)
 
+	before := time.Now()
 	s := statusOf(t, h)[0]
+	after := time.Now()
+	// The delivery lag, from the database: the oldest pending row's
+	// next_verify_at, and its age between the two clocks read around the
+	// command (to the second it is rounded to).
+	requireLag(t, h, "w1", `SELECT min(next_verify_at) FROM _ontology_replication_delivery WHERE accepted_at IS NULL`,
+		s.OldestPending, s.OldestPendingAge, before, after)
 	require.Equal(t, workspaceStatus{Workspace: "w1", Protocol: 4, Generation: g.Generation, Enabled: true,
 		BaselineComplete: true, BackfillComplete: true, ReplayComplete: true, Total: 255, Pending: 255,
 		OldestPending: s.OldestPending, OldestPendingAge: s.OldestPendingAge}, s, "fresh")
@@ -118,7 +141,14 @@ func TestStatusStates(t *testing.T) {
 	s = statusOf(t, h, "--workspace", "w2")[0]
 	require.Zero(t, s.SetAside.Count, "nothing set aside before a drain met it")
 	h.mustRun("drain", "--workspace", "w2")
+	// Accepted 90 minutes ago, so that the age is far from zero.
+	_, err = h.spaces["w2"].pool.Exec(h.ctx, `UPDATE _ontology_replication_delivery SET accepted_at = accepted_at - interval '90 minutes' WHERE accepted_at IS NOT NULL`)
+	require.NoError(t, err)
+	before := time.Now()
 	s = statusOf(t, h, "--workspace", "w2")[0]
+	after := time.Now()
+	requireLag(t, h, "w2", `SELECT min(accepted_at) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL AND verified_at IS NULL`,
+		s.OldestUnverified, s.OldestUnverifiedAge, before, after)
 	require.Zero(t, s.Pending, "the set-aside event is counted apart from the pending ones")
 	require.Nil(t, s.OldestPending, "and is not the delivery lag")
 	require.Equal(t, int64(1), s.Total-s.Accepted, "it stays pending for the SDK")
