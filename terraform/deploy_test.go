@@ -112,38 +112,7 @@ func TestTerraformReferencesResolve(t *testing.T) {
 	t.Parallel()
 	for _, dir := range terraformDirs {
 		m := parseModule(t, dir)
-		for _, b := range m.blocks {
-			if b.Type == "moved" {
-				continue
-			}
-			walk(b.Body, nil, func(attr string, expr hclsyntax.Expression, scope []string) {
-				if b.Type == "variable" && attr == "type" {
-					return // a type constraint, not references
-				}
-				for _, tr := range expr.Variables() {
-					root := tr.RootName()
-					switch root {
-					case "path", "each", "count", "self", "terraform":
-						continue // the next reference of the expression is checked too
-					case "var":
-						require.Contains(t, m.variables, attrName(tr, 1), "%s: var.%s is not declared", dir, attrName(tr, 1))
-					case "local":
-						require.Contains(t, m.locals, attrName(tr, 1), "%s: local.%s is not declared", dir, attrName(tr, 1))
-					case "module":
-						require.Contains(t, m.modules, attrName(tr, 1), "%s: module.%s is not declared", dir, attrName(tr, 1))
-					case "data":
-						key := attrName(tr, 1) + "." + attrName(tr, 2)
-						require.Contains(t, m.data, key, "%s: data.%s is not declared", dir, key)
-					default:
-						if slices.Contains(scope, root) || isForVariable(expr, root) {
-							continue
-						}
-						key := root + "." + attrName(tr, 1)
-						require.Contains(t, m.resources, key, "%s: %s is not declared", dir, key)
-					}
-				}
-			})
-		}
+		require.Empty(t, unresolved(m), dir)
 		for name, call := range m.modules {
 			source := call.Body.Attributes["source"].Expr.(*hclsyntax.TemplateExpr).Parts[0].(*hclsyntax.LiteralValueExpr).Val.AsString()
 			child := parseModule(t, filepath.Join(dir, source))
@@ -166,19 +135,100 @@ func TestTerraformReferencesResolve(t *testing.T) {
 	}
 }
 
-// TestReferenceCheckSeesPastEach is the reference check's own test: a
-// reference after an each. or path. traversal in the same expression is
-// still checked (an early return once let "${each.key} ${var.no_such}"
-// through).
+// unresolved lists the references of a module that name nothing it
+// declares: variables, locals, modules, data sources and resources.
+func unresolved(m *tfModule) []string {
+	var out []string
+	for _, b := range m.blocks {
+		if b.Type == "moved" {
+			continue
+		}
+		walk(b.Body, nil, func(attr string, expr hclsyntax.Expression, scope []string) {
+			if b.Type == "variable" && attr == "type" {
+				return // a type constraint, not references
+			}
+			for _, tr := range expr.Variables() {
+				root := tr.RootName()
+				var missing string
+				switch root {
+				case "path", "each", "count", "self", "terraform":
+					continue // the next reference of the expression is checked too
+				case "var":
+					if _, ok := m.variables[attrName(tr, 1)]; !ok {
+						missing = "var." + attrName(tr, 1)
+					}
+				case "local":
+					if _, ok := m.locals[attrName(tr, 1)]; !ok {
+						missing = "local." + attrName(tr, 1)
+					}
+				case "module":
+					if _, ok := m.modules[attrName(tr, 1)]; !ok {
+						missing = "module." + attrName(tr, 1)
+					}
+				case "data":
+					if key := attrName(tr, 1) + "." + attrName(tr, 2); m.data[key] == nil {
+						missing = "data." + key
+					}
+				default:
+					if slices.Contains(scope, root) || isForVariable(expr, root) {
+						continue
+					}
+					if key := root + "." + attrName(tr, 1); m.resources[key] == nil {
+						missing = key
+					}
+				}
+				if missing != "" {
+					out = append(out, missing+" is not declared")
+				}
+			}
+		})
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestReferenceCheckSeesPastEach is the reference check's own test, on a
+// module broken on purpose: every undeclared reference is reported,
+// including one after an each. or path. traversal in the same expression
+// (an early return once let "${each.key} ${var.no_such}" through), and the
+// declared ones, for-expression variables and dynamic-block iterators are
+// not.
 func TestReferenceCheckSeesPastEach(t *testing.T) {
 	t.Parallel()
-	expr, diags := hclsyntax.ParseExpression([]byte(`"${each.key} ${path.module} ${var.no_such}"`), "x.tf", hcl.InitialPos)
-	require.False(t, diags.HasErrors())
-	var roots []string
-	for _, tr := range expr.Variables() {
-		roots = append(roots, tr.RootName())
-	}
-	require.Equal(t, []string{"each", "path", "var"}, roots, "Variables lists every reference, in order: the check must go on past each and path")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.tf"), []byte(`
+variable "known" {
+  description = "d"
+  type        = string
+}
+locals {
+  fine    = [for k in var.known : k]
+  after   = "${each.key} ${path.module} ${var.no_such}"
+  missing = local.nowhere
+}
+data "google_project" "p" {}
+resource "google_thing" "ok" {
+  for_each = toset([var.known])
+  name     = "${each.key} ${data.google_project.p.number} ${google_thing.ok["x"].id}"
+  other    = module.absent.out
+  source   = data.google_nothing.n.id
+  peer     = google_other.gone.id
+  dynamic "block" {
+    for_each = [1]
+    content {
+      value = block.value
+    }
+  }
+}
+`), 0o600))
+	got := unresolved(parseModule(t, dir))
+	require.Equal(t, []string{
+		"data.google_nothing.n is not declared",
+		"google_other.gone is not declared",
+		"local.nowhere is not declared",
+		"module.absent is not declared",
+		"var.no_such is not declared",
+	}, got)
 }
 
 func attrName(tr hcl.Traversal, i int) string {
