@@ -80,13 +80,14 @@ func TestSlowPublishDoesNotHoldTheSDK(t *testing.T) {
 	wg.Go(func() { writerTook = r.writerLatency(t) })
 	wg.Wait()
 	require.NoError(t, pauseErr)
-	require.Less(t, pauseTook, time.Second, "the pause does not wait for the publish")
-	require.Less(t, writerTook, baseline+100*time.Millisecond, "an SDK writer takes no longer than without the drain (baseline %v)", baseline)
+	// Both ended while the publish is still held (it is let go only below):
+	// neither waited for it. Their times are for the log, not the verdict.
 	select {
 	case d := <-drain:
 		t.Fatalf("the drain ended before its publish returned: %v", d.err)
 	default:
 	}
+	t.Logf("pause %v, writer %v (baseline %v) while the publish was held", pauseTook, writerTook, baseline)
 
 	g.release()
 	d := <-drain
