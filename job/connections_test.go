@@ -149,6 +149,19 @@ func TestVerifyWithoutBigQueryFails(t *testing.T) {
 	h.start("w1")
 	h.products("w1", 10)
 	h.mustRun("drain")
+	registry := h.silentBigQuery(t)
+	out, logs, err := h.runEnv(h.ctx, map[string]string{"REPLICATION_WORKSPACES": registry}, "verify", "--budget", "2s", "--json")
+	require.Error(t, err, "%s\n%s", out, logs)
+	require.ErrorContains(t, err, "BigQuery answered no lookup of the pass")
+	require.Contains(t, logs, `"severity":"ERROR"`)
+	require.Contains(t, out, `"outcome":"failed"`)
+}
+
+// silentBigQuery returns the harness's registry with every workspace's
+// BigQuery endpoint a server that never answers (until the request is
+// given up, or the test ends).
+func (h *harness) silentBigQuery(t *testing.T) string {
+	t.Helper()
 	stop := make(chan struct{})
 	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -157,12 +170,7 @@ func TestVerifyWithoutBigQueryFails(t *testing.T) {
 		}
 	}))
 	t.Cleanup(func() { close(stop); silent.Close() })
-	registry := strings.ReplaceAll(h.env["REPLICATION_WORKSPACES"], h.bqURL, silent.URL)
-	out, logs, err := h.runEnv(h.ctx, map[string]string{"REPLICATION_WORKSPACES": registry}, "verify", "--budget", "2s", "--json")
-	require.Error(t, err, "%s\n%s", out, logs)
-	require.ErrorContains(t, err, "BigQuery answered no lookup of the pass")
-	require.Contains(t, logs, `"severity":"ERROR"`)
-	require.Contains(t, out, `"outcome":"failed"`)
+	return strings.ReplaceAll(h.env["REPLICATION_WORKSPACES"], h.bqURL, silent.URL)
 }
 
 // baseline counts a workspace's baseline events.
@@ -213,15 +221,7 @@ func TestVerifyExitCodes(t *testing.T) {
 	h.mustRun("drain")
 	// BigQuery never answers: the first workspace's lookup holds the only
 	// worker until the budget ends, and the others are never reached.
-	stop := make(chan struct{})
-	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-stop:
-		}
-	}))
-	t.Cleanup(func() { close(stop); silent.Close() })
-	registry := strings.ReplaceAll(h.env["REPLICATION_WORKSPACES"], h.bqURL, silent.URL)
+	registry := h.silentBigQuery(t)
 	// Each workspace its own events table, so that each is a unit of the
 	// pass of its own (workspaces sharing a table are looked up together).
 	parts := strings.Split(registry, `{"id": `)

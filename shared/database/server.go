@@ -167,27 +167,3 @@ func (c *budgetedConn) Close() error {
 	defer c.giveBack()
 	return c.Conn.Close()
 }
-
-// ServerConns reports how many connections this process has open to each
-// PostgreSQL server, by server key (Cloud SQL instance or host:port).
-func (p *Pools) ServerConns() map[string]int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[string]int, len(p.servers))
-	for key, srv := range p.servers {
-		out[key] = srv.open
-	}
-	return out
-}
-
-// ServerWaiting reports how many connections are waiting for a place in
-// their server's budget.
-func (p *Pools) ServerWaiting() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, srv := range p.servers {
-		n += srv.waiting
-	}
-	return n
-}

@@ -154,7 +154,7 @@ type SetAsideResult struct {
 // with retry, ends their backoff so that the next drain tries them.
 func (s *Service) SetAside(ctx context.Context, workspaceID string, limit int, retry bool) (SetAsideResult, error) {
 	var res SetAsideResult
-	err := s.onActiveTarget(ctx, workspaceID, func(st *store.Store, t store.Target) error {
+	err := s.onActiveTarget(ctx, workspaceID, func(_ registry.Workspace, st *store.Store, t store.Target) error {
 		res.Generation = t.Generation
 		rep, err := st.SetAside(ctx, t, limit, publish.MaxMessageBytes)
 		if err != nil {
@@ -181,12 +181,8 @@ func (s *Service) CreateViews(ctx context.Context, workspaceID string) ([]string
 	if s.cfg.Views == nil {
 		return nil, errors.New("delivery: no warehouse configured for views")
 	}
-	ws, err := s.Workspace(workspaceID)
-	if err != nil {
-		return nil, err
-	}
 	var names []string
-	err = s.onActiveTarget(ctx, workspaceID, func(_ *store.Store, t store.Target) (err error) {
+	err := s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, _ *store.Store, t store.Target) (err error) {
 		names, err = s.cfg.Views.CreateViews(ctx, ws, ViewsTarget(t))
 		return err
 	})
@@ -202,8 +198,9 @@ func ViewsTarget(t store.Target) warehouse.Target {
 	return warehouse.Target{Generation: t.Generation, SourceID: t.SourceID, Manifest: t.Manifest, Selection: sel}
 }
 
-// onActiveTarget runs fn with the workspace's store and its active target.
-func (s *Service) onActiveTarget(ctx context.Context, workspaceID string, fn func(*store.Store, store.Target) error) error {
+// onActiveTarget runs fn with the workspace, its store and its active
+// target.
+func (s *Service) onActiveTarget(ctx context.Context, workspaceID string, fn func(registry.Workspace, *store.Store, store.Target) error) error {
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
 		return err
@@ -217,5 +214,5 @@ func (s *Service) onActiveTarget(ctx context.Context, workspaceID string, fn fun
 	if err != nil {
 		return err
 	}
-	return fn(l.store, t)
+	return fn(ws, l.store, t)
 }
