@@ -19,6 +19,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
@@ -51,6 +52,13 @@ type harness struct {
 	// hidden are event ids BigQuery answers as absent though Pub/Sub
 	// holds them.
 	hidden map[string]bool
+	// wh, when set (withWarehouse), is the BigQuery stand-in every query
+	// is answered from: the lookups find what landed in it.
+	wh     *localwarehouse.Local
+	landed map[string]bool // the Pub/Sub messages written to wh
+	// afterRecordsRead, when set, runs after the warehouse computed its
+	// answer to an audit's records query and before the answer is sent.
+	afterRecordsRead func()
 }
 
 // hide makes BigQuery answer the given events as absent (none: every
@@ -93,14 +101,24 @@ func newHarnessOn(t testing.TB, c *pgtest.Cluster, templates ...*pgtest.Template
 	h := &harness{t: t, ctx: context.Background(), spaces: map[string]*space{}, env: map[string]string{}}
 	h.pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: publishHook{h}})
 	t.Cleanup(func() { _ = h.pubsub.Close() })
-	h.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+	h.bq = bqserver.New(func(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
 		if strings.HasPrefix(q.SQL, "CREATE OR REPLACE VIEW") {
 			h.mu.Lock()
 			h.ddl = append(h.ddl, q.SQL)
 			h.mu.Unlock()
 			return bqserver.Result{}, nil
 		}
-		return h.landed(q), nil
+		h.mu.Lock()
+		wh, after := h.wh, h.afterRecordsRead
+		h.mu.Unlock()
+		if wh != nil {
+			res, err := wh.QueryHandler()(ctx, q)
+			if _, records := q.Params["buckets"]; records && after != nil {
+				after()
+			}
+			return res, err
+		}
+		return h.present(q), nil
 	})
 	bqHTTP := httptest.NewServer(h.bq)
 	t.Cleanup(bqHTTP.Close)
@@ -172,8 +190,40 @@ func (h *harness) published(id string) map[string]int {
 	return out
 }
 
-// landed answers lookups with what Pub/Sub holds.
-func (h *harness) landed(q bqserver.Query) bqserver.Result {
+// withWarehouse makes a local warehouse (a PostgreSQL events table) the
+// BigQuery that every query is answered from; land writes to it what
+// Pub/Sub holds.
+func (h *harness) withWarehouse() *localwarehouse.Local {
+	h.t.Helper()
+	wh, err := localwarehouse.Open(h.ctx, pgtest.NewDatabase(h.t, nil))
+	require.NoError(h.t, err)
+	h.t.Cleanup(wh.Close)
+	h.mu.Lock()
+	h.wh, h.landed = wh, map[string]bool{}
+	h.mu.Unlock()
+	return wh
+}
+
+// land writes the messages Pub/Sub holds that the local warehouse has not
+// received yet, as a BigQuery subscription would.
+func (h *harness) land() {
+	h.t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var batch [][]byte
+	for _, m := range h.pubsub.Messages() {
+		if !h.landed[m.ID] {
+			h.landed[m.ID] = true
+			batch = append(batch, m.Data)
+		}
+	}
+	if len(batch) > 0 {
+		require.NoError(h.t, h.wh.Ingest(h.ctx, batch))
+	}
+}
+
+// present answers lookups with what Pub/Sub holds.
+func (h *harness) present(q bqserver.Query) bqserver.Result {
 	held := map[string]bool{}
 	for _, m := range h.pubsub.Messages() {
 		var e event.Event

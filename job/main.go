@@ -3,8 +3,8 @@
 //
 //	job <command> [flags]
 //
-// Commands: backfill, replay, drain, verify, status, views, set-aside and
-// dead-letter (`job -h` lists them, `job <command> -h` their flags). Every
+// Commands: backfill, replay, drain, verify, status, views, audit, repair,
+// set-aside and dead-letter (`job -h` lists them, `job <command> -h` their flags). Every
 // page is its own transaction and state lives only in the database, so a
 // job killed at any moment continues where it stopped when run again. The
 // first SIGINT or SIGTERM stops it after the current page; a second stops
@@ -37,10 +37,25 @@ func main() {
 	stop(nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "job: "+oneLine(err.Error()))
-		var usage usageError
-		if errors.As(err, &usage) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// exitCoder is an error that chooses the job's exit status.
+type exitCoder interface{ ExitCode() int }
+
+// exitCode is the job's exit status for a command's error: 2 for a usage
+// error, the error's own (`job audit`: 3 when a workspace could not be
+// audited and none differed), otherwise 1 (a failure, or `job audit`
+// finding a warehouse that differs).
+func exitCode(err error) int {
+	var usage usageError
+	var coder exitCoder
+	switch {
+	case errors.As(err, &usage):
+		return 2
+	case errors.As(err, &coder):
+		return coder.ExitCode()
+	}
+	return 1
 }

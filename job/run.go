@@ -42,6 +42,8 @@ var commands = []command{
 	{"status", "per workspace: protocol, generation, completion, counts, lags, set-aside events", []string{"generation", "parallel", "json", "watch"}, runStatus},
 	{"views", "create or replace the BigQuery latest-state views of the active target", []string{"parallel", "json"}, runViews},
 	{"set-aside", "list the events set aside because they cannot be published; --retry tries them now", []string{"retry", "parallel", "json"}, runSetAside},
+	{"audit", "compare the warehouse's latest state with the source's, record by record at a bounded cost; exit 1 when they differ", []string{"entity", "records", "parallel", "json"}, runAudit},
+	{"repair", "re-deliver what an audit finds missing, stale or deleted at the source (or the chosen records), then drain", []string{"entity", "records", "parallel", "json"}, runRepair},
 	{"dead-letter", "list the dead-letter subscription's messages; --republish publishes them again", []string{"republish", "max", "json"}, runDeadLetter},
 }
 
@@ -57,6 +59,8 @@ var flagHelp = map[string]string{
 	"republish":  "publish the dead-lettered messages to the events topic again and acknowledge them",
 	"max":        "the most dead-lettered messages to read per workspace (default 1000)",
 	"watch":      "refresh every interval (for example 10s) until interrupted",
+	"entity":     "only these entities (names, comma-separated; an entity's relationships with it)",
+	"records":    "only these record keys (comma-separated): compared one by one, without bucket sums first",
 }
 
 func usage() string {
@@ -99,6 +103,8 @@ type env struct {
 	republish  bool
 	max        int
 	watch      time.Duration
+	entities   []string
+	records    []string
 }
 
 // run runs one job command. stdout receives results (tables, JSON); stderr
@@ -135,6 +141,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"republish":  func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
 		"max":        func() { fs.IntVar(&e.max, "max", 1000, flagHelp["max"]) },
 		"watch":      func() { fs.DurationVar(&e.watch, "watch", 0, flagHelp["watch"]) },
+		"entity":     func() { fs.Func("entity", flagHelp["entity"], listFlag(&e.entities)) },
+		"records":    func() { fs.Func("records", flagHelp["records"], listFlag(&e.records)) },
 	}
 	fs.StringVar(&workspace, "workspace", "", flagHelp["workspace"])
 	for _, f := range cmd.flags {
@@ -208,6 +216,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer e.svc.Close()
 	return cmd.run(e)
+}
+
+// listFlag parses a comma-separated flag into list, adding to what an
+// earlier use of the flag gave; empty items are refused.
+func listFlag(list *[]string) func(string) error {
+	return func(v string) error {
+		for _, item := range strings.Split(v, ",") {
+			item = strings.TrimSpace(item)
+			if item == "" {
+				return fmt.Errorf("an empty item in %q", v)
+			}
+			*list = append(*list, item)
+		}
+		return nil
+	}
 }
 
 func commandUsage(c command, fs *flag.FlagSet) string {

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 )
 
 // TestLocalRun runs the whole pipeline on embedded parts with a small

@@ -51,6 +51,9 @@ type Config struct {
 	// Views creates the latest-state views (`job views`). Required by
 	// CreateViews only.
 	Views ViewCreator
+	// Auditor reads the warehouse's side of an audit (`job audit`, `job
+	// repair`). Required by Audit and Repair only.
+	Auditor Auditor
 	// Retry bounds the retries of transient faults inside a command (drain
 	// batches, backfill and replay pages).
 	Retry RetryPolicy

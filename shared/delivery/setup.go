@@ -104,7 +104,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		o.close = append(o.close, func() { _ = r.Close() })
 		dead = r
 	}
-	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry})
+	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: o.Warehouse, Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry})
 	if err != nil {
 		o.Close()
 		return nil, err

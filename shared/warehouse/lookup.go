@@ -21,6 +21,9 @@ type Config struct {
 	// LookupTimeout bounds one lookup, including the client's own retries
 	// of 5xx answers. Default: 20s.
 	LookupTimeout time.Duration
+	// AuditTimeout bounds one audit query (which reads a generation's rows
+	// of seven columns). Default: 10m.
+	AuditTimeout time.Duration
 	// ClientOptions are extra client options for every workspace (tests).
 	ClientOptions []option.ClientOption
 }
@@ -40,6 +43,7 @@ func NewBigQuery(cfg Config) (*BigQuery, error) {
 		return nil, fmt.Errorf("warehouse: invalid config: %w", err)
 	}
 	cfg.LookupTimeout = cmp.Or(cfg.LookupTimeout, 20*time.Second)
+	cfg.AuditTimeout = cmp.Or(cfg.AuditTimeout, 10*time.Minute)
 	return &BigQuery{cfg: cfg, clients: map[string]*bigquery.Client{}}, nil
 }
 
@@ -48,6 +52,9 @@ func NewBigQuery(cfg Config) (*BigQuery, error) {
 func (c Config) Validate() error {
 	if c.LookupTimeout != 0 && (c.LookupTimeout < time.Second || c.LookupTimeout > 10*time.Minute) {
 		return fmt.Errorf("LookupTimeout %v: must be between 1s and 10m", c.LookupTimeout)
+	}
+	if c.AuditTimeout != 0 && (c.AuditTimeout < time.Second || c.AuditTimeout > time.Hour) {
+		return fmt.Errorf("AuditTimeout %v: must be between 1s and 1h", c.AuditTimeout)
 	}
 	return nil
 }

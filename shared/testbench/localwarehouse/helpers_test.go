@@ -4,12 +4,13 @@ import (
 	"testing"
 
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"github.com/segmentstream/ontology-replication/shared/store"
-	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 func pubsubOpts(srv *pstest.Server) []option.ClientOption {

@@ -1,0 +1,554 @@
+package delivery
+
+import (
+	"cmp"
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/warehouse"
+)
+
+// Audit and repair: does the warehouse's latest state of every record equal
+// the source's, and, where it does not, re-deliver what makes it equal.
+//
+// An audit of a workspace's active target fixes a watermark (the revision
+// counter's value) and judges the latest state of every record as of it on
+// both sides. It compares buckets of records first, each side computing
+// counts and checksums in its own SQL (store.AuditBuckets,
+// warehouse.AuditBuckets), and fetches records only for the buckets that
+// differ. A record whose latest event at the source is not yet verified, or
+// was verified after the warehouse's records were read, is in flight: the
+// drain and the verifier are on it, and the audit does not judge it.
+// Everything else that differs is a difference: missing from the
+// warehouse, stale there, deleted at the source but shown there, or shown
+// there and unknown at the source.
+
+// Auditor reads the warehouse's side of an audit. *warehouse.BigQuery is the
+// implementation.
+type Auditor interface {
+	AuditBuckets(ctx context.Context, table registry.BigQuery, q warehouse.AuditQuery) ([]warehouse.AuditBucket, error)
+	AuditRecords(ctx context.Context, table registry.BigQuery, q warehouse.AuditQuery, buckets, keys []string) ([]warehouse.AuditRecord, error)
+}
+
+// Kinds of difference an audit reports.
+const (
+	// DifferenceMissing: the source has the record and the warehouse's
+	// view does not show it (no row of it there, or a tombstone older than
+	// the source's latest state).
+	DifferenceMissing = "missing"
+	// DifferenceStale: the warehouse shows an older state of the record
+	// than the source's latest.
+	DifferenceStale = "stale"
+	// DifferenceDeleted: the record is deleted at the source and the
+	// warehouse still shows it (its tombstone did not land or was lost).
+	DifferenceDeleted = "deleted_at_source"
+	// DifferenceAbsent: the warehouse shows a record the source has no
+	// event of (never had, or its history is gone). Repair never deletes
+	// warehouse data: it is reported only.
+	DifferenceAbsent = "absent_at_source"
+	// DifferenceNewer: the warehouse's latest state of the record is of a
+	// revision the source does not have. Reported only.
+	DifferenceNewer = "newer_than_source"
+)
+
+// repairable reports whether re-delivering the source's latest event of
+// the record mends a difference of this kind.
+func repairable(kind string) bool {
+	return kind == DifferenceMissing || kind == DifferenceStale || kind == DifferenceDeleted
+}
+
+// AuditOptions chooses what an audit compares.
+type AuditOptions struct {
+	// Entities are the entity names to audit (their relationships
+	// included); empty: every entity of the target's selection.
+	Entities []string
+	// Records are record keys: only these are compared (their buckets
+	// are not summed first).
+	Records []string
+	// MaxListed bounds the differences listed per view. Default: 100.
+	MaxListed int
+}
+
+// AuditReport is one workspace's audit.
+type AuditReport struct {
+	Generation string `json:"generation"`
+	// Watermark is the revision the audit judged at: later events are not
+	// part of it.
+	Watermark int64 `json:"watermark_revision"`
+	// Equal reports that no view differs.
+	Equal bool `json:"equal"`
+	// Differences counts the differences of every view; Repairable how
+	// many of them a repair re-delivers; InFlight the records not judged
+	// because their latest event is on its way.
+	Differences int64 `json:"differences"`
+	Repairable  int64 `json:"repairable"`
+	InFlight    int64 `json:"in_flight"`
+	// Buckets and DifferingBuckets count the buckets compared; Digits is
+	// how many hex digits of md5(record_key) made a bucket.
+	Buckets          int `json:"buckets"`
+	DifferingBuckets int `json:"differing_buckets"`
+	Digits           int `json:"bucket_digits"`
+	// Views are the audited views, in the target's order.
+	Views []ViewAudit `json:"views"`
+
+	// repair are the history ids of the source's latest events of the
+	// repairable differences (all of them, not only those listed).
+	repair []string
+}
+
+// ViewAudit is the audit of one latest-state view: an entity's records or
+// one relationship's edges.
+type ViewAudit struct {
+	View       string `json:"view"`
+	EntityID   string `json:"entity_id"`
+	RecordKind string `json:"record_kind"`
+	// SourceRecords and WarehouseRecords count the records with a latest
+	// state up to the watermark on each side (tombstones included).
+	SourceRecords    int64 `json:"source_records"`
+	WarehouseRecords int64 `json:"warehouse_records"`
+	DifferingBuckets int   `json:"differing_buckets"`
+	InFlight         int64 `json:"in_flight"`
+	// Counts counts the differences by kind.
+	Counts map[string]int64 `json:"counts,omitempty"`
+	// Differences lists them (up to MaxListed), by record key.
+	Differences []Difference `json:"differences,omitempty"`
+	// Listed is false when more differences were found than listed.
+	AllListed bool `json:"all_listed"`
+}
+
+// Difference is one record whose state differs.
+type Difference struct {
+	RecordKey string `json:"record_key"`
+	Kind      string `json:"kind"`
+	// SourceRevision and WarehouseRevision are the latest revision on each
+	// side (nil: none there); the Deleted flags say whether it is a
+	// tombstone.
+	SourceRevision    *int64 `json:"source_revision,omitempty"`
+	SourceDeleted     bool   `json:"source_deleted,omitempty"`
+	WarehouseRevision *int64 `json:"warehouse_revision,omitempty"`
+	WarehouseDeleted  bool   `json:"warehouse_deleted,omitempty"`
+}
+
+// ErrBackfillIncomplete: the target's backfill has not finished, so its
+// events are not all in the delivery queue yet.
+var ErrBackfillIncomplete = errors.New("the target's backfill is not complete: run `job backfill` first")
+
+// bucketDigits is how many hex digits make a bucket for an audit of n
+// records: about √n buckets, so that a clean audit moves about √n bucket
+// figures and a differing bucket about √n records.
+func bucketDigits(n int64) int {
+	switch {
+	case n <= 256:
+		return 1
+	case n <= 65_536:
+		return 2
+	default:
+		return store.AuditBucketDigits
+	}
+}
+
+// bucketOf is the bucket of a record key: the first digits hex digits of
+// its MD5, as both sides' SQL computes it (md5(text) of the UTF-8 bytes).
+func bucketOf(key string, digits int) string {
+	sum := md5.Sum([]byte(key))
+	return hex.EncodeToString(sum[:])[:digits]
+}
+
+type viewKey struct{ entity, kind string }
+
+type bucketKey struct {
+	viewKey
+	bucket string
+}
+
+type recordKey struct {
+	viewKey
+	key string
+}
+
+// Audit compares the workspace's warehouse with its source, as of a
+// watermark fixed when it starts. It holds the workspace's pool while it
+// runs, and no transaction while the warehouse is asked.
+func (s *Service) Audit(ctx context.Context, workspaceID string, opts AuditOptions) (AuditReport, error) {
+	var rep AuditReport
+	err := s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, st *store.Store, t store.Target) (err error) {
+		rep, err = s.audit(ctx, ws, st, t, opts)
+		return err
+	})
+	return rep, err
+}
+
+func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.Store, t store.Target, opts AuditOptions) (AuditReport, error) {
+	rep := AuditReport{Generation: t.Generation}
+	if s.cfg.Auditor == nil {
+		return rep, errors.New("delivery: no warehouse configured for audits")
+	}
+	switch {
+	case !t.BaselineComplete:
+		return rep, store.ErrBaselineIncomplete
+	case !t.BackfillComplete:
+		return rep, ErrBackfillIncomplete
+	}
+	views, err := auditedViews(t, opts.Entities)
+	if err != nil {
+		return rep, err
+	}
+	var entities []string
+	byView := map[viewKey]*ViewAudit{}
+	for i := range views {
+		v := &views[i]
+		byView[viewKey{v.EntityID, v.RecordKind}] = v
+		if !slices.Contains(entities, v.EntityID) {
+			entities = append(entities, v.EntityID)
+		}
+	}
+	mark, err := st.AuditMark(ctx, t)
+	if err != nil {
+		return rep, err
+	}
+	rep.Watermark = mark.Revision
+	q := warehouse.AuditQuery{Generation: t.Generation, SourceID: t.SourceID, EntityIDs: entities, Watermark: mark.Revision}
+
+	// Which buckets to look into: those whose figures differ or, for
+	// chosen records, theirs.
+	differing := map[bucketKey]bool{}
+	var keys []string
+	if opts.Records != nil {
+		keys = opts.Records
+		q.Digits = store.AuditBucketDigits
+		for _, v := range views {
+			for _, k := range keys {
+				differing[bucketKey{viewKey{v.EntityID, v.RecordKind}, bucketOf(k, q.Digits)}] = true
+			}
+		}
+	} else {
+		var source []store.AuditBucket
+		var total int64
+		for _, id := range entities {
+			b, err := st.AuditBuckets(ctx, t, id, mark.Revision)
+			if err != nil {
+				return rep, err
+			}
+			for _, x := range b {
+				total += x.Records
+			}
+			source = append(source, b...)
+		}
+		q.Digits = bucketDigits(total)
+		target, err := s.cfg.Auditor.AuditBuckets(ctx, ws.BigQuery, q)
+		if err != nil {
+			return rep, err
+		}
+		type figures struct{ records, checksum int64 }
+		sides := map[bucketKey][2]*figures{}
+		for _, b := range store.MergeBuckets(source, q.Digits) {
+			k := bucketKey{viewKey{b.EntityID, b.Kind}, b.Bucket}
+			f := sides[k]
+			f[0] = &figures{b.Records, b.Checksum}
+			sides[k] = f
+			if v := byView[k.viewKey]; v != nil {
+				v.SourceRecords += b.Records
+			}
+		}
+		for _, b := range target {
+			k := bucketKey{viewKey{b.EntityID, b.Kind}, b.Bucket}
+			if byView[k.viewKey] == nil {
+				continue // a kind the target does not select: no view shows it
+			}
+			f := sides[k]
+			f[1] = &figures{b.Records, b.Checksum}
+			sides[k] = f
+			byView[k.viewKey].WarehouseRecords += b.Records
+		}
+		for k, f := range sides {
+			if byView[k.viewKey] == nil {
+				continue
+			}
+			rep.Buckets++
+			if f[0] == nil || f[1] == nil || *f[0] != *f[1] {
+				differing[k] = true
+			}
+		}
+	}
+	rep.Digits = q.Digits
+	if opts.Records == nil {
+		rep.DifferingBuckets = len(differing)
+		for k := range differing {
+			byView[k.viewKey].DifferingBuckets++
+		}
+	}
+	if len(differing) > 0 {
+		if err := s.compareRecords(ctx, ws, st, t, q, mark, differing, keys, byView, &rep); err != nil {
+			return rep, err
+		}
+	}
+	max := cmp.Or(opts.MaxListed, 100)
+	for i := range views {
+		v := &views[i]
+		slices.SortFunc(v.Differences, func(a, b Difference) int { return strings.Compare(a.RecordKey, b.RecordKey) })
+		v.AllListed = len(v.Differences) <= max
+		v.Differences = v.Differences[:min(len(v.Differences), max)]
+	}
+	rep.Views = views
+	rep.Equal = rep.Differences == 0
+	return rep, nil
+}
+
+// compareRecords reads the records of the differing buckets from both
+// sides and judges each. The warehouse is read first and the source after:
+// every event the warehouse holds was committed before the source is read,
+// so the source sees it; and an event verified before the warehouse was
+// read is there to be seen.
+func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, st *store.Store, t store.Target, q warehouse.AuditQuery,
+	mark store.AuditMark, differing map[bucketKey]bool, keys []string, byView map[viewKey]*ViewAudit, rep *AuditReport) error {
+	prefixes := map[string][]string{} // entity → its differing buckets
+	var all []string
+	for k := range differing {
+		if !slices.Contains(prefixes[k.entity], k.bucket) {
+			prefixes[k.entity] = append(prefixes[k.entity], k.bucket)
+		}
+		if !slices.Contains(all, k.bucket) {
+			all = append(all, k.bucket)
+		}
+	}
+	slices.Sort(all)
+	readAt, err := st.Now(ctx)
+	if err != nil {
+		return err
+	}
+	target, err := s.cfg.Auditor.AuditRecords(ctx, ws.BigQuery, q, all, keys)
+	if err != nil {
+		return err
+	}
+	warehouseState := map[recordKey]warehouse.AuditRecord{}
+	for _, r := range target {
+		warehouseState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
+	}
+	sourceState := map[recordKey]store.AuditRecord{}
+	for entity, p := range prefixes {
+		slices.Sort(p)
+		records, err := st.AuditRecords(ctx, t, entity, mark.Revision, p, keys)
+		if err != nil {
+			return err
+		}
+		for _, r := range records {
+			sourceState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
+		}
+	}
+	seen := map[recordKey]bool{}
+	judgeOne := func(k recordKey) {
+		if seen[k] {
+			return
+		}
+		seen[k] = true
+		v := byView[k.viewKey]
+		if v == nil || !differing[bucketKey{k.viewKey, bucketOf(k.key, q.Digits)}] {
+			return
+		}
+		src, inSource := sourceState[k]
+		dst, inWarehouse := warehouseState[k]
+		var sp *store.AuditRecord
+		var wp *warehouse.AuditRecord
+		if inSource {
+			sp = &src
+		}
+		if inWarehouse {
+			wp = &dst
+		}
+		kind, inFlight := judge(sp, wp, readAt)
+		if inFlight {
+			v.InFlight++
+			rep.InFlight++
+			return
+		}
+		if kind == "" {
+			return
+		}
+		d := Difference{RecordKey: k.key, Kind: kind}
+		if sp != nil {
+			d.SourceRevision, d.SourceDeleted = &sp.Revision, sp.Deleted
+		}
+		if wp != nil {
+			d.WarehouseRevision, d.WarehouseDeleted = &wp.Revision, wp.Deleted
+		}
+		if v.Counts == nil {
+			v.Counts = map[string]int64{}
+		}
+		v.Counts[kind]++
+		v.Differences = append(v.Differences, d)
+		rep.Differences++
+		if repairable(kind) {
+			rep.Repairable++
+			rep.repair = append(rep.repair, sp.HistoryID)
+		}
+	}
+	for k := range sourceState {
+		judgeOne(k)
+	}
+	for k := range warehouseState {
+		judgeOne(k)
+	}
+	return nil
+}
+
+// judge compares a record's latest state at the source (nil: no event of
+// it up to the watermark) with the warehouse's (nil: no row of it), as the
+// views show them: a tombstone shows nothing. It returns the difference's
+// kind ("" when the views agree), or inFlight when the source's latest
+// event is not yet verified, or was verified at or after verifiedBefore
+// (when the warehouse was read): the drain and the verifier are on it.
+func judge(src *store.AuditRecord, dst *warehouse.AuditRecord, verifiedBefore time.Time) (kind string, inFlight bool) {
+	if src != nil && dst != nil && src.Revision == dst.Revision && src.Deleted == dst.Deleted {
+		return "", false
+	}
+	if src == nil {
+		if dst.Deleted {
+			return "", false // a tombstone of a record the source does not know: no view shows it
+		}
+		return DifferenceAbsent, false
+	}
+	if src.VerifiedAt == nil || !src.VerifiedAt.Before(verifiedBefore) {
+		return "", true
+	}
+	switch {
+	case dst == nil && src.Deleted:
+		return "", false // deleted at the source, never shown by the warehouse
+	case dst == nil:
+		return DifferenceMissing, false
+	case dst.Revision > src.Revision:
+		if dst.Deleted && src.Deleted {
+			return "", false
+		}
+		return DifferenceNewer, false
+	case src.Deleted && dst.Deleted:
+		return "", false // both show nothing
+	case src.Deleted:
+		return DifferenceDeleted, false
+	case dst.Deleted:
+		return DifferenceMissing, false
+	}
+	return DifferenceStale, false
+}
+
+// auditedViews are the target's views an audit covers: every one, or those
+// of the named entities (an entity's relationships with it).
+func auditedViews(t store.Target, entities []string) ([]ViewAudit, error) {
+	specs, err := warehouse.ViewSpecs(ViewsTarget(t))
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]string{} // entity id → entity view name
+	for _, s := range specs {
+		if s.Kind == "entity" {
+			names[s.EntityID] = s.Name
+		}
+	}
+	var out []ViewAudit
+	for _, s := range specs {
+		if len(entities) > 0 && !slices.Contains(entities, names[s.EntityID]) {
+			continue
+		}
+		out = append(out, ViewAudit{View: s.Name, EntityID: s.EntityID, RecordKind: s.Kind})
+	}
+	for _, e := range entities {
+		found := false
+		for _, n := range names {
+			found = found || n == e
+		}
+		if !found {
+			known := make([]string, 0, len(names))
+			for _, n := range names {
+				known = append(known, n)
+			}
+			slices.Sort(known)
+			return nil, fmt.Errorf("%w: entity %q is not replicated by generation %s (it replicates %s)", ErrUnknownEntity, e, t.Generation, strings.Join(known, ", "))
+		}
+	}
+	return out, nil
+}
+
+// ErrUnknownEntity: an entity named on the command line is not part of the
+// target's selection.
+var ErrUnknownEntity = errors.New("unknown entity")
+
+// RepairOptions chooses what a repair mends.
+type RepairOptions struct {
+	AuditOptions
+	// Drain configures the drain that publishes what the repair sent back
+	// to pending.
+	Drain DrainAllOptions
+}
+
+// RepairReport is what a repair did.
+type RepairReport struct {
+	// Audit is the audit the repair mended.
+	Audit AuditReport `json:"audit"`
+	// Reset counts the events sent back to pending, Verified how many of
+	// them had been verified.
+	Reset    int `json:"reset"`
+	Verified int `json:"reset_verified"`
+	// Drain is the drain that published them (and anything else pending).
+	Drain DrainAllResult `json:"drain"`
+}
+
+// Repair audits the workspace (or the chosen records) and re-delivers what
+// the warehouse lacks: the source's latest event of every record missing,
+// stale or deleted at the source, by sending its delivery row back to
+// pending (store.Redeliver, the replay page's reset over chosen rows of the
+// active generation only), then drains. It never deletes warehouse data:
+// records only the warehouse has are reported. A repair stopped at any
+// point is resumed by running it again (the events it reset are in flight,
+// and the drain publishes them); once they have landed and been verified,
+// a new repair finds nothing to re-deliver.
+func (s *Service) Repair(ctx context.Context, workspaceID string, opts RepairOptions) (RepairReport, error) {
+	var rep RepairReport
+	held, err := s.hold(ctx, workspaceID)
+	if err != nil {
+		return rep, err
+	}
+	defer held()
+	err = s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, st *store.Store, t store.Target) error {
+		audit, err := s.audit(ctx, ws, st, t, opts.AuditOptions)
+		rep.Audit = audit
+		if err != nil {
+			return err
+		}
+		progress := cmp.Or[Progress](opts.Drain.Progress, NoProgress{})
+		tracker := progress.Start("repair", workspaceID, "events", int64(len(audit.repair)))
+		defer tracker.Done()
+		for start := 0; start < len(audit.repair); start += store.RedeliverPageSize {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w: %w", ErrInterrupted, context.Cause(ctx))
+			}
+			page := audit.repair[start:min(start+store.RedeliverPageSize, len(audit.repair))]
+			var done store.Redelivered
+			err := s.retrying(ctx, "repair", workspaceID, func() (err error) {
+				done, err = st.Redeliver(ctx, t, page)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			rep.Reset += done.Rows
+			rep.Verified += done.Verified
+			tracker.Add(len(page))
+		}
+		s.log.InfoContext(ctx, "replication: repair re-delivers",
+			"workspace", workspaceID, "generation", t.Generation, "differences", audit.Differences,
+			"repairable", audit.Repairable, "reset", rep.Reset, "reset_verified", rep.Verified)
+		return nil
+	})
+	if err != nil {
+		return rep, err
+	}
+	rep.Drain, err = s.DrainAll(ctx, workspaceID, opts.Drain)
+	return rep, err
+}
