@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
@@ -74,7 +73,7 @@ func (e *env) auditOptions() delivery.AuditOptions {
 func runAudit(e *env) error {
 	results := e.svc.ForEach(e.ctx, e.workspaces, e.parallel, func(ctx context.Context, ws registry.Workspace) (any, error) {
 		rep, err := e.svc.Audit(ctx, ws.ID, e.auditOptions())
-		e.logAudit(ctx, ws, rep, err)
+		delivery.LogAuditResult(ctx, e.log, ws.ID, rep, err)
 		return auditResult{rep}, err
 	})
 	var differs []string
@@ -92,23 +91,6 @@ func runAudit(e *env) error {
 		return errNotAudited{err}
 	}
 	return nil
-}
-
-// logAudit writes the audit's one line per workspace, which the scheduled
-// audit's log-based metric counts: outcome equal (INFO), differs
-// (WARNING) or failed (ERROR).
-func (e *env) logAudit(ctx context.Context, ws registry.Workspace, rep delivery.AuditReport, err error) {
-	attrs := []any{slog.String("workspace", ws.ID), slog.String("generation", rep.Generation), slog.Int64("watermark_revision", rep.Watermark)}
-	switch {
-	case err != nil:
-		e.log.ErrorContext(ctx, "replication audit", append(attrs, slog.String("outcome", "failed"), slog.String("cause", oneLine(err.Error())))...)
-	case !rep.Equal:
-		e.log.WarnContext(ctx, "replication audit", append(attrs, slog.String("outcome", "differs"), slog.Int64("differences", rep.Differences),
-			slog.Int64("repairable", rep.Repairable), slog.Int64("in_flight", rep.InFlight))...)
-	default:
-		e.log.InfoContext(ctx, "replication audit", append(attrs, slog.String("outcome", "equal"), slog.Int64("differences", 0),
-			slog.Int64("in_flight", rep.InFlight))...)
-	}
 }
 
 // repairResult is a workspace's repair as `job repair` shows it.

@@ -328,21 +328,22 @@ func TestTerraformTableSchemaIsTheGoSchema(t *testing.T) {
 // allowedRoles are every role the deployment grants, anywhere: a literal, a
 // for_each set, a module argument. A role not listed fails the test.
 var allowedRoles = map[string]string{
-	"roles/artifactregistry.writer":      "the build pushes images",
-	"roles/bigquery.dataEditor":          "the Pub/Sub agent writes the events table",
-	"roles/bigquery.dataViewer":          "the verifier reads the events table",
-	"roles/bigquery.jobUser":             "the verifier's lookups and the job's view statements",
-	"roles/bigquery.metadataViewer":      "the Pub/Sub agent reads the table's schema",
-	"roles/cloudsql.client":              "connect to the workspace's instance",
-	"roles/cloudsql.instanceUser":        "IAM database login",
-	"roles/iam.serviceAccountUser":       "the build deploys revisions running as the components",
-	"roles/logging.logWriter":            "the build's logs",
-	"roles/pubsub.publisher":             "the components publish; the Pub/Sub agent dead-letters",
-	"roles/pubsub.subscriber":            "the Pub/Sub agent reads the subscription; the job reads dead letters",
-	"roles/run.developer":                "the build rolls the services forward",
-	"roles/run.invoker":                  "the scheduler invokes the verifier; the gateway the drain",
-	"roles/secretmanager.secretAccessor": "each component reads its registry",
-	"roles/storage.objectUser":           "the build's uploaded sources",
+	"roles/artifactregistry.writer":       "the build pushes images",
+	"roles/bigquery.dataEditor":           "the Pub/Sub agent writes the events table",
+	"roles/bigquery.dataViewer":           "the verifier reads the events table",
+	"roles/bigquery.jobUser":              "the verifier's lookups and the job's view statements",
+	"roles/bigquery.metadataViewer":       "the Pub/Sub agent reads the table's schema",
+	"roles/cloudsql.client":               "connect to the workspace's instance",
+	"roles/cloudsql.instanceUser":         "IAM database login",
+	"roles/iam.serviceAccountUser":        "the build deploys revisions running as the components",
+	"roles/logging.logWriter":             "the build's logs",
+	"roles/pubsub.publisher":              "the components publish; the Pub/Sub agent dead-letters",
+	"roles/pubsub.subscriber":             "the Pub/Sub agent reads the subscription; the job reads dead letters",
+	"roles/run.developer":                 "the build rolls the services forward",
+	"roles/run.invoker":                   "the scheduler invokes the verifier; the gateway the drain",
+	"roles/run.jobsExecutorWithOverrides": "the scheduler runs the job's scheduled audit",
+	"roles/secretmanager.secretAccessor":  "each component reads its registry",
+	"roles/storage.objectUser":            "the build's uploaded sources",
 }
 
 var roleLiteral = regexp.MustCompile(`"(roles/[A-Za-z0-9._]+)"`)

@@ -16,6 +16,7 @@ locals {
     drain            = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-drain\" AND jsonPayload.message=\"replication drain\""
     verify_workspace = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-verify\" AND jsonPayload.message=\"replication verify workspace\""
     verify_pass      = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-verify\" AND jsonPayload.message=\"replication verify\""
+    audit            = "resource.type=\"cloud_run_job\" AND resource.labels.job_name=\"replication-job\" AND jsonPayload.message=\"replication audit\""
   }
 
   # The bands the verifier reports lags in (delivery.LagBands; a test
@@ -34,6 +35,7 @@ locals {
     "replication/drain_invocations"   = { line = "drain", labels = ["workspace", "outcome"], description = "Drain invocations, by workspace and outcome (ok, unavailable, failed, unauthorized, …)." }
     "replication/verifier_workspaces" = { line = "verify_workspace", labels = ["workspace", "outcome", "delivery_lag_band", "verification_lag_band", "outstanding_band"], description = "Workspaces in verifier passes, by outcome (verified, partial, not_reached, inactive, failed) and lag bands." }
     "replication/verifier_passes"     = { line = "verify_pass", labels = ["outcome"], description = "Verifier passes, by outcome (ok, partial_failure, …)." }
+    "replication/audit_results"       = { line = "audit", labels = ["workspace", "outcome"], description = "Workspaces audited by `job audit`, by outcome (equal, differs, failed)." }
   }
 
   # Distributions: one value per matching line, from a numeric field; by
@@ -217,6 +219,48 @@ resource "google_monitoring_alert_policy" "drain_failures" {
       }
       denominator_aggregations {
         alignment_period     = "600s"
+        per_series_aligner   = "ALIGN_DELTA"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.workspace"]
+      }
+    }
+  }
+  depends_on = [google_logging_metric.counter]
+}
+
+resource "google_monitoring_alert_policy" "audit" {
+  project               = var.project
+  display_name          = "Ontology replication: warehouse differs from source"
+  combiner              = "OR"
+  notification_channels = local.channels
+  documentation {
+    content   = "An audit (`job audit`, scheduled by audit_schedule) found a workspace whose warehouse differs from its source, or could not audit it. Its log line (jsonPayload.message=\"replication audit\") has the counts or the cause; `job audit --workspace W` lists the records, and `job repair --workspace W` re-delivers the missing, stale and deleted ones."
+    mime_type = "text/markdown"
+  }
+  conditions {
+    display_name = "warehouse differs from source"
+    condition_threshold {
+      filter          = "metric.type=\"${local.metric_prefix}replication/audit_results\" AND resource.type=\"cloud_run_job\" AND metric.labels.outcome=\"differs\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_DELTA"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.workspace"]
+      }
+    }
+  }
+  conditions {
+    display_name = "audit failed"
+    condition_threshold {
+      filter          = "metric.type=\"${local.metric_prefix}replication/audit_results\" AND resource.type=\"cloud_run_job\" AND metric.labels.outcome=\"failed\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period     = "300s"
         per_series_aligner   = "ALIGN_DELTA"
         cross_series_reducer = "REDUCE_SUM"
         group_by_fields      = ["metric.label.workspace"]

@@ -3,6 +3,7 @@ package terraform_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -61,6 +62,25 @@ func functionLogs(t *testing.T) []map[string]any {
 	return lines
 }
 
+// auditLogs are the job's audit lines, one per outcome, as
+// delivery.LogAuditResult writes them.
+func auditLogs(t *testing.T) []map[string]any {
+	t.Helper()
+	var logs syncBuffer
+	log := logging.New(&logs, logging.Config{Level: slog.LevelInfo, ProjectID: "p1"})
+	ctx := context.Background()
+	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{Generation: "g", Equal: true}, nil)
+	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{Generation: "g", Differences: 2, Repairable: 1}, nil)
+	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{}, errors.New("database unreachable"))
+	var lines []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var entry map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &entry), line)
+		lines = append(lines, entry)
+	}
+	return lines
+}
+
 // TestTerraformLogMetricsReadTheCodesLines: each log-based metric's filter
 // selects lines the code writes (its message is the code's constant), and
 // the fields it extracts are on those lines: numbers for the values,
@@ -86,7 +106,8 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 		require.NotNil(t, match, "%s: the filter selects a message", kind)
 		messages[kind] = match[1]
 	}
-	require.Equal(t, map[string]string{"drain": functions.LogDrain, "verify_workspace": delivery.LogVerifyWorkspace, "verify_pass": functions.LogVerify}, messages,
+	require.Equal(t, map[string]string{"drain": functions.LogDrain, "verify_workspace": delivery.LogVerifyWorkspace, "verify_pass": functions.LogVerify,
+		"audit": delivery.LogAudit}, messages,
 		"the filters select the code's messages")
 
 	bandsValue, diags := m.locals["lag_bands"].Expr.Value(nil)
@@ -105,7 +126,7 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 			"band %d is under %s minutes", int(i.(float64)), minutes)
 	}
 
-	lines := functionLogs(t)
+	lines := append(functionLogs(t), auditLogs(t)...)
 	byMessage := map[string][]map[string]any{}
 	for _, l := range lines {
 		msg, _ := l["message"].(string)

@@ -309,3 +309,37 @@ resource "google_cloud_run_v2_job" "replication" {
 
   depends_on = [google_secret_manager_secret_iam_member.registry, terraform_data.connection_budget]
 }
+
+# The scheduled audit (var.audit_schedule, off by default): Cloud Scheduler
+# runs the job with `audit` in place of its default arguments, through the
+# Cloud Run Admin API's jobs.run with overrides, as the scheduler's account,
+# which may run this job with overrides and nothing else. The result is
+# each workspace's "replication audit" log line (monitoring.tf).
+resource "google_cloud_scheduler_job" "audit" {
+  count            = local.deploy && var.audit_schedule != "" ? 1 : 0
+  project          = var.project
+  name             = "replication-audit"
+  region           = var.region
+  schedule         = var.audit_schedule
+  attempt_deadline = "180s"
+
+  http_target {
+    uri         = "https://run.googleapis.com/v2/projects/${var.project}/locations/${var.region}/jobs/${google_cloud_run_v2_job.replication[0].name}:run"
+    http_method = "POST"
+    body        = base64encode(jsonencode({ overrides = { containerOverrides = [{ args = ["audit"] }] } }))
+    headers     = { "Content-Type" = "application/json" }
+    oauth_token {
+      service_account_email = google_service_account.scheduler.email
+      scope                 = "https://www.googleapis.com/auth/cloud-platform"
+    }
+  }
+}
+
+resource "google_cloud_run_v2_job_iam_member" "audit_runner" {
+  count    = local.deploy && var.audit_schedule != "" ? 1 : 0
+  project  = var.project
+  location = var.region
+  name     = google_cloud_run_v2_job.replication[0].name
+  role     = "roles/run.jobsExecutorWithOverrides"
+  member   = "serviceAccount:${google_service_account.scheduler.email}"
+}

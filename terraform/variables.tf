@@ -107,6 +107,12 @@ variable "verify_schedule" {
   default     = "* * * * *"
 }
 
+variable "audit_schedule" {
+  description = "Cron schedule of a scheduled `job audit` (Cloud Scheduler runs the job with the args [\"audit\"]); empty, the default, schedules none. Each run reads every audited generation's rows of seven columns in BigQuery once (README: Audit and repair)."
+  type        = string
+  default     = ""
+}
+
 variable "verify_time_budget" {
   description = "Time budget of one verifier pass (a Go duration); keep it under the scheduler's attempt deadline (120 s)."
   type        = string

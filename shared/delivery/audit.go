@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -135,6 +136,28 @@ type Difference struct {
 	SourceDeleted     bool   `json:"source_deleted,omitempty"`
 	WarehouseRevision *int64 `json:"warehouse_revision,omitempty"`
 	WarehouseDeleted  bool   `json:"warehouse_deleted,omitempty"`
+}
+
+// LogAudit is the message of an audit's line per workspace (LogAuditResult),
+// which terraform's log-based metric replication/audit_results counts.
+const LogAudit = "replication audit"
+
+// LogAuditResult writes a workspace's audit line: outcome equal (INFO),
+// differs (WARNING, with the counts) or failed (ERROR, with the cause), the
+// generation and the watermark.
+func LogAuditResult(ctx context.Context, log *slog.Logger, workspace string, rep AuditReport, err error) {
+	attrs := []any{slog.String("workspace", workspace), slog.String("generation", rep.Generation), slog.Int64("watermark_revision", rep.Watermark)}
+	switch {
+	case err != nil:
+		log.ErrorContext(ctx, LogAudit, append(attrs, slog.String("outcome", "failed"),
+			slog.String("cause", strings.Join(strings.Fields(err.Error()), " ")))...)
+	case !rep.Equal:
+		log.WarnContext(ctx, LogAudit, append(attrs, slog.String("outcome", "differs"), slog.Int64("differences", rep.Differences),
+			slog.Int64("repairable", rep.Repairable), slog.Int64("in_flight", rep.InFlight))...)
+	default:
+		log.InfoContext(ctx, LogAudit, append(attrs, slog.String("outcome", "equal"), slog.Int64("differences", 0),
+			slog.Int64("repairable", 0), slog.Int64("in_flight", rep.InFlight))...)
+	}
 }
 
 // ErrBackfillIncomplete: the target's backfill has not finished, so its
