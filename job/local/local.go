@@ -23,7 +23,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/functions"
+	"github.com/segmentstream/ontology-replication/shared/database"
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
+	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
@@ -78,6 +81,8 @@ type local struct {
 	issuer    *tokenissuer.Issuer
 	urls      localURLs
 	registry  string
+	// svc is the job's Service over this run's parts (the final audit).
+	svc       *delivery.Opened
 	deadCount atomic.Int64
 	commits   atomic.Int64
 	progress  *progress
@@ -267,6 +272,15 @@ func (l *local) start(ctx context.Context) error {
 	if l.urls.functions, err = l.serve(handler); err != nil {
 		return err
 	}
+	reg, err := registry.Parse([]byte(l.registry))
+	if err != nil {
+		return err
+	}
+	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsub.Addr, Logger: l.log,
+		Pools: database.Config{MaxConns: 2, MaxOpen: 1}}); err != nil {
+		return err
+	}
+	l.cleanup = append(l.cleanup, l.svc.Close)
 	l.urls.drain = l.urls.functions + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
 	l.urls.verify = l.urls.functions + "/Verify"
 	return nil
@@ -317,6 +331,10 @@ Everything keeps running until Ctrl-C:
   BigQuery (REST)     %s
   Pub/Sub emulator    PUBSUB_EMULATOR_HOST=%s
   registry            REPLICATION_WORKSPACES='%s'
+
+The job's commands run against these parts with:
+  export REPLICATION_WORKSPACES='%[9]s' PUBSUB_EMULATOR_HOST=%[8]s
+  go run ./job status; go run ./job audit; go run ./job repair --entity customer
 `, l.urls.ontologyDB, l.urls.warehouseDB, token, localOrganization, l.urls.drain, l.urls.verify, l.urls.bigquery, l.pubsub.Addr, compact(l.registry))
 }
 

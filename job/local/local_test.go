@@ -57,10 +57,15 @@ func TestLocalRun(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"starting PostgreSQL, Pub/Sub, the local warehouse and the functions", "workload",
-		"waiting for verification", "checking the views against the source tables", "done"}, phases, stderr.String())
+		"waiting for verification", "checking the views against the source tables", "auditing the warehouse against the source", "done"}, phases, stderr.String())
 	require.Len(t, sum.Views, 4)
 	for _, v := range sum.Views {
-		require.True(t, v.Match, "view %s: %d rows, source %d", v.View, v.Rows, v.Source)
+		require.True(t, v.Match, "view %s: %d rows, source %d, %d differing (%s)", v.View, v.Rows, v.Source, v.Differing, v.Example)
 		require.Equal(t, v.Source, v.Rows)
+		require.Zero(t, v.Differing, "every column of every record as the source's")
 	}
+	require.NotNil(t, sum.Audit)
+	require.True(t, sum.Audit.Equal, "the audit finds nothing: %+v", sum.Audit)
+	require.Zero(t, sum.Audit.InFlight, "everything verified before the audit")
+	require.Positive(t, sum.Audit.Buckets)
 }

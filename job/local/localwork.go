@@ -52,18 +52,25 @@ type summary struct {
 	WorkloadSeconds    float64        `json:"workload_seconds"`
 	VerifiedAfterSecs  float64        `json:"verified_after_last_commit_seconds"`
 	Views              []viewCheck    `json:"views"`
+	// Audit is `job audit`'s audit of the local warehouse at the end.
+	Audit *delivery.AuditReport `json:"audit"`
 	// The largest lags seen during the run: how long the oldest event
 	// waited to be published, and to be verified once accepted.
 	MaxDeliveryLagSecs     float64 `json:"max_delivery_lag_seconds"`
 	MaxVerificationLagSecs float64 `json:"max_verification_lag_seconds"`
 }
 
-// viewCheck compares one view with the source table it replicates.
+// viewCheck compares one view with the source table it replicates: its
+// records, and every column of each.
 type viewCheck struct {
 	View   string `json:"view"`
 	Source int    `json:"source_rows"`
 	Rows   int    `json:"view_rows"`
-	Match  bool   `json:"match"`
+	// Differing counts the records whose columns differ from the source
+	// row's (the first one is named in Example).
+	Differing int    `json:"differing_rows"`
+	Example   string `json:"example,omitempty"`
+	Match     bool   `json:"match"`
 }
 
 func (s *summary) failure() error {
@@ -76,8 +83,12 @@ func (s *summary) failure() error {
 	}
 	for _, v := range s.Views {
 		if !v.Match {
-			problems = append(problems, fmt.Sprintf("view %s has %d rows where the source has %d", v.View, v.Rows, v.Source))
+			problems = append(problems, fmt.Sprintf("view %s has %d rows where the source has %d, %d with other values (%s)", v.View, v.Rows, v.Source,
+				v.Differing, v.Example))
 		}
+	}
+	if s.Audit == nil || !s.Audit.Equal {
+		problems = append(problems, "the audit found the warehouse different from the source")
 	}
 	if len(problems) > 0 {
 		return errors.New("local: " + strings.Join(problems, "; "))
@@ -111,7 +122,14 @@ func (s *summary) print(w io.Writer, asJSON bool) error {
 		if !v.Match {
 			mark = "MISMATCH"
 		}
-		fmt.Fprintf(tw, "view %s\t%d rows, source table %d: %s\n", v.View, v.Rows, v.Source, mark)
+		fmt.Fprintf(tw, "view %s\t%d rows, source table %d, every column compared: %s\n", v.View, v.Rows, v.Source, mark)
+	}
+	if a := s.Audit; a != nil {
+		verdict := "equal"
+		if !a.Equal {
+			verdict = fmt.Sprintf("DIFFERS (%d differences)", a.Differences)
+		}
+		fmt.Fprintf(tw, "audit\t%s as of revision %d: %d views, %d buckets compared (`job audit`)\n", verdict, a.Watermark, len(a.Views), a.Buckets)
 	}
 	fmt.Fprintf(tw, "delivery lag\t%.1fs at most (the oldest pending event's wait, sampled every 250 ms)\n", s.MaxDeliveryLagSecs)
 	fmt.Fprintf(tw, "verification lag\t%.1fs at most (the oldest accepted event's wait to be found in the warehouse)\n", s.MaxVerificationLagSecs)
@@ -280,7 +298,12 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 	}
 	sum.Landed, sum.DuplicatesAbsorbed = rows, rows-distinct
 	l.progress.enter("checking the views against the source tables", "")
-	sum.Views, err = l.checkViews(ctx, target)
+	if sum.Views, err = l.checkViews(ctx, target); err != nil {
+		return sum, err
+	}
+	l.progress.enter("auditing the warehouse against the source", "")
+	rep, err := l.svc.Audit(ctx, localWorkspace, delivery.AuditOptions{})
+	sum.Audit = &rep
 	return sum, err
 }
 
@@ -391,14 +414,37 @@ func (l *local) checkViews(ctx context.Context, t store.Target) ([]viewCheck, er
 		if err != nil {
 			return nil, err
 		}
-		match := len(source) == len(view)
+		check := viewCheck{View: spec.Name, Source: len(source), Rows: len(view), Match: len(source) == len(view)}
 		for k := range source {
 			if !view[k] {
-				match = false
+				check.Match = false
 				break
 			}
 		}
-		out = append(out, viewCheck{View: spec.Name, Source: len(source), Rows: len(view), Match: match})
+		if spec.Kind == "entity" {
+			columns := make([]string, len(spec.Columns))
+			for i, c := range spec.Columns {
+				columns[i] = c.Name
+			}
+			want, err := sdkfixture.RecordValues(ctx, l.ontology, sdkfixture.Demo, entity, columns)
+			if err != nil {
+				return nil, err
+			}
+			got, err := l.wh.ViewValues(ctx, spec)
+			if err != nil {
+				return nil, err
+			}
+			for id, values := range want {
+				if v, ok := got[id]; ok && v != values {
+					if check.Differing == 0 {
+						check.Example = fmt.Sprintf("record %s: view %s, source %s", id, v, values)
+					}
+					check.Differing++
+					check.Match = false
+				}
+			}
+		}
+		out = append(out, check)
 	}
 	return out, nil
 }

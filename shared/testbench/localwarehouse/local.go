@@ -310,6 +310,27 @@ func (l *Local) ViewKeys(ctx context.Context, spec warehouse.ViewSpec) (map[stri
 	return out, nil
 }
 
+// ViewValues returns an entity view's rows: each record's id and its
+// columns (in the view's order) as a JSON array, in PostgreSQL's jsonb
+// text, to compare with the source's (sdkfixture.RecordValues).
+func (l *Local) ViewValues(ctx context.Context, spec warehouse.ViewSpec) (map[string]string, error) {
+	cols := make([]string, len(spec.Columns))
+	for i, c := range spec.Columns {
+		cols[i] = pgx.Identifier{c.Name}.Sanitize()
+	}
+	rows, err := l.pool.Query(ctx, `SELECT id, jsonb_build_array(`+strings.Join(cols, ", ")+`)::text FROM `+pgx.Identifier{spec.Name}.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("localwarehouse view %s: %w", spec.Name, err)
+	}
+	out := map[string]string{}
+	var id, values string
+	_, err = pgx.ForEachRow(rows, []any{&id, &values}, func() error {
+		out[id] = values
+		return nil
+	})
+	return out, err
+}
+
 // sqlLocalCounts counts the table's rows and distinct events.
 const sqlLocalCounts = `SELECT count(*), count(DISTINCT event_id) FROM events`
 

@@ -3,6 +3,8 @@ package sdkfixture
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -80,4 +82,39 @@ func AgeAcceptance(ctx context.Context, db Querier, generation, historyID string
 		return false, err
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// RecordValues returns an entity's records as its latest-state view must
+// show them: each record's id and the given columns (the view's: id, the
+// timestamps, properties and one-relationship ids) as a JSON array in
+// PostgreSQL's jsonb text, ids as text, other values in their own types.
+func RecordValues(ctx context.Context, db Querier, m Manifest, entity string, columns []string) (map[string]string, error) {
+	e, ok := m.Entity(entity)
+	if !ok {
+		return nil, fmt.Errorf("sdkfixture: unknown entity %q", entity)
+	}
+	var values []string
+	for _, c := range columns {
+		i := slices.IndexFunc(e.Fields(), func(f Field) bool { return f.Name == c })
+		if i < 0 {
+			return nil, fmt.Errorf("sdkfixture: %s has no field %q", entity, c)
+		}
+		f := e.Fields()[i]
+		v := qi(f.Column)
+		if c == "id" || strings.HasSuffix(c, "_id") && f.Storage == "string" {
+			v += "::text"
+		}
+		values = append(values, v)
+	}
+	rows, err := db.Query(ctx, `SELECT id::text, jsonb_build_array(`+strings.Join(values, ", ")+`)::text FROM `+qi(tableName(entity)))
+	if err != nil {
+		return nil, fmt.Errorf("sdkfixture: records of %s: %w", entity, err)
+	}
+	out := map[string]string{}
+	var id, row string
+	_, err = pgx.ForEachRow(rows, []any{&id, &row}, func() error {
+		out[id] = row
+		return nil
+	})
+	return out, err
 }
