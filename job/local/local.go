@@ -68,19 +68,19 @@ type local struct {
 	out      io.Writer
 	cleanup  []func()
 
-	cluster   *pgtest.Cluster
-	ontology  *pgxpool.Pool
-	st        *store.Store
-	gen       sdkfixture.Generation
-	writer    *sdkfixture.Writer
-	pubsub    *pstest.Server
-	client    *pubsub.Client
-	faults    *faultSwitch
-	wh        *localwarehouse.Local
-	feeder    *localwarehouse.Feeder
-	issuer    *tokenissuer.Issuer
-	urls      localURLs
-	registry  string
+	cluster  *pgtest.Cluster
+	ontology *pgxpool.Pool
+	st       *store.Store
+	gen      sdkfixture.Generation
+	writer   *sdkfixture.Writer
+	pubsub   *pstest.Server
+	client   *pubsub.Client
+	faults   *faultSwitch
+	wh       *localwarehouse.Local
+	feeder   *localwarehouse.Feeder
+	issuer   *tokenissuer.Issuer
+	urls     localURLs
+	registry string
 	// svc is the job's Service over this run's parts (the final audit).
 	svc       *delivery.Opened
 	deadCount atomic.Int64
