@@ -279,3 +279,30 @@ func TestAuditJudgesNothingVerifiedAfterTheWarehouseWasRead(t *testing.T) {
 	require.Zero(t, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NULL`),
 		"the new state was verified during the audit")
 }
+
+// TestAuditAndRepairAtProtocol3: on a legacy database the audit reads the
+// receipts' verification, and the repair deletes the receipts of what it
+// re-delivers, which the legacy drain then publishes.
+func TestAuditAndRepairAtProtocol3(t *testing.T) {
+	h := newHarness(t, &sdkfixture.V3Template)
+	wh := h.withWarehouse()
+	h.start("w1")
+	d := h.demoRecords(4)
+	h.deliver()
+	rep, err := h.audit()
+	require.NoError(t, err, "%v", found(rep))
+	require.Zero(t, rep.InFlight)
+
+	_, err = wh.Pool().Exec(h.ctx, `DELETE FROM events WHERE record_key = $1`, d.products[3])
+	require.NoError(t, err)
+	rep, err = h.audit()
+	require.ErrorIs(t, err, errDiffers)
+	require.Equal(t, []string{"product " + delivery.DifferenceMissing + " " + d.products[3]}, found(rep))
+
+	out := h.mustRun("repair", "--workspace", "w1")
+	require.Contains(t, out, "1 events sent back to pending (1 had been verified)")
+	h.land()
+	h.mustRun("verify", "--workspace", "w1")
+	rep, err = h.audit()
+	require.NoError(t, err, "%v", found(rep))
+}

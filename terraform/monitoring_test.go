@@ -53,8 +53,14 @@ func functionLogs(t *testing.T) []map[string]any {
 	rec = httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	return parseLines(t, logs.String())
+}
+
+// parseLines parses JSON log lines.
+func parseLines(t *testing.T, logs string) []map[string]any {
+	t.Helper()
 	var lines []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(logs), "\n") {
 		var entry map[string]any
 		require.NoError(t, json.Unmarshal([]byte(line), &entry), line)
 		lines = append(lines, entry)
@@ -72,13 +78,7 @@ func auditLogs(t *testing.T) []map[string]any {
 	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{Generation: "g", Equal: true}, nil)
 	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{Generation: "g", Differences: 2, Repairable: 1}, nil)
 	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{}, errors.New("database unreachable"))
-	var lines []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
-		var entry map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &entry), line)
-		lines = append(lines, entry)
-	}
-	return lines
+	return parseLines(t, logs.String())
 }
 
 // TestTerraformLogMetricsReadTheCodesLines: each log-based metric's filter
