@@ -173,6 +173,23 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if cfg.keep {
 		l.printKeep(stdout)
+		// The sandbox keeps working: the warehouse is fed from the
+		// subscription and the verifier runs on its schedule, so that what
+		// the job's commands publish (a repair, a replay) lands and is
+		// verified.
+		go func() { _ = l.feeder.Run(ctx) }()
+		go func() {
+			t := time.NewTicker(cfg.verifyEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					l.callVerify(ctx)
+				}
+			}
+		}()
 		<-ctx.Done()
 		fmt.Fprintln(stdout, "stopping and cleaning up")
 	}
