@@ -6,7 +6,6 @@ import (
 	"strconv"
 
 	"cloud.google.com/go/bigquery"
-	"google.golang.org/api/iterator"
 
 	"github.com/segmentstream/ontology-replication/shared/registry"
 )
@@ -116,7 +115,11 @@ func (b *BigQuery) AuditBuckets(ctx context.Context, table registry.BigQuery, q 
 	}
 	sql := fmt.Sprintf(sqlAuditBuckets, fmt.Sprintf(sqlAuditLatest, tableRef(table), ""))
 	var out []AuditBucket
-	err := b.query(ctx, table, sql, q.params(), 5, func(row []string) error {
+	err := b.readRows(ctx, table, "audit buckets", b.cfg.AuditTimeout, sql, q.params(), func(raw []bigquery.Value) error {
+		row, err := answerStrings(raw, 5)
+		if err != nil {
+			return err
+		}
 		records, err := strconv.ParseInt(row[3], 10, 64)
 		if err != nil {
 			return fmt.Errorf("records %q: %w", row[3], err)
@@ -129,7 +132,7 @@ func (b *BigQuery) AuditBuckets(ctx context.Context, table registry.BigQuery, q 
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("warehouse: audit buckets in %s: %w", tableRef(table), err)
+		return nil, err
 	}
 	return out, nil
 }
@@ -152,7 +155,11 @@ func (b *BigQuery) AuditRecords(ctx context.Context, table registry.BigQuery, q 
 	}
 	sql := fmt.Sprintf(sqlAuditRecords, fmt.Sprintf(sqlAuditLatest, tableRef(table), filter))
 	var out []AuditRecord
-	err := b.query(ctx, table, sql, params, 4, func(row []string) error {
+	err := b.readRows(ctx, table, "audit records", b.cfg.AuditTimeout, sql, params, func(raw []bigquery.Value) error {
+		row, err := answerStrings(raw, 4)
+		if err != nil {
+			return err
+		}
 		latest, err := strconv.ParseInt(row[3], 10, 64)
 		if err != nil || latest < 0 {
 			return fmt.Errorf("latest state %q: not a revision", row[3])
@@ -161,50 +168,25 @@ func (b *BigQuery) AuditRecords(ctx context.Context, table registry.BigQuery, q 
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("warehouse: audit records in %s: %w", tableRef(table), err)
+		return nil, err
 	}
 	return out, nil
 }
 
-// query runs one parameterised audit query within the audit timeout and hands
-// each row, as strings, to fn.
-func (b *BigQuery) query(ctx context.Context, table registry.BigQuery, sql string, params []bigquery.QueryParameter, columns int,
-	fn func(row []string) error) error {
-	c, err := b.client(ctx, table)
-	if err != nil {
-		return err
+// answerStrings reads an answer row of columns strings: every figure of an
+// audit's answer is cast to a string in its SQL, as BigQuery's JSON rows
+// carry them.
+func answerStrings(row []bigquery.Value, columns int) ([]string, error) {
+	if len(row) != columns {
+		return nil, fmt.Errorf("an answer row has %d columns, want %d", len(row), columns)
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.AuditTimeout, fmt.Errorf("BigQuery audit query in %s: no answer within %v", tableRef(table), b.cfg.AuditTimeout))
-	defer cancel()
-	q := c.Query(sql)
-	q.Parameters = params
-	q.Location = table.Location
-	it, err := q.Read(ctx)
-	if err != nil {
-		return lookupError(ctx, table, err)
+	cells := make([]string, columns)
+	for i, v := range row {
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("column %d of an answer row is %T, want a string", i, v)
+		}
+		cells[i] = s
 	}
-	for {
-		var row []bigquery.Value
-		err := it.Next(&row)
-		if err == iterator.Done {
-			return nil
-		}
-		if err != nil {
-			return lookupError(ctx, table, err)
-		}
-		if len(row) != columns {
-			return fmt.Errorf("an answer row has %d columns, want %d", len(row), columns)
-		}
-		cells := make([]string, columns)
-		for i, v := range row {
-			s, ok := v.(string)
-			if !ok {
-				return fmt.Errorf("column %d of an answer row is %T, want a string", i, v)
-			}
-			cells[i] = s
-		}
-		if err := fn(cells); err != nil {
-			return err
-		}
-	}
+	return cells, nil
 }

@@ -152,49 +152,66 @@ func (b *BigQuery) Present(ctx context.Context, table registry.BigQuery, lookups
 	if len(ids) > MaxLookupIDs {
 		return nil, fmt.Errorf("warehouse: lookup in %s: %d ids, more than one query takes (%d)", tableRef(table), len(ids), MaxLookupIDs)
 	}
-	c, err := b.client(ctx, table)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, b.cfg.LookupTimeout, fmt.Errorf("BigQuery lookup in %s: no answer within %v", tableRef(table), b.cfg.LookupTimeout))
-	defer cancel()
 	params := []bigquery.QueryParameter{{Name: "generations", Value: generations}, {Name: "ids", Value: ids}}
 	sql := fmt.Sprintf(sqlLookup, tableRef(table))
 	if table.Partitioning == registry.PartitioningIngestionTime && !since.IsZero() {
 		sql = fmt.Sprintf(sqlLookupPartitioned, tableRef(table))
 		params = append(params, bigquery.QueryParameter{Name: "since", Value: since.Add(-24 * time.Hour).UTC()})
 	}
-	q := c.Query(sql)
-	q.Parameters = params
-	q.Location = table.Location // not taken from the client on the fast path
-	it, err := q.Read(ctx)
-	if err != nil {
-		return nil, lookupError(ctx, table, err)
-	}
 	present := make([]string, 0, len(ids))
-	for {
-		var row []bigquery.Value
-		err := it.Next(&row)
-		if err == iterator.Done {
-			break
-		}
-		if err != nil {
-			return nil, lookupError(ctx, table, err)
-		}
+	err := b.readRows(ctx, table, "lookup", b.cfg.LookupTimeout, sql, params, func(row []bigquery.Value) error {
 		if len(row) == 1 {
 			if id, ok := row[0].(string); ok {
 				present = append(present, id)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return present, nil
 }
 
-func lookupError(ctx context.Context, table registry.BigQuery, err error) error {
+// readRows runs one parameterised query (what names it in errors) within
+// timeout, including the client's own retries, and hands each answer row
+// to fn. Every error is wrapped with the query and the table; one of the
+// timeout says so.
+func (b *BigQuery) readRows(ctx context.Context, table registry.BigQuery, what string, timeout time.Duration, sql string,
+	params []bigquery.QueryParameter, fn func(row []bigquery.Value) error) error {
+	c, err := b.client(ctx, table)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("BigQuery %s in %s: no answer within %v", what, tableRef(table), timeout))
+	defer cancel()
+	q := c.Query(sql)
+	q.Parameters = params
+	q.Location = table.Location // not taken from the client on the fast path
+	it, err := q.Read(ctx)
+	if err != nil {
+		return queryError(ctx, table, what, err)
+	}
+	for {
+		var row []bigquery.Value
+		err := it.Next(&row)
+		if err == iterator.Done {
+			return nil
+		}
+		if err != nil {
+			return queryError(ctx, table, what, err)
+		}
+		if err := fn(row); err != nil {
+			return fmt.Errorf("warehouse: %s in %s: %w", what, tableRef(table), err)
+		}
+	}
+}
+
+func queryError(ctx context.Context, table registry.BigQuery, what string, err error) error {
 	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 		return fmt.Errorf("warehouse: %w (%w)", cause, err)
 	}
-	return fmt.Errorf("warehouse: lookup in %s: %w", tableRef(table), err)
+	return fmt.Errorf("warehouse: %s in %s: %w", what, tableRef(table), err)
 }
 
 // TableKey identifies an events table (and how it is reached): workspaces
