@@ -237,33 +237,22 @@ resource "google_monitoring_alert_policy" "audit" {
     content   = "An audit (`job audit`, scheduled by audit_schedule) found a workspace whose warehouse differs from its source, or could not audit it. Its log line (jsonPayload.message=\"replication audit\") has the counts or the cause; `job audit --workspace W` lists the records, and `job repair --workspace W` re-delivers the missing, stale and deleted ones."
     mime_type = "text/markdown"
   }
-  conditions {
-    display_name = "warehouse differs from source"
-    condition_threshold {
-      filter          = "metric.type=\"${local.metric_prefix}replication/audit_results\" AND resource.type=\"cloud_run_job\" AND metric.labels.outcome=\"differs\""
-      comparison      = "COMPARISON_GT"
-      threshold_value = 0
-      duration        = "0s"
-      aggregations {
-        alignment_period     = "300s"
-        per_series_aligner   = "ALIGN_DELTA"
-        cross_series_reducer = "REDUCE_SUM"
-        group_by_fields      = ["metric.label.workspace"]
-      }
-    }
-  }
-  conditions {
-    display_name = "audit failed"
-    condition_threshold {
-      filter          = "metric.type=\"${local.metric_prefix}replication/audit_results\" AND resource.type=\"cloud_run_job\" AND metric.labels.outcome=\"failed\""
-      comparison      = "COMPARISON_GT"
-      threshold_value = 0
-      duration        = "0s"
-      aggregations {
-        alignment_period     = "300s"
-        per_series_aligner   = "ALIGN_DELTA"
-        cross_series_reducer = "REDUCE_SUM"
-        group_by_fields      = ["metric.label.workspace"]
+  # One condition per outcome that needs a person, each by workspace.
+  dynamic "conditions" {
+    for_each = { differs = "warehouse differs from source", failed = "audit failed" }
+    content {
+      display_name = conditions.value
+      condition_threshold {
+        filter          = "metric.type=\"${local.metric_prefix}replication/audit_results\" AND resource.type=\"cloud_run_job\" AND metric.labels.outcome=\"${conditions.key}\""
+        comparison      = "COMPARISON_GT"
+        threshold_value = 0
+        duration        = "0s"
+        aggregations {
+          alignment_period     = "300s"
+          per_series_aligner   = "ALIGN_DELTA"
+          cross_series_reducer = "REDUCE_SUM"
+          group_by_fields      = ["metric.label.workspace"]
+        }
       }
     }
   }

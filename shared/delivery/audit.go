@@ -121,7 +121,7 @@ type ViewAudit struct {
 	Counts map[string]int64 `json:"counts,omitempty"`
 	// Differences lists them (up to MaxListed), by record key.
 	Differences []Difference `json:"differences,omitempty"`
-	// Listed is false when more differences were found than listed.
+	// AllListed is false when more differences were found than listed.
 	AllListed bool `json:"all_listed"`
 }
 
@@ -313,12 +313,12 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 			return rep, err
 		}
 	}
-	max := cmp.Or(opts.MaxListed, 100)
+	listed := cmp.Or(opts.MaxListed, 100)
 	for i := range views {
 		v := &views[i]
 		slices.SortFunc(v.Differences, func(a, b Difference) int { return strings.Compare(a.RecordKey, b.RecordKey) })
-		v.AllListed = len(v.Differences) <= max
-		v.Differences = v.Differences[:min(len(v.Differences), max)]
+		v.AllListed = len(v.Differences) <= listed
+		v.Differences = v.Differences[:min(len(v.Differences), listed)]
 	}
 	rep.Views = views
 	rep.Equal = rep.Differences == 0
