@@ -28,6 +28,10 @@ type pagesResult struct{ delivery.PagesResult }
 
 func (r pagesResult) text() []string {
 	line := fmt.Sprintf("generation %s: %d pages, %d rows", r.Generation, r.Pages, r.Rows)
+	if sel := r.Selection; sel != nil {
+		line = fmt.Sprintf("generation %s: %d events sent back to pending in %d pages (delivered before %s)", r.Generation, r.Rows, r.Pages,
+			sel.AcceptedBefore.UTC().Format(time.RFC3339Nano))
+	}
 	if r.Resumed {
 		line += " (resumed)"
 	}
@@ -55,8 +59,18 @@ func runBackfill(e *env) error {
 	})
 }
 
+// selection is the partial replay the flags choose (none: the whole
+// generation).
+func (e *env) selection() delivery.ReplaySelection {
+	return delivery.ReplaySelection{Entities: e.entities, SinceRevision: e.since, Records: e.records, AcceptedBefore: e.before}
+}
+
 func runReplay(e *env) error {
 	return e.eachWorkspace("replay", func(ctx context.Context, ws registry.Workspace) (any, error) {
+		if sel := e.selection(); sel.Partial() {
+			res, err := e.svc.ReplayPartial(ctx, ws.ID, e.pagesOptions(ws), sel)
+			return pagesResult{res}, err
+		}
 		res, err := e.svc.Replay(ctx, ws.ID, e.pagesOptions(ws))
 		return pagesResult{res}, err
 	})

@@ -36,7 +36,7 @@ type command struct {
 // commands are the job's commands, in the order usage lists them.
 var commands = []command{
 	{"backfill", "enqueue the events of a target created before protocol 4, draining as it goes", []string{"generation", "parallel", "json"}, runBackfill},
-	{"replay", "send a generation's events back to pending, page by page, draining as it goes", []string{"generation", "parallel", "restart", "json"}, runReplay},
+	{"replay", "send a generation's events (or those selected) back to pending, page by page, draining as it goes", []string{"generation", "entity", "since-revision", "records", "accepted-before", "parallel", "restart", "json"}, runReplay},
 	{"drain", "publish batches until nothing publishable is pending", []string{"parallel", "json"}, runDrain},
 	{"verify", "one verifier pass: look accepted events up in BigQuery, then sweep", []string{"budget", "parallel", "json"}, runVerify},
 	{"status", "per workspace: protocol, generation, completion, counts, lags, set-aside events", []string{"generation", "parallel", "json", "watch"}, runStatus},
@@ -49,18 +49,20 @@ var commands = []command{
 
 // flagHelp documents each flag.
 var flagHelp = map[string]string{
-	"workspace":  "only this workspace (default: every workspace of the registry, split across Cloud Run tasks)",
-	"generation": "this generation instead of the active one (needs --workspace)",
-	"parallel":   "how many workspaces at once (default 4): each holds one pool of DATABASE_POOL_SIZE connections",
-	"json":       "write the result as one JSON document",
-	"budget":     "the pass's time budget, 1s to 1h (default 50s)",
-	"restart":    "start a new replay even if the last one's events are not all published yet",
-	"retry":      "end the backoff of the set-aside events now, so that the next drain tries them",
-	"republish":  "publish the dead-lettered messages to the events topic again and acknowledge them",
-	"max":        "the most dead-lettered messages to read per workspace (default 1000)",
-	"watch":      "refresh every interval (for example 10s) until interrupted",
-	"entity":     "only these entities (names, comma-separated; an entity's relationships with it)",
-	"records":    "only these record keys (comma-separated): compared one by one, without bucket sums first",
+	"workspace":       "only this workspace (default: every workspace of the registry, split across Cloud Run tasks)",
+	"generation":      "this generation instead of the active one (needs --workspace)",
+	"parallel":        "how many workspaces at once (default 4): each holds one pool of DATABASE_POOL_SIZE connections",
+	"json":            "write the result as one JSON document",
+	"budget":          "the pass's time budget, 1s to 1h (default 50s)",
+	"restart":         "start a new replay even if the last one's events are not all published yet",
+	"retry":           "end the backoff of the set-aside events now, so that the next drain tries them",
+	"republish":       "publish the dead-lettered messages to the events topic again and acknowledge them",
+	"max":             "the most dead-lettered messages to read per workspace (default 1000)",
+	"watch":           "refresh every interval (for example 10s) until interrupted",
+	"entity":          "only these entities (names, comma-separated; an entity's relationships with it)",
+	"records":         "only these record keys (comma-separated)",
+	"since-revision":  "only the events of this revision or later",
+	"accepted-before": "only the events delivered before this time (RFC 3339; default: when the replay starts): resumes a stopped partial replay",
 }
 
 func usage() string {
@@ -105,6 +107,8 @@ type env struct {
 	watch      time.Duration
 	entities   []string
 	records    []string
+	since      int64
+	before     time.Time
 }
 
 // run runs one job command. stdout receives results (tables, JSON); stderr
@@ -132,17 +136,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(io.Discard)
 	var workspace string
 	define := map[string]func(){
-		"generation": func() { fs.StringVar(&e.generation, "generation", "", flagHelp["generation"]) },
-		"parallel":   func() { fs.IntVar(&e.parallel, "parallel", 4, flagHelp["parallel"]) },
-		"json":       func() { fs.BoolVar(&e.json, "json", false, flagHelp["json"]) },
-		"budget":     func() { fs.DurationVar(&e.budget, "budget", delivery.DefaultVerifyBudget, flagHelp["budget"]) },
-		"restart":    func() { fs.BoolVar(&e.restart, "restart", false, flagHelp["restart"]) },
-		"retry":      func() { fs.BoolVar(&e.retry, "retry", false, flagHelp["retry"]) },
-		"republish":  func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
-		"max":        func() { fs.IntVar(&e.max, "max", 1000, flagHelp["max"]) },
-		"watch":      func() { fs.DurationVar(&e.watch, "watch", 0, flagHelp["watch"]) },
-		"entity":     func() { fs.Func("entity", flagHelp["entity"], listFlag(&e.entities)) },
-		"records":    func() { fs.Func("records", flagHelp["records"], listFlag(&e.records)) },
+		"generation":     func() { fs.StringVar(&e.generation, "generation", "", flagHelp["generation"]) },
+		"parallel":       func() { fs.IntVar(&e.parallel, "parallel", 4, flagHelp["parallel"]) },
+		"json":           func() { fs.BoolVar(&e.json, "json", false, flagHelp["json"]) },
+		"budget":         func() { fs.DurationVar(&e.budget, "budget", delivery.DefaultVerifyBudget, flagHelp["budget"]) },
+		"restart":        func() { fs.BoolVar(&e.restart, "restart", false, flagHelp["restart"]) },
+		"retry":          func() { fs.BoolVar(&e.retry, "retry", false, flagHelp["retry"]) },
+		"republish":      func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
+		"max":            func() { fs.IntVar(&e.max, "max", 1000, flagHelp["max"]) },
+		"watch":          func() { fs.DurationVar(&e.watch, "watch", 0, flagHelp["watch"]) },
+		"entity":         func() { fs.Func("entity", flagHelp["entity"], listFlag(&e.entities)) },
+		"records":        func() { fs.Func("records", flagHelp["records"], listFlag(&e.records)) },
+		"since-revision": func() { fs.Int64Var(&e.since, "since-revision", 0, flagHelp["since-revision"]) },
+		"accepted-before": func() {
+			fs.Func("accepted-before", flagHelp["accepted-before"], func(v string) (err error) {
+				e.before, err = time.Parse(time.RFC3339Nano, v)
+				return err
+			})
+		},
 	}
 	fs.StringVar(&workspace, "workspace", "", flagHelp["workspace"])
 	for _, f := range cmd.flags {
@@ -173,6 +184,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return usagef("%s: --max %d: want 1 to 100000", name, e.max)
 	case e.watch != 0 && e.watch < time.Second:
 		return usagef("%s: --watch %v: want at least 1s", name, e.watch)
+	case e.since < 0:
+		return usagef("%s: --since-revision %d: want a revision (0 or more)", name, e.since)
+	case e.restart && e.selection().Partial():
+		return usagef("%s: --restart is for the whole generation's replay; a partial replay resumes with --accepted-before", name)
 	}
 	settings, err := config.Read(getenv, defaultPoolSize)
 	if err != nil {
@@ -321,12 +336,16 @@ func (e *env) summarise(name string, results []delivery.WorkspaceResult) error {
 			}
 		}
 	}
-	return failure(name, lines, interrupted)
+	resume := "run the same command again to resume"
+	if name == "replay" && e.selection().Partial() && e.before.IsZero() {
+		resume = "to resume, run the same command with the --accepted-before its workspace's line gives"
+	}
+	return failure(name, lines, interrupted, resume)
 }
 
 // failure is a command's error when workspaces failed, naming them: with
 // their causes, or, when interrupted, saying how to resume.
-func failure(name string, lines []workspaceLine, interrupted bool) error {
+func failure(name string, lines []workspaceLine, interrupted bool, resume string) error {
 	var failed, causes []string
 	for _, l := range lines {
 		if !l.OK {
@@ -339,8 +358,8 @@ func failure(name string, lines []workspaceLine, interrupted bool) error {
 	case len(failed) == 0:
 		return nil
 	case interrupted:
-		return fmt.Errorf("%s interrupted; everything done so far is committed: run the same command again to resume (%d of %d workspaces not finished: %s)",
-			name, len(failed), len(results), strings.Join(first(failed, 10), ", "))
+		return fmt.Errorf("%s interrupted; everything done so far is committed: %s (%d of %d workspaces not finished: %s)",
+			name, resume, len(failed), len(results), strings.Join(first(failed, 10), ", "))
 	case len(results) == 1:
 		return fmt.Errorf("%s failed for %s", name, causes[0])
 	}

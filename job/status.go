@@ -107,7 +107,7 @@ func runStatus(e *env) error {
 			return err
 		}
 		if e.watch == 0 {
-			return failure("status", lines, false)
+			return failure("status", lines, false, "")
 		}
 		select {
 		case <-e.ctx.Done():

@@ -36,6 +36,9 @@ type PagesResult struct {
 	Rows  int `json:"rows"`
 	// Resumed reports that work in progress was continued.
 	Resumed bool `json:"resumed,omitempty"`
+	// Selection is a partial replay's selection, with the accepted-before
+	// bound it used (nil for a backfill or a whole-generation replay).
+	Selection *ReplaySelection `json:"selection,omitempty"`
 	// Drained is the drain of what the pages made pending (zero when the
 	// generation is not the active one).
 	Drained DrainAllResult `json:"drained"`

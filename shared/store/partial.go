@@ -1,0 +1,176 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// A partial replay (`job replay --entity/--since-revision/--records`)
+// sends a subset of a generation's events back to pending: the events of
+// one entity at a time, walked by history id in pages, each page its own
+// transaction. It is the store's own operation (the seeds replay a whole
+// generation only); each page is the seed's replay page
+// (advanceReplicationReplay, seed 000; sqlReplayPage) with a narrower read:
+// the selected events instead of the next rows by event_id. Like that page
+// it locks the target row and then the delivery rows in key order, resets
+// accepted_at, verified_at and next_verify_at, drops the receipts, and
+// subtracts the rows it saw verified from verified_count.
+//
+// Which events: the entity's events as the audit reads them (sqlAuditEvents:
+// its baselines and its history table's captured rows of the target's
+// source after from_revision), of revision SinceRevision or later, of the
+// chosen record keys when there are any, that were accepted before
+// AcceptedBefore. That last bound makes the operation resumable and
+// idempotent: an event this replay already sent back is pending, or was
+// accepted again after the bound, and a second run with the same bound
+// leaves it alone; events captured after the replay began were accepted
+// after it too.
+
+// PartialScanRows is how many of an entity's events one partial-replay page
+// reads (its statement's bound, whatever the selection keeps of them).
+const PartialScanRows = 5000
+
+// PartialSelection chooses the events of an entity a partial replay sends
+// back to pending.
+type PartialSelection struct {
+	// SinceRevision keeps the events of this revision or later (0: all).
+	SinceRevision int64
+	// Keys keeps the events of these record keys (nil: every record).
+	Keys []string
+	// AcceptedBefore keeps the events accepted before this time (the
+	// database's clock); it must be set.
+	AcceptedBefore time.Time
+}
+
+// PartialPage is what one partial-replay page did.
+type PartialPage struct {
+	// Scanned is how many of the entity's events the page read, and Next
+	// the history id to continue after ("" when the entity is done).
+	Scanned int
+	Next    string
+	// Selected is how many of them the selection kept; Rows how many went
+	// back to pending (the others were pending already, or accepted after
+	// the bound); Verified how many of those had been verified.
+	Selected, Rows, Verified int
+}
+
+// sqlPartialScan reads the next PartialScanRows events of an entity by
+// history id ($5 the last id of the previous page, NULL for the first; $9
+// PartialScanRows) and keeps the selected ones: revision at least $6, key among $7 (NULL: any).
+// %[1]s is sqlAuditEvents; $1 generation, $2 source, $3 from_revision, $4
+// entity id. It is the head of sqlPartialPage and sqlPartialPageLegacy.
+const sqlPartialScan = `WITH scanned AS (
+         SELECT id, key, revision FROM (%[1]s) e
+          WHERE ($5::uuid IS NULL OR id > $5::uuid)
+          ORDER BY id LIMIT $9::int
+       ), selected AS (
+         SELECT id FROM scanned WHERE revision >= $6::bigint AND ($7::text[] IS NULL OR key = ANY ($7::text[]))
+       ), scan AS (
+         SELECT (SELECT count(*) FROM scanned) AS scanned, (SELECT id FROM scanned ORDER BY id DESC LIMIT 1)::text AS last,
+                (SELECT count(*) FROM selected) AS selected
+       )`
+
+// sqlPartialPage is the protocol-4 page, after the target row lock
+// (sqlLockTarget): the replay page's reset (sqlReplayPage) over the
+// selected events' delivery rows of the generation that were accepted
+// before $8, found by primary key. It returns the scan's figures, the rows
+// reset, how many had been verified, and their ids (whose receipts
+// sqlReplayReceipts then drops).
+const sqlPartialPage = sqlPartialScan + `, page AS (
+         SELECT event_id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
+          WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT id FROM selected)) AND accepted_at < $8::timestamptz
+       ), reset AS (
+         UPDATE _ontology_replication_delivery SET accepted_at = NULL, verified_at = NULL, next_verify_at = now()
+          WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM page)) AND accepted_at < $8::timestamptz
+          RETURNING event_id
+       ), summary AS (
+         SELECT count(*) FILTER (WHERE verified) AS verified FROM page
+       )
+       UPDATE _ontology_replication_targets t SET verified_count = t.verified_count - s.verified
+         FROM summary s WHERE t.generation = $1::uuid
+       RETURNING (SELECT scanned FROM scan), (SELECT last FROM scan), (SELECT selected FROM scan),
+                 s.verified, (SELECT coalesce(array_agg(event_id), '{}') FROM reset)`
+
+// sqlPartialPageLegacy is the protocol-3 page: the legacy replay's DELETE
+// of receipts (replayReplication, seed 001) over the selected events
+// accepted before $8. An event without a receipt is pending.
+const sqlPartialPageLegacy = sqlPartialScan + `, reset AS (
+         DELETE FROM _ontology_replication_receipts
+          WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT id FROM selected)) AND accepted_at < $8::timestamptz
+          RETURNING verified_at IS NOT NULL AS verified
+       )
+       SELECT scan.scanned, scan.last, scan.selected, (SELECT count(*) FROM reset), (SELECT count(*) FILTER (WHERE verified) FROM reset)
+         FROM scan`
+
+// ReplayPartialPage sends the next page of an entity's selected events
+// back to pending in generation t only, in one transaction, continuing
+// after the history id after ("" for the first page). The entity is done
+// when the page's Next is "".
+func (s *Store) ReplayPartialPage(ctx context.Context, t Target, entityID string, sel PartialSelection, after string) (PartialPage, error) {
+	if sel.AcceptedBefore.IsZero() {
+		return PartialPage{}, fmt.Errorf("store: partial replay of entity %s: no accepted-before bound", entityID)
+	}
+	var cursor *string
+	if after != "" {
+		if _, err := uuids([]string{after}); err != nil {
+			return PartialPage{}, fmt.Errorf("store: partial replay of entity %s: %w", entityID, err)
+		}
+		cursor = &after
+	}
+	var page PartialPage
+	run := func(tx pgx.Tx) error {
+		events, err := s.auditEvents(ctx, tx, t, entityID)
+		if err != nil {
+			return err
+		}
+		args := []any{t.Generation, t.SourceID, t.FromRevision, entityID, cursor, sel.SinceRevision, sel.Keys, sel.AcceptedBefore, PartialScanRows}
+		var scanned, selected, rows, verified int64
+		var last *string
+		if !t.DatabaseAtDelivery() {
+			err := tx.QueryRow(ctx, fmt.Sprintf(sqlPartialPageLegacy, events), args...).Scan(&scanned, &last, &selected, &rows, &verified)
+			if err != nil {
+				return err
+			}
+		} else {
+			tag, err := tx.Exec(ctx, sqlLockTarget, t.Generation)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				return fmt.Errorf("%w: %s", ErrUnknownGeneration, t.Generation)
+			}
+			var reset []pgtype.UUID
+			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlPartialPage, events), args...).Scan(&scanned, &last, &selected, &verified, &reset); err != nil {
+				return err
+			}
+			if len(reset) > 0 {
+				if _, err := tx.Exec(ctx, sqlReplayReceipts, t.Generation, reset); err != nil {
+					return err
+				}
+			}
+			rows = int64(len(reset))
+		}
+		page = PartialPage{Scanned: int(scanned), Selected: int(selected), Rows: int(rows), Verified: int(verified)}
+		if scanned == PartialScanRows && last != nil {
+			page.Next = *last
+		}
+		return nil
+	}
+	var err error
+	if t.DatabaseAtDelivery() {
+		err = s.inKeyOrderTx(ctx, run)
+	} else {
+		err = s.inTx(ctx, run)
+	}
+	if err != nil {
+		return PartialPage{}, fmt.Errorf("store: partial replay of entity %s in %s: %w", entityID, t.Generation, err)
+	}
+	if page.Rows > 0 {
+		s.targetRowUpdated(ctx)
+	}
+	return page, nil
+}
