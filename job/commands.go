@@ -156,20 +156,31 @@ func runSetAside(e *env) error {
 type deadLetterResult struct{ delivery.DeadLetterReport }
 
 func (r deadLetterResult) text() []string {
-	lines := []string{fmt.Sprintf("%s: %d messages, %d events", r.Subscription, r.Messages, len(r.Events))}
+	more := ""
+	if !r.Complete {
+		more = " (more may remain: --max or the time bound stopped the reading)"
+	}
+	lines := []string{fmt.Sprintf("%s: %d messages, %d events%s", r.Subscription, r.Messages, len(r.Events), more)}
 	for _, ev := range r.Events {
-		lines = append(lines, fmt.Sprintf("  event %s  %d copies, %d delivery attempts, dead-lettered %s to %s", ev.EventID, ev.Copies,
-			ev.DeliveryAttempts, ev.FirstDeadLettered.UTC().Format(time.RFC3339), ev.LastDeadLettered.UTC().Format(time.RFC3339)))
+		lines = append(lines, fmt.Sprintf("  event %s  %s %s  %d copies, %d delivery attempts, dead-lettered %s to %s", ev.EventID,
+			cmpOr(ev.EntityID, "-"), cmpOr(ev.RecordKey, "-"), ev.Copies, ev.DeliveryAttempts,
+			ev.FirstDeadLettered.UTC().Format(time.RFC3339), ev.LastDeadLettered.UTC().Format(time.RFC3339)))
 	}
 	if r.Republished > 0 {
 		lines = append(lines, fmt.Sprintf("republished %d messages to the events topic", r.Republished))
+	}
+	if r.Discarded > 0 {
+		lines = append(lines, fmt.Sprintf("discarded %d messages (each event is in the log: %q)", r.Discarded, delivery.LogDeadLetterDiscarded))
+	}
+	if len(r.NotFound) > 0 {
+		lines = append(lines, "not among the messages read: "+strings.Join(r.NotFound, ", "))
 	}
 	return lines
 }
 
 func runDeadLetter(e *env) error {
 	return e.eachWorkspace("dead-letter", func(ctx context.Context, ws registry.Workspace) (any, error) {
-		res, err := e.svc.DeadLetters(ctx, ws.ID, delivery.DeadLetterOptions{Max: e.max, Republish: e.republish})
+		res, err := e.svc.DeadLetters(ctx, ws.ID, delivery.DeadLetterOptions{Max: e.max, Republish: e.republish, Discard: e.discard, Events: e.events})
 		return deadLetterResult{res}, err
 	})
 }

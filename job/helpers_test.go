@@ -134,6 +134,12 @@ func newHarnessOn(t testing.TB, c *pgtest.Cluster, templates ...*pgtest.Template
 		s.w = sdkfixture.NewWriter(s.pool, sdkfixture.Demo)
 		_, err = h.pubsub.GServer.CreateTopic(h.ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events-" + id})
 		require.NoError(t, err)
+		// The dead-letter topic and subscription, as terraform names them.
+		_, err = h.pubsub.GServer.CreateTopic(h.ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events-" + id + "-dead-letter"})
+		require.NoError(t, err)
+		_, err = h.pubsub.GServer.CreateSubscription(h.ctx, &pubsubpb.Subscription{Name: "projects/p1/subscriptions/events-" + id + "-dead-letter",
+			Topic: "projects/p1/topics/events-" + id + "-dead-letter", AckDeadlineSeconds: 60})
+		require.NoError(t, err)
 		h.spaces[id] = s
 		entries = append(entries, fmt.Sprintf(`{"id": %q, "database": {"url": %q}, "pubsub": {"project": "p1", "topic": "events-%s"},
 			"bigquery": {"project": "p1", "location": "EU", "endpoint": %q}}`, id, s.url, id, bqHTTP.URL))

@@ -44,7 +44,7 @@ var commands = []command{
 	{"set-aside", "list the events set aside because they cannot be published; --retry tries them now", []string{"retry", "parallel", "json"}, runSetAside},
 	{"audit", "compare the warehouse's latest state with the source's, record by record at a bounded cost; exit 1 when they differ", []string{"entity", "records", "parallel", "json"}, runAudit},
 	{"repair", "re-deliver what an audit finds missing, stale or deleted at the source (or the chosen records), then drain", []string{"entity", "records", "parallel", "json"}, runRepair},
-	{"dead-letter", "list the dead-letter subscription's messages; --republish publishes them again", []string{"republish", "max", "json"}, runDeadLetter},
+	{"dead-letter", "list the dead-letter subscription's events; --republish publishes them again, --discard removes them", []string{"republish", "discard", "events", "max", "json"}, runDeadLetter},
 }
 
 // flagHelp documents each flag.
@@ -57,6 +57,8 @@ var flagHelp = map[string]string{
 	"restart":         "start a new replay even if the last one's events are not all published yet",
 	"retry":           "end the backoff of the set-aside events now, so that the next drain tries them",
 	"republish":       "publish the dead-lettered messages to the events topic again and acknowledge them",
+	"discard":         "acknowledge the dead-lettered messages (they are gone; each event is logged): for events that can never land",
+	"events":          "only these event ids (comma-separated) are republished or discarded; the others stay",
 	"max":             "the most dead-lettered messages to read per workspace (default 1000)",
 	"watch":           "refresh every interval (for example 10s) until interrupted",
 	"entity":          "only these entities (names, comma-separated; an entity's relationships with it)",
@@ -103,6 +105,8 @@ type env struct {
 	restart    bool
 	retry      bool
 	republish  bool
+	discard    bool
+	events     []string
 	max        int
 	watch      time.Duration
 	entities   []string
@@ -143,6 +147,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"restart":        func() { fs.BoolVar(&e.restart, "restart", false, flagHelp["restart"]) },
 		"retry":          func() { fs.BoolVar(&e.retry, "retry", false, flagHelp["retry"]) },
 		"republish":      func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
+		"discard":        func() { fs.BoolVar(&e.discard, "discard", false, flagHelp["discard"]) },
+		"events":         func() { fs.Func("events", flagHelp["events"], listFlag(&e.events)) },
 		"max":            func() { fs.IntVar(&e.max, "max", 1000, flagHelp["max"]) },
 		"watch":          func() { fs.DurationVar(&e.watch, "watch", 0, flagHelp["watch"]) },
 		"entity":         func() { fs.Func("entity", flagHelp["entity"], listFlag(&e.entities)) },
@@ -184,6 +190,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return usagef("%s: --max %d: want 1 to 100000", name, e.max)
 	case e.watch != 0 && e.watch < time.Second:
 		return usagef("%s: --watch %v: want at least 1s", name, e.watch)
+	case e.republish && e.discard:
+		return usagef("%s: --republish or --discard, not both", name)
+	case len(e.events) > 0 && !e.republish && !e.discard:
+		return usagef("%s: --events chooses what --republish or --discard acts on; give one of them", name)
 	case e.since < 0:
 		return usagef("%s: --since-revision %d: want a revision (0 or more)", name, e.since)
 	case e.restart && e.selection().Partial():
@@ -224,7 +234,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			ServerMaxConns: settings.ServerMaxConns},
 		Retry:            delivery.RetryPolicy{Budget: settings.RetryBudget},
 		Logger:           e.log,
-		DeadLetterReader: name == "dead-letter",
+		DeadLetterReader: name == "dead-letter" || name == "status",
 	})
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
@@ -161,48 +162,73 @@ func TestUnpublishableRowsAtTheHead(t *testing.T) {
 }
 
 // TestDeadLetterCommand: the messages the BigQuery subscription moved to
-// the dead letter are listed by event, left in place, and, with
-// --republish, published to the events topic again and removed.
+// the dead letter are listed by event, left in place, counted by `job
+// status` with the oldest one's age; --discard --events removes the
+// messages of the chosen event only and logs it; --republish publishes the
+// rest to the events topic again and removes them.
 func TestDeadLetterCommand(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, &sdkfixture.V4Template)
 	h.start("w1")
 	dead := "projects/p1/topics/events-w1-dead-letter"
-	sub := "projects/p1/subscriptions/events-w1-dead-letter"
-	_, err := h.pubsub.GServer.CreateTopic(h.ctx, &pubsubpb.Topic{Name: dead})
-	require.NoError(t, err)
-	_, err = h.pubsub.GServer.CreateSubscription(h.ctx, &pubsubpb.Subscription{Name: sub, Topic: dead, AckDeadlineSeconds: 60})
-	require.NoError(t, err)
 	// Two copies of an event dead-lettered after five attempts each (the
-	// event was republished once), as Pub/Sub forwards them.
-	data := `{"event_id":"e-dead","record_key":null}`
-	for range 2 {
+	// event was republished once), and one of another, as Pub/Sub forwards
+	// them.
+	data := `{"event_id":"e-dead","record_key":"k1","entity_id":"ent_product","revision":"41"}`
+	other := `{"event_id":"e-other","record_key":null}`
+	for _, d := range []string{data, data, other} {
 		_, err := h.pubsub.GServer.Publish(h.ctx, &pubsubpb.PublishRequest{Topic: dead, Messages: []*pubsubpb.PubsubMessage{{
-			Data: []byte(data), Attributes: map[string]string{"CloudPubSubDeadLetterSourceDeliveryCount": "5"}}}})
+			Data: []byte(d), Attributes: map[string]string{"CloudPubSubDeadLetterSourceDeliveryCount": "5"}}}})
 		require.NoError(t, err)
 	}
+	published := time.Now()
 	out := h.mustRun("dead-letter", "--workspace", "w1")
-	require.Contains(t, out, "2 messages, 1 events")
-	require.Contains(t, out, "event e-dead  2 copies, 5 delivery attempts")
+	require.Contains(t, out, "3 messages, 2 events")
+	require.Contains(t, out, "event e-dead  ent_product k1  2 copies, 5 delivery attempts")
 	out = h.mustRun("dead-letter", "--workspace", "w1", "--json")
 	var doc struct {
 		Workspaces []struct {
-			Result struct {
-				Messages int `json:"messages"`
-			} `json:"result"`
+			Result delivery.DeadLetterReport `json:"result"`
 		} `json:"workspaces"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &doc))
-	require.Equal(t, 2, doc.Workspaces[0].Result.Messages, "listing leaves them in place")
+	require.Equal(t, 3, doc.Workspaces[0].Result.Messages, "listing leaves them in place")
+	require.True(t, doc.Workspaces[0].Result.Complete)
+
+	before := time.Now()
+	s := statusOf(t, h, "--workspace", "w1")[0]
+	require.Empty(t, s.DeadLetterError)
+	require.Equal(t, 3, s.Messages, "job status counts the dead letters")
+	require.False(t, s.Capped)
+	require.LessOrEqual(t, s.OldestAgeSeconds, time.Since(published).Seconds()+1)
+	require.GreaterOrEqual(t, s.OldestAgeSeconds, before.Sub(published).Seconds()-1)
+
+	out, logs, err := h.run(h.ctx, "dead-letter", "--workspace", "w1", "--discard", "--events", "e-dead,e-gone")
+	require.NoError(t, err, logs)
+	require.Contains(t, out, "discarded 2 messages")
+	require.Contains(t, out, "not among the messages read: e-gone")
+	require.Contains(t, logs, delivery.LogDeadLetterDiscarded)
+	require.Contains(t, logs, `"event_id":"e-dead"`)
+	require.Contains(t, logs, `"record_key":"k1"`)
+	require.NotContains(t, logs, `"event_id":"e-other"`, "only the chosen event is discarded")
+	out = h.mustRun("dead-letter", "--workspace", "w1")
+	require.Contains(t, out, "1 messages, 1 events")
+	require.Contains(t, out, "event e-other")
 
 	out = h.mustRun("dead-letter", "--workspace", "w1", "--republish")
-	require.Contains(t, out, "republished 2 messages")
+	require.Contains(t, out, "republished 1 messages")
 	republished := 0
 	for _, m := range h.pubsub.Messages() {
-		if m.Topic == "projects/p1/topics/events-w1" && string(m.Data) == data {
+		if m.Topic == "projects/p1/topics/events-w1" && (string(m.Data) == other || string(m.Data) == data) {
+			require.Equal(t, other, string(m.Data), "the discarded event is not republished")
 			republished++
 		}
 	}
-	require.Equal(t, 2, republished)
+	require.Equal(t, 1, republished)
 	require.Contains(t, h.mustRun("dead-letter", "--workspace", "w1"), "0 messages, 0 events")
+	require.Zero(t, statusOf(t, h, "--workspace", "w1")[0].Messages)
+
+	_, _, err = h.run(h.ctx, "dead-letter", "--workspace", "w1", "--events", "e-dead")
+	require.ErrorContains(t, err, "--events chooses what --republish or --discard acts on")
+	require.Equal(t, 2, exitCode(err))
 }

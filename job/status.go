@@ -30,24 +30,37 @@ type workspaceStatus struct {
 	// Pending counts the events waiting to be published (set-aside ones
 	// apart, in SetAside); OldestPending is when the oldest of them was
 	// queued or sent back, and its age the delivery lag.
-	Pending          int64      `json:"pending"`
-	OldestPending    *time.Time `json:"oldest_pending,omitempty"`
-	OldestPendingAge string     `json:"oldest_pending_age,omitempty"`
+	Pending                 int64      `json:"pending"`
+	OldestPending           *time.Time `json:"oldest_pending,omitempty"`
+	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds,omitempty"`
 	// Unverified counts the accepted events not verified yet;
 	// OldestUnverified is when the oldest was accepted, and its age the
 	// verification lag. DueVerifications are those whose check is due.
-	Unverified          int64      `json:"unverified"`
-	OldestUnverified    *time.Time `json:"oldest_unverified,omitempty"`
-	OldestUnverifiedAge string     `json:"oldest_unverified_age,omitempty"`
-	DueVerifications    int64      `json:"due_verifications"`
+	Unverified                 int64      `json:"unverified"`
+	OldestUnverified           *time.Time `json:"oldest_unverified,omitempty"`
+	OldestUnverifiedAgeSeconds *float64   `json:"oldest_unverified_age_seconds,omitempty"`
+	DueVerifications           int64      `json:"due_verifications"`
 	// FiguresCapped: the backlog is larger than the bounded reads count
 	// (see delivery.WorkspaceStatus).
 	FiguresCapped bool `json:"figures_capped,omitempty"`
 	// SetAside lists the events set aside because they cannot be
 	// published (with their reasons), seen from any process.
 	SetAside delivery.SetAsideReport `json:"set_aside"`
-	Error    string                  `json:"error,omitempty"`
+	// DeadLetters counts the messages in the workspace's dead-letter
+	// subscription (up to deadLetterPeek; Capped: at least that many) and
+	// the oldest one's age; DeadLetterError says why they could not be
+	// counted.
+	delivery.DeadLetterBacklog
+	DeadLetterError string `json:"dead_letter_error,omitempty"`
+	Error           string `json:"error,omitempty"`
 }
+
+// deadLetterPeek is how many dead-lettered messages `job status` counts at
+// most per workspace, and deadLetterPeekTime how long it reads them.
+const (
+	deadLetterPeek     = 1000
+	deadLetterPeekTime = 5 * time.Second
+)
 
 func rawCursor(raw []byte) any {
 	if len(raw) == 0 || string(raw) == "{}" {
@@ -76,14 +89,21 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 	if !st.OldestPending.IsZero() {
 		oldest := st.OldestPending.UTC()
 		out.OldestPending = &oldest
-		out.OldestPendingAge = max(now.Sub(oldest), 0).Round(time.Second).String()
+		age := max(now.Sub(oldest), 0).Seconds()
+		out.OldestPendingAgeSeconds = &age
 	}
 	if !st.OldestUnverified.IsZero() {
 		oldest := st.OldestUnverified.UTC()
 		out.OldestUnverified = &oldest
-		out.OldestUnverifiedAge = max(now.Sub(oldest), 0).Round(time.Second).String()
+		age := max(now.Sub(oldest), 0).Seconds()
+		out.OldestUnverifiedAgeSeconds = &age
 	}
 	out.SetAside = st.SetAside
+	backlog, dlErr := e.svc.DeadLetterBacklog(ctx, ws.ID, deadLetterPeek, deadLetterPeekTime)
+	out.DeadLetterBacklog = backlog
+	if dlErr != nil {
+		out.DeadLetterError = oneLine(dlErr.Error())
+	}
 	return out, err
 }
 
@@ -129,19 +149,29 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		fmt.Fprint(e.stdout, "\033[H\033[2J") // refresh in place
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tDELIVERY LAG\tUNVERIFIED\tVERIFICATION LAG\tDUE\tSET ASIDE")
+	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tDELIVERY LAG\tUNVERIFIED\tVERIFICATION LAG\tDUE\tSET ASIDE\tDEAD LETTERS\tOLDEST DEAD LETTER")
 	for _, s := range all {
 		if s.Error != "" {
 			fmt.Fprintf(tw, "%s\t%d\t%s\terror: %s\n", s.Workspace, s.Protocol, s.Generation, s.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", s.Workspace, s.Protocol, s.Generation,
+		dead := atLeast(int64(s.Messages), s.Capped)
+		if s.DeadLetterError != "" {
+			dead = "unknown"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.Workspace, s.Protocol, s.Generation,
 			yes(s.Enabled), done(s.BaselineComplete, s.BaselineCursor), done(s.BackfillComplete, s.BackfillCursor),
 			done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), atLeast(s.Pending, s.FiguresCapped),
-			cmpOr(s.OldestPendingAge, "-"), atLeast(s.Unverified, s.FiguresCapped), cmpOr(s.OldestUnverifiedAge, "-"), s.DueVerifications, s.SetAside.Count)
+			age(s.OldestPendingAgeSeconds), atLeast(s.Unverified, s.FiguresCapped), age(s.OldestUnverifiedAgeSeconds), s.DueVerifications, s.SetAside.Count,
+			dead, age(nonZero(s.OldestAgeSeconds)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, s := range all {
+		if s.DeadLetterError != "" {
+			fmt.Fprintf(e.stdout, "\n%s: dead letters not counted: %s\n", s.Workspace, s.DeadLetterError)
+		}
 	}
 	for _, s := range all {
 		if len(s.SetAside.Events) == 0 {
@@ -159,6 +189,21 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		}
 	}
 	return nil
+}
+
+// age writes an age in seconds as a duration ("-" for none).
+func age(seconds *float64) string {
+	if seconds == nil {
+		return "-"
+	}
+	return time.Duration(*seconds * float64(time.Second)).Round(time.Second).String()
+}
+
+func nonZero(f float64) *float64 {
+	if f == 0 {
+		return nil
+	}
+	return &f
 }
 
 // atLeast writes a count, marked when the bounded read capped it.

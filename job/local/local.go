@@ -55,7 +55,7 @@ const (
 	localTopic        = "projects/" + localProject + "/topics/ontology-replication"
 	localDeadTopic    = "projects/" + localProject + "/topics/ontology-replication-dead-letter"
 	localSubscription = "projects/" + localProject + "/subscriptions/bigquery"
-	localDeadSub      = "projects/" + localProject + "/subscriptions/dead-letter"
+	localDeadSub      = "projects/" + localProject + "/subscriptions/ontology-replication-dead-letter"
 	// localMaxDeliveries is the BigQuery subscription's dead-letter policy.
 	localMaxDeliveries = 5
 )
@@ -131,10 +131,13 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 			fs.PrintDefaults()
 			return err
 		}
-		return fmt.Errorf("local: %w", err)
+		return usageError{fmt.Errorf("local: %w (go run ./job/local -h lists the flags)", err)}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("local: unexpected argument %q (go run ./job/local -h lists the flags)", fs.Arg(0))}
 	}
 	if cfg.records < 20 || cfg.writers < 1 || cfg.writers > 32 {
-		return errors.New("local: --records must be at least 20 and --writers between 1 and 32")
+		return usageError{errors.New("local: --records must be at least 20 and --writers between 1 and 32")}
 	}
 	// Quiet by default: the summary says what happened (the injected outage
 	// alone makes a hundred 503s). LOG_LEVEL=INFO shows every invocation.
@@ -229,8 +232,10 @@ func (l *local) start(ctx context.Context) error {
 		return err
 	}
 
-	// Pub/Sub: the topic, the BigQuery subscription with its dead-letter
-	// policy, and the dead-letter topic with a subscription that keeps them.
+	// Pub/Sub: the topic, the BigQuery subscription (the feeder moves what
+	// it refused localMaxDeliveries times to the dead-letter topic, as a
+	// dead-letter policy does), and the dead-letter topic with a
+	// subscription that keeps them, named as terraform names them.
 	l.faults = &faultSwitch{}
 	l.pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: l.faults})
 	l.cleanup = append(l.cleanup, func() { _ = l.pubsub.Close() })
@@ -246,10 +251,10 @@ func (l *local) start(ctx context.Context) error {
 		}
 	}
 	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localSubscription, Topic: localTopic,
-		AckDeadlineSeconds: 10, DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: localDeadTopic, MaxDeliveryAttempts: localMaxDeliveries}}); err != nil {
+		AckDeadlineSeconds: 10}); err != nil {
 		return err
 	}
-	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: localDeadTopic}); err != nil {
+	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: localDeadTopic, AckDeadlineSeconds: 60}); err != nil {
 		return err
 	}
 
@@ -274,7 +279,7 @@ func (l *local) start(ctx context.Context) error {
 	// this run's parts.
 	l.registry = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
   "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": {"url": %q},
-    "pubsub": {"project": %q, "topic": "ontology-replication"},
+    "pubsub": {"project": %q, "topic": "ontology-replication", "dead_letter_subscription": "ontology-replication-dead-letter"},
     "bigquery": {"project": %q, "dataset": "ontology_internal", "table": "events", "location": "local", "endpoint": %q}}]}`,
 		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, ontologyURL, localProject, localProject, l.urls.bigquery)
 	// No Google-signed tokens here: the verifier's caller check is off
@@ -349,9 +354,14 @@ Everything keeps running until Ctrl-C:
   Pub/Sub emulator    PUBSUB_EMULATOR_HOST=%s
   registry            REPLICATION_WORKSPACES='%s'
 
-The job's commands run against these parts with:
+The job's commands run against these parts (no Google credentials needed) after:
   export REPLICATION_WORKSPACES='%[9]s' PUBSUB_EMULATOR_HOST=%[8]s
-  go run ./job status; go run ./job audit; go run ./job repair --entity customer
+for example:
+  go run ./job status                      # counts, lags, set-aside events, dead letters
+  go run ./job dead-letter                 # the demo's dead-lettered event
+  go run ./job dead-letter --discard       # remove it (it was retried and verified)
+  go run ./job replay --entity customer    # send the customers back; they land again
+  go run ./job audit                       # the warehouse against the source: exit 0 when equal
 `, l.urls.ontologyDB, l.urls.warehouseDB, token, localOrganization, l.urls.drain, l.urls.verify, l.urls.bigquery, l.pubsub.Addr, compact(l.registry))
 }
 

@@ -1,36 +1,62 @@
 package main
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 )
 
-// TestLocalRun runs the whole pipeline on embedded parts with a small
-// workload and checks the summary's invariants.
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// TestLocalRun runs the whole pipeline on embedded parts with a small
+// workload and checks the summary's invariants; then, kept running
+// (--keep), it is operated as the printed lines say: the job's commands,
+// built as the deployed binary, with the printed exports only.
 func TestLocalRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the whole local pipeline")
 	}
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	job := filepath.Join(t.TempDir(), "job")
+	build := exec.Command("go", "build", "-o", job, "github.com/segmentstream/ontology-replication/job")
+	built := make(chan error, 1)
+	go func() {
+		out, err := build.CombinedOutput()
+		if err != nil {
+			err = errors.New(string(out))
+		}
+		built <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := runLocal(ctx, []string{"--records", "300", "--writers", "3", "--json", "--timeout", "150s"},
-		func(string) string { return "" }, &stdout, &stderr)
-	require.NoError(t, err, "logs:\n%s", stderr.String())
+	var stderr logbuf.Buffer
+	out, w := io.Pipe()
+	ended := make(chan error, 1)
+	go func() {
+		err := runLocal(ctx, []string{"--records", "300", "--writers", "3", "--json", "--keep", "--timeout", "150s"},
+			func(string) string { return "" }, w, &stderr)
+		_ = w.CloseWithError(err)
+		ended <- err
+	}()
+	dec := json.NewDecoder(out)
 	var sum summary
-	require.NoError(t, json.Unmarshal(stdout.Bytes(), &sum), stdout.String())
-
+	require.NoError(t, dec.Decode(&sum), "the summary; logs:\n%s", stderr.String())
+	lines := bufio.NewScanner(io.MultiReader(dec.Buffered(), out))
+	lines.Buffer(nil, 1<<20)
 	require.Equal(t, 300, sum.Commits)
 	require.True(t, sum.FullyVerified, "every event verified")
 	require.Equal(t, sum.EventsWritten, sum.Verified)
@@ -68,4 +94,82 @@ func TestLocalRun(t *testing.T) {
 	require.True(t, sum.Audit.Equal, "the audit finds nothing: %+v", sum.Audit)
 	require.Zero(t, sum.Audit.InFlight, "everything verified before the audit")
 	require.Positive(t, sum.Audit.Buckets)
+
+	// The sandbox: the printed export line, pasted.
+	var exports []string
+	for lines.Scan() {
+		if m := regexp.MustCompile(`^\s*export REPLICATION_WORKSPACES='([^']*)' PUBSUB_EMULATOR_HOST=(\S+)$`).FindStringSubmatch(lines.Text()); m != nil {
+			exports = []string{"REPLICATION_WORKSPACES=" + m[1], "PUBSUB_EMULATOR_HOST=" + m[2]}
+			break
+		}
+	}
+	require.NotNil(t, exports, "the export line is printed")
+	go func() { _, _ = io.Copy(io.Discard, out) }()
+	require.NoError(t, <-built)
+	jobRun := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, job, args...)
+		cmd.Env = append(os.Environ(), exports...)
+		var stdout strings.Builder
+		cmd.Stdout = &stdout
+		var logs strings.Builder
+		cmd.Stderr = &logs
+		err := cmd.Run()
+		if err != nil {
+			err = errors.New(err.Error() + ": " + logs.String())
+		}
+		return stdout.String(), err
+	}
+	status := func() map[string]any {
+		raw, err := jobRun("status", "--json")
+		require.NoError(t, err)
+		var all []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(raw), &all), raw)
+		require.Len(t, all, 1)
+		return all[0]
+	}
+	st := status()
+	require.EqualValues(t, 1, st["dead_letters"], "job status counts the demo's dead letter: %v", st)
+	require.Positive(t, st["oldest_dead_letter_age_seconds"])
+	listed, err := jobRun("dead-letter")
+	require.NoError(t, err)
+	require.Contains(t, listed, "1 messages, 1 events")
+	discarded, err := jobRun("dead-letter", "--discard")
+	require.NoError(t, err)
+	require.Contains(t, discarded, "discarded 1 messages")
+	require.EqualValues(t, 0, status()["dead_letters"], "none left")
+
+	replayed, err := jobRun("replay", "--entity", "customer", "--json")
+	require.NoError(t, err)
+	var rep struct {
+		Workspaces []struct {
+			Result struct {
+				Rows    int `json:"rows"`
+				Drained struct {
+					Published int `json:"published"`
+				} `json:"drained"`
+			} `json:"result"`
+		} `json:"workspaces"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(replayed), &rep), replayed)
+	require.Positive(t, rep.Workspaces[0].Result.Rows, "the customers went back to pending")
+	require.GreaterOrEqual(t, rep.Workspaces[0].Result.Drained.Published, rep.Workspaces[0].Result.Rows, "and were published again")
+	audited, err := jobRun("audit")
+	require.NoError(t, err, "the warehouse still equals the source (what is in flight is not judged)")
+	require.Contains(t, audited, "equal")
+
+	cancel()
+	require.NoError(t, <-ended)
+}
+
+// TestLocalUsage: stray arguments and bad flags are usage errors (the
+// command exits 2), before anything starts.
+func TestLocalUsage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"extra"}, {"--records", "5"}, {"--no-such-flag"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			err := runLocal(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard)
+			require.Error(t, err)
+			require.True(t, errors.As(err, new(usageError)), "%v is a usage error", err)
+		})
+	}
 }

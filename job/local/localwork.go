@@ -152,7 +152,8 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 	// holds it.
 	var deadDone atomic.Bool
 	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
-		Refuse: func(data []byte) bool { return !deadDone.Load() && bytes.Contains(data, []byte(deadLetterMarker)) }}
+		Refuse:          func(data []byte) bool { return !deadDone.Load() && bytes.Contains(data, []byte(deadLetterMarker)) },
+		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries}
 	background.Go(func() { _ = l.feeder.Run(runCtx) })
 	background.Go(func() { l.watchDeadLetters(runCtx, &deadDone) })
 
@@ -350,9 +351,9 @@ func (l *local) replay(ctx context.Context) (int, error) {
 // warehouse refuses until it is dead-lettered.
 const deadLetterMarker = "dead-letter@example.com"
 
-// watchDeadLetters keeps the dead-letter subscription's messages (counted),
-// stops the warehouse refusing the chosen event once it is dead-lettered,
-// and then fast-forwards that event's acceptance by 16 minutes, so that the
+// watchDeadLetters counts the dead-letter subscription's messages, leaving
+// them there; stops the warehouse refusing the chosen event once it is
+// dead-lettered, and then fast-forwards that event's acceptance by 16 minutes, so that the
 // verifier's 15-minute retry sends it back to pending within the demo.
 func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 	aged := false
@@ -373,7 +374,9 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 					done.Store(true)
 				}
 			}
-			_ = l.client.SubscriptionAdminClient.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: localDeadSub, AckIds: ack})
+			// Handed back, not acknowledged: the dead letters stay for `job
+			// dead-letter` in the --keep sandbox.
+			_ = l.client.SubscriptionAdminClient.ModifyAckDeadline(ctx, &pubsubpb.ModifyAckDeadlineRequest{Subscription: localDeadSub, AckIds: ack, AckDeadlineSeconds: 0})
 		}
 		if history := l.deadHistory.Load(); done.Load() && !aged && history != nil {
 			l.agedDeadLetter.Store(true)

@@ -28,9 +28,17 @@ func main() {
 			return
 		}
 		fmt.Fprintln(os.Stderr, strings.Join(strings.Fields(err.Error()), " "))
+		if errors.As(err, new(usageError)) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
+
+// usageError is a mistake in the command line: the local mode exits 2.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
 
 func yes(b bool) string {
 	if b {

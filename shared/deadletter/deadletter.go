@@ -86,38 +86,53 @@ type Message struct {
 }
 
 // Pull returns up to max messages of subscription (its full name,
-// projects/<p>/subscriptions/<s>), holding them until Ack or Nack. It stops
-// early when a Pull returns nothing.
-func (r *Reader) Pull(ctx context.Context, subscription string, max int) ([]Message, error) {
-	var out []Message
-	for len(out) < max {
+// projects/<p>/subscriptions/<s>), holding them until Ack or Nack, each
+// message once: a message Pub/Sub hands out again while the listing runs
+// (its lease ran out) is not counted twice, and its newest ack id is kept.
+// It stops when a Pull returns nothing, or only messages already read (the
+// subscription has been read through), or when ctx's deadline passes;
+// exhausted reports that it stopped for one of the first two reasons, so
+// that the messages returned are all the subscription held.
+func (r *Reader) Pull(ctx context.Context, subscription string, max int) (msgs []Message, exhausted bool, err error) {
+	seen := map[string]int{} // message id → index in msgs
+	for len(msgs) < max {
 		pctx, cancel := context.WithTimeout(ctx, r.timeout)
 		resp, err := r.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
-			Subscription: subscription, MaxMessages: int32(min(max-len(out), 1000)),
+			Subscription: subscription, MaxMessages: int32(min(max-len(msgs), 1000)),
 		}, gax.WithRetry(func() gax.Retryer { return nil }))
 		cancel()
+		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return msgs, false, nil // the caller's time is up: what was read so far
+		}
 		if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
-			break // nothing more within the timeout
+			return msgs, true, nil // nothing more within the pull's timeout
 		}
 		if err != nil {
-			if len(out) > 0 {
-				_ = r.Nack(ctx, subscription, ackIDs(out))
+			if len(msgs) > 0 {
+				_ = r.Nack(context.WithoutCancel(ctx), subscription, ackIDs(msgs))
 			}
-			return nil, fmt.Errorf("deadletter: pull %s: %w", subscription, err)
+			return nil, false, fmt.Errorf("deadletter: pull %s: %w", subscription, err)
 		}
-		if len(resp.ReceivedMessages) == 0 {
-			break
-		}
+		fresh := 0
 		for _, m := range resp.ReceivedMessages {
 			msg := Message{AckID: m.AckId, MessageID: m.GetMessage().GetMessageId(), Data: m.GetMessage().GetData()}
 			if ts := m.GetMessage().GetPublishTime(); ts != nil {
 				msg.Published = ts.AsTime()
 			}
 			msg.DeliveryAttempts, _ = strconv.Atoi(m.GetMessage().GetAttributes()["CloudPubSubDeadLetterSourceDeliveryCount"])
-			out = append(out, msg)
+			if i, ok := seen[msg.MessageID]; ok {
+				msgs[i].AckID = msg.AckID // the newest lease
+				continue
+			}
+			seen[msg.MessageID] = len(msgs)
+			msgs = append(msgs, msg)
+			fresh++
+		}
+		if fresh == 0 {
+			return msgs, true, nil
 		}
 	}
-	return out, nil
+	return msgs, false, nil
 }
 
 func ackIDs(msgs []Message) []string {

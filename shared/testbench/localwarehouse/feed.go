@@ -1,9 +1,11 @@
 package localwarehouse
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -14,8 +16,15 @@ import (
 // Feeder feeds the local warehouse from a Pub/Sub subscription the way a
 // BigQuery subscription feeds BigQuery: pull, write what fits, acknowledge
 // it; refuse (nack) what does not fit, so that Pub/Sub redelivers it and,
-// after the subscription's maximum delivery attempts, moves it to its
-// dead-letter topic.
+// after MaxDeliveries attempts, moves it to DeadLetterTopic.
+//
+// The feeder does that move itself, as Pub/Sub's dead-letter policy does:
+// it publishes the message to the dead-letter topic with the
+// CloudPubSubDeadLetterSourceDeliveryCount attribute and acknowledges it.
+// pstest's own policy forwards the message but cannot remove it from the
+// subscription once it was nacked (its pull acknowledges it by message id,
+// where a nacked message accepts no acknowledgement), so it forwards it
+// again on every pull, and a discarded dead letter would come back.
 type Feeder struct {
 	Client       *pubsub.Client
 	Subscription string // full name
@@ -25,9 +34,18 @@ type Feeder struct {
 	// for, as if they did not fit the table (the local mode uses it to send
 	// one event to the dead letter).
 	Refuse func(data []byte) bool
+	// DeadLetterTopic (full name) receives the messages refused
+	// MaxDeliveries times (default 5); empty: refused messages are
+	// redelivered for ever.
+	DeadLetterTopic string
+	MaxDeliveries   int
 
-	written, refused atomic.Int64
+	written, refused, deadLettered atomic.Int64
+	deliveries                     map[string]int // refused message id → deliveries so far
 }
+
+// DeadLettered is how many messages were moved to the dead-letter topic.
+func (f *Feeder) DeadLettered() int64 { return f.deadLettered.Load() }
 
 // Written is how many messages were written to the table.
 func (f *Feeder) Written() int64 { return f.written.Load() }
@@ -52,6 +70,10 @@ func (f *Feeder) Run(ctx context.Context) error {
 		for _, m := range resp.ReceivedMessages {
 			data := m.GetMessage().GetData()
 			if _, err := decode(data); err != nil || (f.Refuse != nil && f.Refuse(data)) {
+				if f.deadLetter(ctx, m) {
+					ack = append(ack, m.AckId)
+					continue
+				}
 				nack = append(nack, m.AckId)
 				continue
 			}
@@ -80,4 +102,32 @@ func (f *Feeder) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// deadLetter counts a refused delivery of m and, at the last attempt,
+// publishes m to the dead-letter topic; it reports whether it did (m is
+// then to be acknowledged).
+func (f *Feeder) deadLetter(ctx context.Context, m *pubsubpb.ReceivedMessage) bool {
+	if f.DeadLetterTopic == "" {
+		return false
+	}
+	if f.deliveries == nil {
+		f.deliveries = map[string]int{}
+	}
+	id := m.GetMessage().GetMessageId()
+	f.deliveries[id]++
+	n := f.deliveries[id]
+	if n < cmp.Or(f.MaxDeliveries, 5) {
+		return false
+	}
+	_, err := f.Client.TopicAdminClient.Publish(ctx, &pubsubpb.PublishRequest{Topic: f.DeadLetterTopic, Messages: []*pubsubpb.PubsubMessage{{
+		Data: m.GetMessage().GetData(), Attributes: map[string]string{"CloudPubSubDeadLetterSourceDeliveryCount": strconv.Itoa(n),
+			"CloudPubSubDeadLetterSourceSubscription": f.Subscription}}}})
+	if err != nil {
+		f.Logger.Warn("local warehouse: dead-letter publish failed; the message will be redelivered", slog.Any("error", err))
+		return false
+	}
+	delete(f.deliveries, id)
+	f.deadLettered.Add(1)
+	return true
 }

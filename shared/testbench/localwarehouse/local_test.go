@@ -81,8 +81,7 @@ func TestLocalFeederDeadLetters(t *testing.T) {
 		require.NoError(t, err)
 	}
 	_, err = client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: "projects/p1/subscriptions/bq",
-		Topic: "projects/p1/topics/events", AckDeadlineSeconds: 10,
-		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: "projects/p1/topics/dead", MaxDeliveryAttempts: 5}})
+		Topic: "projects/p1/topics/events", AckDeadlineSeconds: 10})
 	require.NoError(t, err)
 	_, err = client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: "projects/p1/subscriptions/dead", Topic: "projects/p1/topics/dead"})
 	require.NoError(t, err)
@@ -94,7 +93,8 @@ func TestLocalFeederDeadLetters(t *testing.T) {
 	_, err = client.TopicAdminClient.Publish(ctx, &pubsubpb.PublishRequest{Topic: "projects/p1/topics/events", Messages: []*pubsubpb.PubsubMessage{
 		{Data: wire(sample("k1", "entity", "1", false, `{}`))}, {Data: bad}, {Data: wire(sample("k2", "entity", "2", false, `{}`))}}})
 	require.NoError(t, err)
-	f := &localwarehouse.Feeder{Client: client, Subscription: "projects/p1/subscriptions/bq", Warehouse: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	f := &localwarehouse.Feeder{Client: client, Subscription: "projects/p1/subscriptions/bq", Warehouse: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		DeadLetterTopic: "projects/p1/topics/dead", MaxDeliveries: 5}
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- f.Run(fctx) }()
@@ -106,8 +106,14 @@ func TestLocalFeederDeadLetters(t *testing.T) {
 	stop()
 	require.NoError(t, <-done)
 	require.Equal(t, string(bad), string(dead.ReceivedMessages[0].Message.Data))
+	require.Equal(t, "5", dead.ReceivedMessages[0].Message.Attributes["CloudPubSubDeadLetterSourceDeliveryCount"])
 	require.EqualValues(t, 2, f.Written())
-	require.GreaterOrEqual(t, f.Refused(), int64(4), "refused on each delivery before the dead letter")
+	require.EqualValues(t, 4, f.Refused(), "refused on each delivery before the dead letter")
+	require.EqualValues(t, 1, f.DeadLettered())
+	// Gone from the subscription: acknowledged once moved, as Pub/Sub does.
+	left, err := client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{Subscription: "projects/p1/subscriptions/bq", MaxMessages: 10, ReturnImmediately: true})
+	require.NoError(t, err)
+	require.Empty(t, left.ReceivedMessages)
 }
 
 func TestLocalViewsMatchTheModel(t *testing.T) {
