@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclparse"
@@ -451,17 +452,33 @@ func TestCloudBuild(t *testing.T) {
 	raw, err := os.ReadFile("../cloudbuild.yaml")
 	require.NoError(t, err)
 	var cb struct {
-		Steps []struct {
+		Timeout string `yaml:"timeout"`
+		Steps   []struct {
 			ID         string   `yaml:"id"`
 			Name       string   `yaml:"name"`
 			Entrypoint string   `yaml:"entrypoint"`
 			Args       []string `yaml:"args"`
 			WaitFor    []string `yaml:"waitFor"`
+			Timeout    string   `yaml:"timeout"`
 		} `yaml:"steps"`
 		Images []string `yaml:"images"`
 	}
 	require.NoError(t, yaml.Unmarshal(raw, &cb))
 	require.NotEmpty(t, cb.Steps)
+	// Bounded time: the build's timeout, and every step's within it.
+	total, err := time.ParseDuration(cb.Timeout)
+	require.NoError(t, err, "cloudbuild.yaml sets a timeout")
+	require.LessOrEqual(t, total, 90*time.Minute)
+	for _, s := range cb.Steps {
+		d, err := time.ParseDuration(s.Timeout)
+		require.NoError(t, err, "step %s has a timeout", s.ID)
+		require.LessOrEqual(t, d, total, s.ID)
+	}
+	// Caches: Go's restored before the tests and saved after them, the
+	// buildpacks' in a cache image per image.
+	require.Contains(t, string(raw), `gs://${_CACHE_BUCKET}/cache/go.tar.gz`)
+	require.Contains(t, string(raw), "--cache-image=${_REPOSITORY}/functions-cache:latest")
+	require.Contains(t, string(raw), "--cache-image=${_REPOSITORY}/job-cache:latest")
 	var paths []string
 	pushed := map[string]bool{}
 	ids := map[string]bool{}
@@ -703,4 +720,218 @@ func TestTerraformInstanceBudgetIsTheCodes(t *testing.T) {
 		got, _ := v.AsBigFloat().Int64()
 		require.EqualValues(t, def, got, name)
 	}
+}
+
+// dependsOnAPIs lists the root module's resources and module calls that
+// terraform may create before the APIs are enabled: those that reach
+// google_project_service.enabled through no reference or depends_on,
+// directly or through what they reference (locals included). Resources that
+// call no Google API (terraform_data) are left out.
+func dependsOnAPIs(m *tfModule) []string {
+	const apis = "google_project_service.enabled"
+	edges := map[string][]string{}
+	add := func(node string, body *hclsyntax.Body) {
+		walk(body, nil, func(_ string, expr hclsyntax.Expression, _ []string) {
+			for _, tr := range expr.Variables() {
+				switch root := tr.RootName(); root {
+				case "var", "path", "each", "count", "self", "terraform":
+				case "local", "module":
+					edges[node] = append(edges[node], root+"."+attrName(tr, 1))
+				case "data":
+					edges[node] = append(edges[node], "data."+attrName(tr, 1)+"."+attrName(tr, 2))
+				default:
+					edges[node] = append(edges[node], root+"."+attrName(tr, 1))
+				}
+			}
+		})
+	}
+	for name, a := range m.locals {
+		body := &hclsyntax.Body{Attributes: hclsyntax.Attributes{name: a}}
+		add("local."+name, body)
+	}
+	for key, b := range m.resources {
+		add(key, b.Body)
+	}
+	for key, b := range m.data {
+		add("data."+key, b.Body)
+	}
+	for key, b := range m.modules {
+		add("module."+key, b.Body)
+	}
+	reaches := func(from string) bool {
+		seen := map[string]bool{}
+		stack := []string{from}
+		for len(stack) > 0 {
+			n := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if n == apis {
+				return true
+			}
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			stack = append(stack, edges[n]...)
+		}
+		return false
+	}
+	var out []string
+	for key := range m.resources {
+		if key == apis || strings.HasPrefix(key, "terraform_data.") {
+			continue
+		}
+		if !reaches(key) {
+			out = append(out, key)
+		}
+	}
+	for key := range m.modules {
+		if !reaches("module." + key) {
+			out = append(out, "module."+key)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestTerraformWaitsForItsAPIs: on a fresh project the first apply must
+// not race the enablement of the APIs: every resource and module of the
+// deployment is created after google_project_service.enabled, through a
+// depends_on or a reference to something that is. The check itself is
+// tried on a module broken on purpose.
+func TestTerraformWaitsForItsAPIs(t *testing.T) {
+	t.Parallel()
+	require.Empty(t, dependsOnAPIs(parseModule(t, ".")), "these do not wait for the APIs: add depends_on = [google_project_service.enabled]")
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.tf"), []byte(`
+resource "google_project_service" "enabled" {
+  service = "x"
+}
+resource "google_service_account" "direct" {
+  depends_on = [google_project_service.enabled]
+}
+locals {
+  email = google_service_account.direct.email
+}
+resource "google_project_iam_member" "through_a_local" {
+  member = local.email
+}
+resource "google_project_iam_custom_role" "alone" {
+  role_id = "r"
+}
+module "child" {
+  source = "./child"
+}
+resource "terraform_data" "check" {}
+`), 0o600))
+	require.Equal(t, []string{"google_project_iam_custom_role.alone", "module.child"}, dependsOnAPIs(parseModule(t, dir)))
+}
+
+// TestTerraformPrivateIPNeedsANetwork evaluates the network precondition
+// as terraform would: a workspace on its database's private IP (the
+// default) with no vpc_network is refused, naming it; with a network, or
+// with every workspace on public IPs, it passes. Every component waits for
+// the check.
+func TestTerraformPrivateIPNeedsANetwork(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, ".")
+	check := m.resources["terraform_data.network"]
+	require.NotNil(t, check)
+	var cond, msg hclsyntax.Expression
+	for _, b := range check.Body.Blocks {
+		for _, p := range b.Body.Blocks {
+			if p.Type == "precondition" {
+				cond, msg = p.Body.Attributes["condition"].Expr, p.Body.Attributes["error_message"].Expr
+			}
+		}
+	}
+	require.NotNil(t, cond)
+	funcs := map[string]function.Function{"length": stdlib.LengthFunc, "sort": stdlib.SortFunc, "join": stdlib.JoinFunc}
+	for _, c := range []struct {
+		name      string
+		private   map[string]bool
+		network   string
+		ok        bool
+		mentioned string
+	}{
+		{"private, no network", map[string]bool{"w1": true, "w2": false}, "", false, "w1"},
+		{"private, a network", map[string]bool{"w1": true}, "projects/acme/global/networks/default", true, ""},
+		{"public only", map[string]bool{"w1": false, "w2": false}, "", true, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			workspaces := map[string]cty.Value{}
+			for id, private := range c.private {
+				workspaces[id] = cty.ObjectVal(map[string]cty.Value{"database": cty.ObjectVal(map[string]cty.Value{"private_ip": cty.BoolVal(private)})})
+			}
+			vars := map[string]cty.Value{"workspaces": cty.ObjectVal(workspaces), "vpc_network": cty.StringVal(c.network)}
+			ctx := &hcl.EvalContext{Functions: funcs, Variables: map[string]cty.Value{"var": cty.ObjectVal(vars)}}
+			private, diags := m.locals["private_ip_workspaces"].Expr.Value(ctx)
+			require.False(t, diags.HasErrors(), diags.Error())
+			ctx.Variables["local"] = cty.ObjectVal(map[string]cty.Value{"private_ip_workspaces": private})
+			ok, diags := cond.Value(ctx)
+			require.False(t, diags.HasErrors(), diags.Error())
+			require.Equal(t, c.ok, ok.True())
+			if !c.ok {
+				text, diags := msg.Value(ctx)
+				require.False(t, diags.HasErrors(), diags.Error())
+				require.Contains(t, text.AsString(), "Workspaces "+c.mentioned+" reach")
+				require.Contains(t, text.AsString(), "set vpc_network")
+			}
+		})
+	}
+	for _, key := range []string{"google_cloud_run_v2_service.drain", "google_cloud_run_v2_service.verify", "google_cloud_run_v2_job.replication"} {
+		deps := m.resources[key].Body.Attributes["depends_on"]
+		require.NotNil(t, deps, key)
+		require.Contains(t, string(deps.Expr.Range().SliceBytes(m.source[deps.Expr.Range().Filename])), "terraform_data.network", key)
+	}
+}
+
+// TestTerraformMonitorsEveryPubSubProject: the dead-letter alert reads
+// Pub/Sub's metrics in the deployment project's metrics scope, so every
+// workspace's Pub/Sub project other than the deployment project joins it
+// (evaluated from the HCL), and the alert reads the subscriptions the
+// workspace module names "<topic>-dead-letter".
+func TestTerraformMonitorsEveryPubSubProject(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, ".")
+	ws := func(project string) cty.Value {
+		return cty.ObjectVal(map[string]cty.Value{"pubsub_project": cty.StringVal(project)})
+	}
+	ctx := &hcl.EvalContext{Functions: map[string]function.Function{"toset": function.New(&function.Spec{
+		Params: []function.Parameter{{Name: "v", Type: cty.DynamicPseudoType}},
+		Type:   function.StaticReturnType(cty.Set(cty.String)),
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			if args[0].LengthInt() == 0 {
+				return cty.SetValEmpty(cty.String), nil
+			}
+			return cty.SetVal(args[0].AsValueSlice()), nil
+		},
+	})}, Variables: map[string]cty.Value{
+		"var":   cty.ObjectVal(map[string]cty.Value{"project": cty.StringVal("acme")}),
+		"local": cty.ObjectVal(map[string]cty.Value{"workspaces": cty.ObjectVal(map[string]cty.Value{"w1": ws("acme"), "w2": ws("ps-two"), "w3": ws("ps-two"), "w4": ws("ps-four")})}),
+	}}
+	got, diags := m.locals["monitored_projects"].Expr.Value(ctx)
+	require.False(t, diags.HasErrors(), diags.Error())
+	var projects []string
+	for _, v := range got.AsValueSlice() {
+		projects = append(projects, v.AsString())
+	}
+	sort.Strings(projects)
+	require.Equal(t, []string{"ps-four", "ps-two"}, projects)
+	mp := m.resources["google_monitoring_monitored_project.pubsub"]
+	require.NotNil(t, mp)
+	require.Contains(t, string(mp.Body.Attributes["for_each"].Expr.Range().SliceBytes(m.source[mp.Body.Attributes["for_each"].Expr.Range().Filename])), "local.monitored_projects")
+
+	child := parseModule(t, "modules/workspace")
+	name := child.resources["google_pubsub_subscription.dead_letter"].Body.Attributes["name"].Expr
+	require.Equal(t, `"${var.topic_id}-dead-letter"`, string(name.Range().SliceBytes(child.source[name.Range().Filename])))
+	alert := m.resources["google_monitoring_alert_policy.dead_letters"]
+	var filter string
+	walk(alert.Body, nil, func(n string, expr hclsyntax.Expression, _ []string) {
+		if n == "filter" {
+			v, _ := expr.Value(nil)
+			filter = v.AsString()
+		}
+	})
+	require.Contains(t, filter, `resource.labels.subscription_id=monitoring.regex.full_match(".*-dead-letter")`)
 }

@@ -92,6 +92,7 @@ module "workspace" {
   table_id                          = each.value.table
   location                          = each.value.bigquery_location
   dead_letter_max_delivery_attempts = var.dead_letter_max_delivery_attempts
+  deletion_protection               = var.events_table_deletion_protection
   # Keyed by component: the keys are known at plan, whatever the emails.
   publishers  = { for c in local.components : c => "serviceAccount:${google_service_account.component[c].email}" }
   verifier    = "serviceAccount:${google_service_account.component["verify"].email}"
@@ -148,6 +149,23 @@ resource "google_project_iam_custom_role" "views" {
   title       = "Ontology replication views"
   description = "Create and replace the replication views in a dataset; read table metadata."
   permissions = ["bigquery.datasets.get", "bigquery.tables.create", "bigquery.tables.get", "bigquery.tables.list", "bigquery.tables.update"]
+  depends_on  = [google_project_service.enabled]
+}
+
+# Workspaces whose database is reached on its private IP (the default):
+# only through Direct VPC egress, so vpc_network must be set.
+locals {
+  private_ip_workspaces = sort([for id, ws in var.workspaces : id if ws.database.private_ip])
+}
+
+resource "terraform_data" "network" {
+  input = { private_ip_workspaces = local.private_ip_workspaces, vpc_network = var.vpc_network }
+  lifecycle {
+    precondition {
+      condition     = length(local.private_ip_workspaces) == 0 || var.vpc_network != ""
+      error_message = "Workspaces ${join(", ", local.private_ip_workspaces)} reach their Cloud SQL instance on its private IP (database.private_ip, default true), which the services reach only through Direct VPC egress: set vpc_network and vpc_subnetwork (the network the instance's private IP is on), or set database.private_ip = false to connect on its public IP through the connector."
+    }
+  }
 }
 
 # The connection budget (see the variables): refused when it exceeds what

@@ -169,6 +169,21 @@ resource "google_monitoring_alert_policy" "lag" {
   depends_on = [google_logging_metric.counter]
 }
 
+# The dead-letter alert reads Pub/Sub's own metrics, which live in the
+# project of each subscription: the workspaces' Pub/Sub projects other than
+# the deployment project join its metrics scope, so that their dead letters
+# alert too (the deployer needs monitoring.metricsScopes.link on both).
+locals {
+  monitored_projects = toset([for ws in local.workspaces : ws.pubsub_project if ws.pubsub_project != var.project])
+}
+
+resource "google_monitoring_monitored_project" "pubsub" {
+  for_each      = local.monitored_projects
+  metrics_scope = "locations/global/metricsScopes/${var.project}"
+  name          = each.key
+  depends_on    = [google_project_service.enabled]
+}
+
 resource "google_monitoring_alert_policy" "dead_letters" {
   project               = var.project
   display_name          = "Ontology replication: dead letters"

@@ -314,3 +314,9 @@ variable "slo_goal" {
   type        = number
   default     = 0.999
 }
+
+variable "events_table_deletion_protection" {
+  description = "Whether terraform refuses to delete the workspaces' events tables (the verification evidence). Set it to false and apply before a terraform destroy."
+  type        = bool
+  default     = true
+}

@@ -55,6 +55,8 @@ variables {
       database        = { instance = "acme:europe-west1:ontology", name = "w1" }
     }
   }
+  vpc_network    = "projects/acme/global/networks/default"
+  vpc_subnetwork = "projects/acme/regions/europe-west1/subnetworks/default"
 }
 
 run "first_apply_creates_what_the_build_needs" {
@@ -187,6 +189,38 @@ run "workspaces_in_other_projects" {
   assert {
     condition     = module.workspace["w2"].pubsub_project == "ps-two"
     error_message = "the topic lives in the workspace's Pub/Sub project"
+  }
+  assert {
+    condition     = toset(keys(google_monitoring_monitored_project.pubsub)) == toset(["ps-one", "ps-two"]) && google_monitoring_monitored_project.pubsub["ps-one"].metrics_scope == "locations/global/metricsScopes/acme"
+    error_message = "the Pub/Sub projects join the deployment project's metrics scope, so that their dead letters alert"
+  }
+}
+
+# A database on its private IP (the default) needs Direct VPC egress.
+run "private_ip_without_a_network" {
+  command = plan
+
+  variables {
+    vpc_network    = ""
+    vpc_subnetwork = ""
+  }
+
+  expect_failures = [terraform_data.network]
+}
+
+run "public_ip_without_a_network" {
+  command = plan
+
+  variables {
+    vpc_network    = ""
+    vpc_subnetwork = ""
+    workspaces = {
+      w1 = {
+        organization_id = "org-1"
+        runtime_subject = "runtime:w1"
+        database        = { instance = "acme:europe-west1:ontology", name = "w1", private_ip = false }
+      }
+    }
   }
 }
 

@@ -46,7 +46,7 @@ resource "google_bigquery_table" "events" {
   table_id            = var.table_id
   schema              = file("${path.module}/events_schema.json")
   clustering          = ["generation", "event_id"]
-  deletion_protection = true
+  deletion_protection = var.deletion_protection
   time_partitioning {
     type = "DAY"
   }

@@ -57,3 +57,9 @@ variable "job_role_id" {
   description = "The custom role the job gets on the dataset: create and replace views, read table metadata (projects/<bigquery project>/roles/replicationViews)."
   type        = string
 }
+
+variable "deletion_protection" {
+  description = "Whether terraform refuses to delete the events table (the verification evidence)."
+  type        = bool
+  default     = true
+}
