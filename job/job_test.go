@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -384,15 +385,44 @@ func TestHelp(t *testing.T) {
 func TestJSONIsOneDocument(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, &sdkfixture.V4Template, &sdkfixture.V4Template)
+	h.withWarehouse()
 	h.start("w1")
 	h.start("w2")
-	for _, args := range [][]string{{"drain", "--json"}, {"status", "--json"}, {"set-aside", "--json"}, {"verify", "--json"}} {
+	h.products("w1", 3)
+	for _, args := range [][]string{{"drain", "--json"}, {"status", "--json"}, {"set-aside", "--json"}, {"verify", "--json"},
+		{"backfill", "--json"}, {"replay", "--json"}, {"replay", "--entity", "product", "--json"}, {"views", "--json"},
+		{"audit", "--json"}, {"repair", "--json"}, {"dead-letter", "--json"}} {
+		h.land()
 		out := h.mustRun(args...)
 		dec := json.NewDecoder(strings.NewReader(out))
 		var doc any
 		require.NoError(t, dec.Decode(&doc), "%v", args)
 		require.False(t, dec.More(), "%v: one document", args)
 		require.Equal(t, 1, strings.Count(strings.TrimSpace(out), "\n")+1, "%v: compact when not on a terminal", args)
+		requireSnakeCase(t, fmt.Sprint(args), doc)
+	}
+}
+
+// requireSnakeCase checks that every key of a JSON document is a
+// lower-case name with underscores, as the log fields are, and that no
+// value is a duration written as text ("13s"): durations are *_seconds
+// numbers.
+func requireSnakeCase(t *testing.T, at string, doc any) {
+	t.Helper()
+	switch v := doc.(type) {
+	case map[string]any:
+		for k, e := range v {
+			require.Regexp(t, `^[a-z][a-z0-9_]*$`, k, "%s: key %q", at, k)
+			requireSnakeCase(t, at+"."+k, e)
+		}
+	case []any:
+		for i, e := range v {
+			requireSnakeCase(t, fmt.Sprintf("%s[%d]", at, i), e)
+		}
+	case string:
+		if _, err := time.ParseDuration(v); err == nil && v != "0" {
+			t.Errorf("%s: %q is a duration written as text", at, v)
+		}
 	}
 }
 

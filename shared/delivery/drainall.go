@@ -64,12 +64,13 @@ type DrainAllOptions struct {
 // DrainAllResult is what DrainAll did.
 type DrainAllResult struct {
 	// Published and SetAside count events.
-	Published, SetAside int
+	Published int `json:"published"`
+	SetAside  int `json:"set_aside"`
 	// Paused reports that replication was disabled or lost its active
 	// target meanwhile: the drains stopped, and the next run carries on.
-	Paused bool
+	Paused bool `json:"paused,omitempty"`
 	// State is the replication state the drains last saw.
-	State string
+	State string `json:"state,omitempty"`
 }
 
 // ErrInterrupted is the error of work stopped by its context between
