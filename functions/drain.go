@@ -1,6 +1,7 @@
 package functions
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,8 +42,8 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	out := outcome{ctx: r.Context(), log: s.log, message: LogDrain}
 	defer func() { out.write(w, started) }()
 	if s.err != nil {
-		s.log.Error("replication functions are misconfigured", slog.Any("error", s.err))
 		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", s.err)
+		out.cause = causeMisconfigured
 		return
 	}
 	m := drainPath.FindStringSubmatch(r.URL.Path)
@@ -50,8 +51,11 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 		out.fail(http.StatusNotFound, "not_found", "not found", nil)
 		return
 	}
+	// The path's workspace is the caller's word until the token proves it:
+	// logged quoted and cut as requested_workspace, never as the workspace
+	// field, which the metrics take their label from.
 	workspace := m[1]
-	out.fields = append(out.fields, slog.String("workspace", workspace))
+	out.fields = append(out.fields, slog.String("requested_workspace", logging.Untrusted(workspace)))
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		out.fail(http.StatusMethodNotAllowed, "method_not_allowed", "use POST", nil)
@@ -59,6 +63,7 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.verifier == nil {
 		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", errors.New("the registry has no identity section"))
+		out.cause = causeMisconfigured
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), drainTimeout)
@@ -72,15 +77,19 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 		out.fail(http.StatusUnauthorized, "unauthorized", "unauthorized", err)
 		return
 	}
+	// A token valid for one workspace learns nothing about the others: no
+	// such workspace and not this token's workspace get the same answer,
+	// and only the log tells them apart.
 	ws, err := s.svc.Workspace(workspace)
 	if err != nil {
-		out.fail(http.StatusNotFound, "unknown_workspace", "not found", err)
+		out.fail(http.StatusUnauthorized, "unknown_workspace", "unauthorized", err)
 		return
 	}
 	if err := identity.Authorize(claims, r.Header.Get(headerOrganization), ws); err != nil {
 		out.fail(http.StatusUnauthorized, "unauthorized", "unauthorized", err)
 		return
 	}
+	out.fields = append(out.fields, slog.String("workspace", ws.ID))
 	res, err := s.svc.Drain(ctx, ws.ID)
 	out.fields = append(out.fields, slog.String("generation", res.Generation), slog.Int("count", res.Published),
 		slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State),
@@ -98,6 +107,10 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	}
 	out.ok(res)
 }
+
+// causeMisconfigured is the cause of a service that cannot serve at all:
+// its configuration was refused at start-up.
+const causeMisconfigured = "misconfigured"
 
 // Messages of the functions' invocation lines: terraform's log-based metrics
 // select them (a test checks that the filters and these agree).
@@ -129,6 +142,8 @@ type outcome struct {
 	name    string
 	body    any
 	err     error
+	// cause overrides delivery.Cause(err) on a 5xx line.
+	cause string
 }
 
 func (o *outcome) fail(status int, name, message string, err error) {
@@ -140,15 +155,24 @@ func (o *outcome) ok(body any) {
 	o.status, o.name, o.body = http.StatusOK, "ok", body
 }
 
+// write writes the invocation's line and its answer. A 503 (a later call
+// may succeed) is a WARNING, a 500 an ERROR, each with a cause (see
+// delivery.Cause) that alerts and Error Reporting group by; a 4xx is a
+// WARNING.
 func (o *outcome) write(w http.ResponseWriter, started time.Time) {
 	fields := append(o.fields, slog.String("outcome", o.name), slog.Int("status", o.status),
 		slog.Int64("duration_ms", time.Since(started).Milliseconds()))
 	level := slog.LevelInfo
 	switch {
+	case o.status == http.StatusServiceUnavailable:
+		level = slog.LevelWarn
 	case o.status >= 500:
 		level = slog.LevelError
 	case o.status >= 400:
 		level = slog.LevelWarn
+	}
+	if o.status >= 500 {
+		fields = append(fields, slog.String("cause", cmp.Or(o.cause, delivery.Cause(o.err), delivery.CauseInternal)))
 	}
 	if o.err != nil {
 		fields = append(fields, slog.String("error", o.err.Error()))

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
@@ -137,15 +138,28 @@ func TestDrainRefusesBadCallers(t *testing.T) {
 		{"wrong organisation", path, good, "org-w2", 401},
 		{"no organisation", path, good, "", 401},
 		{"w1's token on w2", "/api/internal/v1/workspaces/w2/ontology/replication/drain", good, "org-w2", 401},
-		{"unknown workspace", "/api/internal/v1/workspaces/w9/ontology/replication/drain", good, "org-w1", 404},
+		{"unknown workspace", "/api/internal/v1/workspaces/w9/ontology/replication/drain", good, "org-w1", 401},
 		{"other path", "/api/internal/v1/workspaces/w1/other", good, "org-w1", 404},
 	}
+	answers := map[string]map[string]any{}
 	for _, c := range cases {
 		code, body := h.call(http.MethodPost, c.path, c.token, c.org)
 		require.Equal(t, c.status, code, c.name)
 		require.Len(t, body, 1, "%s: only an error message, no detail", c.name)
 		require.NotContains(t, body["error"], "runtime-w", c.name)
+		answers[c.name] = body
 	}
+	require.Equal(t, answers["w1's token on w2"], answers["unknown workspace"],
+		"an authenticated caller cannot tell a workspace that exists from one that does not")
+	// The log tells them apart, and names no workspace the caller was not
+	// proven to be: the path's is requested_workspace, quoted.
+	for _, l := range parseLines(t, h.logs.String()) {
+		if l["message"] != LogDrain || l["outcome"] == "ok" {
+			continue
+		}
+		require.NotContains(t, l, "workspace", "a refused call's line has no workspace field (nor metric label): %v", l)
+	}
+	require.Contains(t, h.logs.String(), `"requested_workspace":"\"w9\"","outcome":"unknown_workspace"`)
 	code, _ := h.call(http.MethodGet, path, good, "org-w1")
 	require.Equal(t, http.StatusMethodNotAllowed, code)
 	require.Empty(t, h.pubsub.Messages(), "no refused call published anything")
@@ -633,4 +647,61 @@ func TestDrainPublishWithNoAnswer(t *testing.T) {
 	code, body = h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, 5.0, body["published"], "the next wake-up publishes them")
+}
+
+// parseLines parses JSON log lines.
+func parseLines(t *testing.T, logs string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs), "\n") {
+		if line == "" {
+			continue
+		}
+		var l map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &l), line)
+		out = append(out, l)
+	}
+	return out
+}
+
+// TestDrainTelemetryBoundedAgainstOutsiders: unauthenticated input never
+// becomes a metric label or an unbounded line. 200 POSTs to random
+// workspace paths, a 200 KB path and a token whose key id is 500 KB leave
+// every drain line without a workspace field (the drain_invocations
+// metric's label), with outcomes and causes from the code's fixed sets,
+// and every line under the logger's bound.
+func TestDrainTelemetryBoundedAgainstOutsiders(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	for i := range 200 {
+		code, _ := h.call(http.MethodPost, fmt.Sprintf("/api/internal/v1/workspaces/random-%d-%s/ontology/replication/drain", i, sha(fmt.Sprint(i))[:8]), "", "")
+		require.Equal(t, http.StatusUnauthorized, code)
+	}
+	code, _ := h.call(http.MethodPost, "/api/internal/v1/workspaces/"+strings.Repeat("w", 200<<10)+"/ontology/replication/drain", "", "")
+	require.Equal(t, http.StatusUnauthorized, code)
+	bigKid := b64(`{"alg":"ES256","typ":"JWT","kid":"`+strings.Repeat("k", 500<<10)+`"}`) + "." + b64(`{"sub":"runtime-w1"}`) + ".c2ln"
+	code, _ = h.call(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", bigKid, "org-w1")
+	require.Equal(t, http.StatusUnauthorized, code)
+
+	outcomes := map[string]bool{}
+	lines := 0
+	for _, raw := range strings.Split(strings.TrimSpace(h.logs.String()), "\n") {
+		require.LessOrEqual(t, len(raw), logging.MaxLineBytes, "a line over the bound")
+		var l map[string]any
+		require.NoError(t, json.Unmarshal([]byte(raw), &l))
+		if l["message"] != LogDrain {
+			continue
+		}
+		lines++
+		require.NotContains(t, l, "workspace", "no workspace label from an unauthenticated call")
+		require.NotContains(t, l, "logging.googleapis.com/labels", "nor a log label")
+		outcomes[l["outcome"].(string)] = true
+		for k, v := range l {
+			if s, ok := v.(string); ok {
+				require.LessOrEqual(t, len(s), logging.MaxValueBytes, k)
+			}
+		}
+	}
+	require.Equal(t, 202, lines)
+	require.Equal(t, map[string]bool{"unauthorized": true}, outcomes, "one label value, whatever the paths")
 }

@@ -70,6 +70,7 @@ func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	defer func() { out.write(w, started) }()
 	if err := cmp.Or(s.err, s.callerErr); err != nil {
 		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", err)
+		out.cause = causeMisconfigured
 		return
 	}
 	if r.Method != http.MethodPost {
@@ -131,6 +132,7 @@ func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	}
 	if failed > 0 {
 		out.status, out.name, out.body, out.err = http.StatusInternalServerError, "partial_failure", pass, errors.New("some workspaces failed; see their lines")
+		out.cause = "workspaces_failed"
 		return
 	}
 	out.ok(pass)

@@ -14,10 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
@@ -472,4 +474,28 @@ func TestStatusWatchInAPipe(t *testing.T) {
 	}
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// TestFailedWorkSaysSo: a drain that fails logs "drain failed" at ERROR
+// with its cause, never "drain done"; the command's error names the cause.
+func TestFailedWorkSaysSo(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 3)
+	_, err := h.pubsub.GServer.DeleteTopic(h.ctx, &pubsubpb.DeleteTopicRequest{Topic: "projects/p1/topics/events-w1"})
+	require.NoError(t, err)
+	_, logs, err := h.run(h.ctx, "drain", "--workspace", "w1")
+	require.Error(t, err)
+	require.NotContains(t, logs, `"message":"drain done"`)
+	var failed map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) == nil && line["message"] == "drain failed" {
+			failed = line
+		}
+	}
+	require.NotNil(t, failed, logs)
+	require.Equal(t, "ERROR", failed["severity"])
+	require.Equal(t, delivery.CausePubSubMisconfigured, failed["cause"])
 }

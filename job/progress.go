@@ -1,8 +1,9 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
-
 	"io"
 	"log/slog"
 	"os"
@@ -100,17 +101,27 @@ func (p *progress) Add(n int) {
 	}
 }
 
-// Done prints the operation's summary.
-func (p *progress) Done() {
+// Done prints the operation's summary: "done" only when it finished; a
+// stopped operation says so at WARNING, a failed one at ERROR with its
+// cause (the command's error line follows with the whole of it).
+func (p *progress) Done(err error) {
 	p.out.finished(p)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.out.now()
+	word, level, attrs := "done", slog.LevelInfo, p.attrs(now)
+	switch {
+	case errors.Is(err, delivery.ErrInterrupted):
+		word, level = "stopped", slog.LevelWarn
+	case err != nil:
+		word, level = "failed", slog.LevelError
+		attrs = append(attrs, slog.String("cause", delivery.Cause(err)), slog.String("error", err.Error()))
+	}
 	if p.out.tty {
-		fmt.Fprintf(p.out.w, "\r\033[K%s, done\n", p.line(now))
+		fmt.Fprintf(p.out.w, "\r\033[K%s, %s\n", p.line(now), word)
 		return
 	}
-	p.out.log.Info(p.operation+" done", p.attrs(now)...)
+	p.out.log.Log(context.Background(), level, p.operation+" "+word, attrs...)
 }
 func (p *progress) rate(now time.Time) float64 {
 	secs := now.Sub(p.started).Seconds()

@@ -335,6 +335,7 @@ var allowedRoles = map[string]string{
 	"roles/bigquery.jobUser":              "the verifier's lookups and the job's view statements",
 	"roles/bigquery.metadataViewer":       "the Pub/Sub agent reads the table's schema",
 	"roles/cloudsql.client":               "connect to the workspace's instance",
+	"roles/monitoring.metricWriter":       "the Cloud SQL connector exports its own metrics to the instance's project",
 	"roles/cloudsql.instanceUser":         "IAM database login",
 	"roles/iam.serviceAccountUser":        "the build deploys revisions running as the components",
 	"roles/logging.logWriter":             "the build's logs",
@@ -649,10 +650,78 @@ func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 	require.GreaterOrEqual(t, check("monitoring.tf", string(monitoring)), 7)
 	dashboard, err := os.ReadFile("dashboard.json.tftpl")
 	require.NoError(t, err)
-	var parsed map[string]any
-	require.NoError(t, json.Unmarshal([]byte(strings.ReplaceAll(string(dashboard), "${prefix}", "logging.googleapis.com/user/")), &parsed), "the dashboard is JSON")
+	parsed := renderDashboard(t, true)
 	require.GreaterOrEqual(t, check("dashboard.json.tftpl", string(dashboard)), 10)
 	require.NotEmpty(t, parsed["mosaicLayout"])
+}
+
+// renderDashboard renders dashboard.json.tftpl as templatefile does, and
+// parses the JSON.
+func renderDashboard(t *testing.T, workspaceGauges bool) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile("dashboard.json.tftpl")
+	require.NoError(t, err)
+	tpl, diags := hclsyntax.ParseTemplate(raw, "dashboard.json.tftpl", hcl.InitialPos)
+	require.False(t, diags.HasErrors(), diags.Error())
+	v, diags := tpl.Value(&hcl.EvalContext{Variables: map[string]cty.Value{
+		"prefix": cty.StringVal("logging.googleapis.com/user/"), "workspace_gauges": cty.BoolVal(workspaceGauges)}})
+	require.False(t, diags.HasErrors(), diags.Error())
+	var parsed map[string]any
+	require.NoError(t, json.Unmarshal([]byte(v.AsString()), &parsed), "the dashboard is JSON")
+	return parsed
+}
+
+// TestDashboardTilesGroupByTheirMetricsLabels: every tile groups by labels
+// its metric has (with and without workspace_gauges), and a tile whose
+// title says "by workspace" groups by the workspace label.
+func TestDashboardTilesGroupByTheirMetricsLabels(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, ".")
+	labelsOf := func(gauges bool) map[string][]string {
+		out := map[string][]string{"pubsub.googleapis.com/subscription/num_undelivered_messages": {"resource.label.subscription_id"}}
+		counters, diags := m.locals["log_counters"].Expr.Value(nil)
+		require.False(t, diags.HasErrors())
+		for name, spec := range counters.AsValueMap() {
+			for _, l := range spec.GetAttr("labels").AsValueSlice() {
+				out["logging.googleapis.com/user/"+name] = append(out["logging.googleapis.com/user/"+name], "metric.label."+l.AsString())
+			}
+		}
+		dists, diags := m.locals["log_distributions"].Expr.Value(nil)
+		require.False(t, diags.HasErrors())
+		for name, spec := range dists.AsValueMap() {
+			key := "logging.googleapis.com/user/" + name
+			out[key] = []string{}
+			if spec.GetAttr("by_workspace").True() && gauges {
+				out[key] = []string{"metric.label.workspace"}
+			}
+		}
+		return out
+	}
+	metricType := regexp.MustCompile(`metric\.type="([^"]+)"`)
+	for _, gauges := range []bool{true, false} {
+		labels := labelsOf(gauges)
+		tiles := 0
+		for _, tile := range renderDashboard(t, gauges)["mosaicLayout"].(map[string]any)["tiles"].([]any) {
+			widget := tile.(map[string]any)["widget"].(map[string]any)
+			title := widget["title"].(string)
+			for _, ds := range widget["xyChart"].(map[string]any)["dataSets"].([]any) {
+				f := ds.(map[string]any)["timeSeriesQuery"].(map[string]any)["timeSeriesFilter"].(map[string]any)
+				metric := metricType.FindStringSubmatch(f["filter"].(string))[1]
+				have, ok := labels[metric]
+				require.True(t, ok, "%s: metric %s", title, metric)
+				var groups []string
+				for _, g := range f["aggregation"].(map[string]any)["groupByFields"].([]any) {
+					groups = append(groups, g.(string))
+					require.Contains(t, have, g, "tile %q groups %s by %s, a label it does not have (workspace_gauges %v)", title, metric, g, gauges)
+				}
+				if strings.Contains(title, "by workspace") && gauges {
+					require.Contains(t, groups, "metric.label.workspace", "tile %q", title)
+				}
+				tiles++
+			}
+		}
+		require.GreaterOrEqual(t, tiles, 14)
+	}
 }
 
 // TestTerraformInstanceBudgetIsTheCodes: terraform's worst case of

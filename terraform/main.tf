@@ -117,6 +117,17 @@ resource "google_project_iam_member" "cloudsql" {
   }
 }
 
+# The Cloud SQL connector's own metrics (dial latency, open connections,
+# refresh errors), which it exports to the instance's project: kept on, so
+# an operator sees the connections from the database's side, and granted
+# here so that the export does not fail (the role writes metrics only).
+resource "google_project_iam_member" "connector_metrics" {
+  for_each = { for t in setproduct(local.components, toset([for i in local.sql_instance : i.project])) : "${t[0]} ${t[1]}" => { component = t[0], project = t[1] } }
+  project  = each.value.project
+  role     = "roles/monitoring.metricWriter"
+  member   = "serviceAccount:${google_service_account.component[each.value.component].email}"
+}
+
 # The components' IAM database users on each instance (the instance needs
 # the cloudsql.iam_authentication flag on; the GRANTs are in
 # terraform/README.md).

@@ -22,18 +22,21 @@ locals {
   # The bands the verifier reports lags in (delivery.LagBands; a test
   # checks they agree), and the index of the band under each bound in
   # minutes.
-  lag_bands  = ["under_1m", "under_5m", "under_15m", "under_30m", "under_1h", "over_1h"]
-  band_index = { "1" = 0, "5" = 1, "15" = 2, "30" = 3, "60" = 4 }
-  bands_over = { for m, i in local.band_index : m => slice(local.lag_bands, i + 1, length(local.lag_bands)) }
-  bands_upto = { for m, i in local.band_index : m => slice(local.lag_bands, 0, i + 1) }
+  lag_bands = ["under_1m", "under_5m", "under_15m", "under_30m", "under_1h", "over_1h"]
+  # A failed workspace whose figures could not be read (delivery.BandUnknown):
+  # in the SLO's total, never in its good samples.
+  band_unknown = "unknown"
+  band_index   = { "1" = 0, "5" = 1, "15" = 2, "30" = 3, "60" = 4 }
+  bands_over   = { for m, i in local.band_index : m => slice(local.lag_bands, i + 1, length(local.lag_bands)) }
+  bands_upto   = { for m, i in local.band_index : m => slice(local.lag_bands, 0, i + 1) }
 
   # Counters: one per matching line, by the labels given. The verifier's
   # per-workspace counter carries the lags as bands: it is what the lag
   # alerts and the SLO read (an INT64 point costs a tenth of a
   # distribution's).
   log_counters = {
-    "replication/drain_invocations"   = { line = "drain", labels = ["workspace", "outcome"], description = "Drain invocations, by workspace and outcome (ok, unavailable, failed, unauthorized, …)." }
-    "replication/verifier_workspaces" = { line = "verify_workspace", labels = ["workspace", "outcome", "delivery_lag_band", "verification_lag_band", "outstanding_band"], description = "Workspaces in verifier passes, by outcome (verified, partial, not_reached, inactive, failed) and lag bands." }
+    "replication/drain_invocations"   = { line = "drain", labels = ["workspace", "outcome", "cause"], description = "Drain invocations, by workspace (empty until the caller is authenticated for it), outcome (ok, unavailable, failed, unauthorized, …) and the cause of a 503 or 500." }
+    "replication/verifier_workspaces" = { line = "verify_workspace", labels = ["workspace", "outcome", "cause", "delivery_lag_band", "verification_lag_band", "outstanding_band"], description = "Workspaces in verifier passes, by outcome (verified, partial, not_reached, inactive, failed), the cause of a failure, and lag bands (unknown when a failed workspace's figures could not be read)." }
     "replication/verifier_passes"     = { line = "verify_pass", labels = ["outcome"], description = "Verifier passes, by outcome (ok, partial_failure, …)." }
     "replication/audit_results"       = { line = "audit", labels = ["workspace", "outcome"], description = "Workspaces audited by `job audit`, by outcome (equal, differs, failed)." }
   }
@@ -274,6 +277,36 @@ resource "google_monitoring_alert_policy" "audit" {
   depends_on = [google_logging_metric.counter]
 }
 
+# A workspace the verifier cannot serve (its BigQuery grant revoked, its
+# database unreachable): failed on verifier_failure_passes of its passes
+# within as many minutes (one pass a minute), whatever its lags.
+resource "google_monitoring_alert_policy" "workspace_failing" {
+  project               = var.project
+  display_name          = "Ontology replication: workspace failing"
+  combiner              = "OR"
+  notification_channels = local.channels
+  documentation {
+    content   = "The verifier could not serve a workspace on ${var.verifier_failure_passes} passes in a row: its events are neither verified nor, if its database is unreachable, published. The metric's cause label (and the line's cause field, jsonPayload.message=\"replication verify workspace\") says which part failed: warehouse_denied (the BigQuery grant), warehouse_not_found, database_unavailable, database_denied, schema, …; the line's error says how. `job status --workspace <id>` and `job verify --workspace <id>` show it from the job."
+    mime_type = "text/markdown"
+  }
+  conditions {
+    display_name = "verifier passes failing for a workspace"
+    condition_threshold {
+      filter          = "metric.type=\"${local.metric_prefix}replication/verifier_workspaces\" AND resource.type=\"cloud_run_revision\" AND metric.labels.outcome=\"failed\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.verifier_failure_passes - 1
+      duration        = "0s"
+      aggregations {
+        alignment_period     = "${var.verifier_failure_passes * 60}s"
+        per_series_aligner   = "ALIGN_DELTA"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.workspace", "metric.label.cause"]
+      }
+    }
+  }
+  depends_on = [google_logging_metric.counter]
+}
+
 resource "google_monitoring_alert_policy" "verifier" {
   project               = var.project
   display_name          = "Ontology replication: verifier not keeping up"
@@ -283,10 +316,12 @@ resource "google_monitoring_alert_policy" "verifier" {
     content   = "Either no verifier pass logged for 10 minutes (the scheduler job, the verify service or its permissions), or passes keep not reaching workspaces for 15 minutes: raise verify_workers or verifier_shards."
     mime_type = "text/markdown"
   }
+  # Only passes that ran count: a scheduler whose calls are refused (401 for
+  # a wrong audience, 403, a misconfigured service) logs lines too.
   conditions {
     display_name = "no verifier pass"
     condition_absent {
-      filter   = "metric.type=\"${local.metric_prefix}replication/verifier_passes\" AND resource.type=\"cloud_run_revision\""
+      filter   = "metric.type=\"${local.metric_prefix}replication/verifier_passes\" AND resource.type=\"cloud_run_revision\" AND metric.labels.outcome=one_of(\"ok\", \"partial_failure\")"
       duration = "600s"
       aggregations {
         alignment_period     = "300s"
@@ -336,7 +371,7 @@ resource "google_monitoring_slo" "verified_in_time" {
   request_based_sli {
     good_total_ratio {
       good_service_filter  = "metric.type=\"${local.metric_prefix}replication/verifier_workspaces\" AND resource.type=\"cloud_run_revision\" AND metric.labels.outstanding_band=one_of(${join(", ", [for b in local.bands_upto[tostring(var.slo_minutes)] : "\"${b}\""])})"
-      total_service_filter = "metric.type=\"${local.metric_prefix}replication/verifier_workspaces\" AND resource.type=\"cloud_run_revision\" AND metric.labels.outstanding_band=one_of(${join(", ", [for b in local.lag_bands : "\"${b}\""])})"
+      total_service_filter = "metric.type=\"${local.metric_prefix}replication/verifier_workspaces\" AND resource.type=\"cloud_run_revision\" AND metric.labels.outstanding_band=one_of(${join(", ", [for b in concat(local.lag_bands, [local.band_unknown]) : "\"${b}\""])})"
     }
   }
   depends_on = [google_logging_metric.counter]
@@ -376,7 +411,8 @@ resource "google_monitoring_alert_policy" "slo_burn" {
 resource "google_monitoring_dashboard" "replication" {
   project = var.project
   dashboard_json = templatefile("${path.module}/dashboard.json.tftpl", {
-    prefix = local.metric_prefix
+    prefix           = local.metric_prefix
+    workspace_gauges = var.workspace_gauges
   })
   depends_on = [google_logging_metric.counter, google_logging_metric.distribution]
 }

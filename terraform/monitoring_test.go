@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/stretchr/testify/require"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pipeline"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 // syncBuffer is a log destination shared by concurrent requests.
@@ -50,9 +53,33 @@ func functionLogs(t *testing.T) []map[string]any {
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	// A caller with no token: the drain's line has no workspace.
+	rec = httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil))
+	require.Equal(t, http.StatusUnauthorized, rec.Code, rec.Body.String())
 	rec = httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	// The verifier's grant revoked: BigQuery answers 403, and each pass
+	// says so on the workspace's line.
+	p.DenyBigQuery.Store(true)
+	for range 2 {
+		_, err := p.Pool.Exec(ctx, `UPDATE _ontology_replication_delivery SET next_verify_at = now(), verified_at = NULL, accepted_at = coalesce(accepted_at, now())`)
+		require.NoError(t, err)
+		rec = httptest.NewRecorder()
+		handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
+		require.Equal(t, http.StatusInternalServerError, rec.Code, rec.Body.String())
+	}
+	// The topic deleted: the drain fails, with its cause.
+	require.NoError(t, sdkfixture.BulkCreate(ctx, p.Pool, sdkfixture.Demo, "product", "title", 2, 2))
+	_, err = p.PubSub.GServer.DeleteTopic(ctx, &pubsubpb.DeleteTopicRequest{Topic: pipeline.Topic})
+	require.NoError(t, err)
+	req = httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
+	req.Header.Set("x-segmentstream-runtime-identity", token)
+	req.Header.Set("x-segmentstream-organization-id", pipeline.Organization)
+	rec = httptest.NewRecorder()
+	handler.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusInternalServerError, rec.Code, rec.Body.String())
 	return parseLines(t, logs.String())
 }
 
@@ -132,28 +159,70 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 		msg, _ := l["message"].(string)
 		byMessage[msg] = append(byMessage[msg], l)
 	}
+	// Labels present on some lines only: a cause on failures, and the
+	// drain's workspace once its caller is authenticated for it.
+	sometimes := map[string]func(l map[string]any) bool{
+		"cause": func(l map[string]any) bool {
+			return l["outcome"] == "failed" || l["status"] == 500.0 || l["status"] == 503.0
+		},
+		"workspace": func(l map[string]any) bool {
+			return l["outcome"] != "unauthorized" && l["outcome"] != "unknown_workspace"
+		},
+	}
 	for metric, spec := range value("log_counters") {
 		s := spec.(map[string]any)
 		matching := byMessage[messages[s["line"].(string)]]
 		require.NotEmpty(t, matching, "%s: no line of the code matches its filter", metric)
 		for _, label := range s["labels"].([]any) {
+			seen := false
 			for _, l := range matching {
 				v, ok := l[label.(string)].(string)
+				if when, optional := sometimes[label.(string)]; optional && !when(l) {
+					require.False(t, ok, "%s: label %s on %v", metric, label, l)
+					continue
+				}
 				require.True(t, ok && v != "", "%s: label %s is not a string field of %v", metric, label, l)
+				seen = true
 			}
+			require.True(t, seen, "%s: no line carries label %s", metric, label)
 		}
 	}
+	// The failed workspace's lines: outcome failed (what the workspace
+	// alert counts), the cause, and bands the SLO's total counts.
+	failedLines := 0
+	for _, l := range byMessage[delivery.LogVerifyWorkspace] {
+		if l["outcome"] == "failed" {
+			failedLines++
+			require.Equal(t, delivery.CauseWarehouseDenied, l["cause"], "%v", l)
+			require.Contains(t, append(slices.Clone(bands), delivery.BandUnknown), l["outstanding_band"])
+			require.Contains(t, l, "oldest_unverified_age_seconds", "its figures are read though BigQuery refused: the lag keeps showing")
+		}
+	}
+	require.Equal(t, 2, failedLines, "one failure line per pass")
 	for metric, spec := range value("log_distributions") {
 		s := spec.(map[string]any)
 		matching := byMessage[messages[s["line"].(string)]]
 		require.NotEmpty(t, matching, "%s: no line of the code matches its filter", metric)
 		field := s["field"].(string)
+		// The filter takes the lines with the field (jsonPayload.<field>>=0):
+		// those of invocations that got as far as the work, and always the
+		// successful ones.
+		with := 0
 		for _, l := range matching {
-			v, ok := l[field].(float64)
+			raw, present := l[field]
+			if !present {
+				require.NotEqual(t, "ok", l["outcome"], "%s: a successful line without %s", metric, field)
+				continue
+			}
+			with++
+			v, ok := raw.(float64)
 			require.True(t, ok, "%s extracts %s, which is not a number on %v", metric, field, l)
 			require.GreaterOrEqual(t, v, 0.0)
-			ws, _ := l["workspace"].(string)
-			require.Equal(t, "w1", ws, "%s: its workspace label", metric)
+			if s["by_workspace"] == true {
+				ws, _ := l["workspace"].(string)
+				require.Equal(t, "w1", ws, "%s: its workspace label", metric)
+			}
 		}
+		require.Positive(t, with, "%s: no line carries %s", metric, field)
 	}
 }

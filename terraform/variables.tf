@@ -320,3 +320,13 @@ variable "events_table_deletion_protection" {
   type        = bool
   default     = true
 }
+
+variable "verifier_failure_passes" {
+  description = "Alert when the verifier fails a workspace on this many passes within as many minutes (its grant revoked, its database unreachable)."
+  type        = number
+  default     = 3
+  validation {
+    condition     = var.verifier_failure_passes >= 1 && var.verifier_failure_passes <= 60
+    error_message = "verifier_failure_passes must be between 1 and 60."
+  }
+}

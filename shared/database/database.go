@@ -425,7 +425,12 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 		return cfg, nil
 	}
 	if p.dialer == nil {
-		opts := append([]cloudsqlconn.Option{cloudsqlconn.WithIAMAuthN(), cloudsqlconn.WithLazyRefresh()}, p.cfg.DialerOptions...)
+		// The connector's own metrics stay on, deliberately: they show the
+		// connections from the database's side (dial latency, refresh
+		// errors), and terraform grants the monitoring.metricWriter role
+		// they need in the instance's project.
+		opts := append([]cloudsqlconn.Option{cloudsqlconn.WithIAMAuthN(), cloudsqlconn.WithLazyRefresh(), cloudsqlconn.WithBuiltInMetrics(true)},
+			p.cfg.DialerOptions...)
 		d, err := cloudsqlconn.NewDialer(ctx, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("create Cloud SQL dialer: %w", err)

@@ -546,14 +546,15 @@ func (s *Service) Repair(ctx context.Context, workspaceID string, opts RepairOpt
 		}
 		progress := cmp.Or[Progress](opts.Drain.Progress, NoProgress{})
 		tracker := progress.Start("repair", workspaceID, "events", int64(len(audit.repair)))
-		defer tracker.Done()
+		defer func() { tracker.Done(err) }()
 		for start := 0; start < len(audit.repair); start += store.RedeliverPageSize {
 			if ctx.Err() != nil {
-				return fmt.Errorf("%w: %w", ErrInterrupted, context.Cause(ctx))
+				err = fmt.Errorf("%w: %w", ErrInterrupted, context.Cause(ctx))
+				return err
 			}
 			page := audit.repair[start:min(start+store.RedeliverPageSize, len(audit.repair))]
 			var done store.Redelivered
-			err := s.retrying(ctx, "repair", workspaceID, func() (err error) {
+			err = s.retrying(ctx, "repair", workspaceID, func() (err error) {
 				done, err = st.Redeliver(ctx, t, page)
 				return err
 			})

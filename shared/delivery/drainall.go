@@ -27,8 +27,9 @@ type Progress interface {
 type Tracker interface {
 	// Add records a finished step (a batch or a page) of n units.
 	Add(n int)
-	// Done ends the operation.
-	Done()
+	// Done ends the operation: err is nil when it finished, wraps
+	// ErrInterrupted when it was stopped, and is its failure otherwise.
+	Done(err error)
 }
 
 // NoProgress shows nothing.
@@ -39,8 +40,8 @@ func (NoProgress) Start(string, string, string, int64) Tracker { return noTracke
 
 type noTracker struct{}
 
-func (noTracker) Add(int) {}
-func (noTracker) Done()   {}
+func (noTracker) Add(int)    {}
+func (noTracker) Done(error) {}
 
 // DrainAllOptions configures DrainAll.
 type DrainAllOptions struct {
@@ -110,7 +111,6 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 	}
 	defer held()
 	tracker := progress.Start("drain", workspaceID, "events", 0)
-	defer tracker.Done()
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
 	if opts.While != nil {
 		producing.Store(true)
@@ -190,6 +190,7 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 	if err == nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w after %d events", ErrInterrupted, res.Published)
 	}
+	tracker.Done(err)
 	return res, err
 }
 

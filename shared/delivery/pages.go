@@ -155,12 +155,7 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 		progress = NoProgress{}
 	}
 	timeout := cmpDuration(opts.PageTimeout, 2*time.Minute)
-	run := func(ctx context.Context) error {
-		if loop.complete {
-			return nil
-		}
-		tracker := progress.Start(operation, workspaceID, "rows", loop.total)
-		defer tracker.Done()
+	pageAll := func(ctx context.Context, tracker Tracker) error {
 		for {
 			if ctx.Err() != nil {
 				return fmt.Errorf("%w after %d pages", ErrInterrupted, res.Pages)
@@ -189,6 +184,15 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 				return nil
 			}
 		}
+	}
+	run := func(ctx context.Context) error {
+		if loop.complete {
+			return nil
+		}
+		tracker := progress.Start(operation, workspaceID, "rows", loop.total)
+		err := pageAll(ctx, tracker)
+		tracker.Done(err)
+		return err
 	}
 	if t.Generation != state.ActiveGeneration {
 		return res, run(ctx) // only the active generation is drained

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"sync"
@@ -41,6 +42,11 @@ func LagBands() []Band {
 	}
 }
 
+// BandUnknown is the bands' value on the line of a workspace that failed
+// before its figures could be read: its lags are not known, and count as
+// out of bounds.
+const BandUnknown = "unknown"
+
 // LagBand returns the band of a lag.
 func LagBand(d time.Duration) string {
 	bands := LagBands()
@@ -80,8 +86,14 @@ func (s *Service) logWorkspace(ctx context.Context, r VerifyResult) {
 			slog.String("delivery_lag_band", LagBand(pending)), slog.String("verification_lag_band", LagBand(unverified)),
 			slog.String("outstanding_band", LagBand(max(pending, unverified))))
 	}
+	if r.Figures == nil && r.Outcome == OutcomeFailed {
+		// No figures: the bands say so, and the SLO counts the sample as
+		// bad (its total includes BandUnknown, its good bands do not).
+		attrs = append(attrs, slog.String("delivery_lag_band", BandUnknown), slog.String("verification_lag_band", BandUnknown),
+			slog.String("outstanding_band", BandUnknown))
+	}
 	if r.Error != "" {
-		attrs = append(attrs, slog.String("error", r.Error))
+		attrs = append(attrs, slog.String("error", r.Error), slog.String("cause", cmp.Or(r.Cause, CauseInternal)))
 	}
 	s.log.LogAttrs(ctx, level, LogVerifyWorkspace, attrs...)
 }

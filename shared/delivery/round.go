@@ -92,7 +92,7 @@ func failUnanswered(units []*unit) {
 		for _, m := range u.members {
 			if m.lookupErr != nil && m.res.Outcome == OutcomePartial {
 				m.err = fmt.Errorf("BigQuery answered no lookup of the pass: %w", m.lookupErr)
-				m.res.Outcome, m.res.Error = OutcomeFailed, m.err.Error()
+				m.res.Outcome, m.res.Error, m.res.Cause = OutcomeFailed, m.err.Error(), Cause(m.lookupErr)
 			}
 		}
 	}
@@ -113,7 +113,7 @@ func (m *member) fail(ctx context.Context, err error) {
 		return
 	}
 	m.err = err
-	m.res.Outcome, m.res.Error = OutcomeFailed, err.Error()
+	m.res.Outcome, m.res.Error, m.res.Cause = OutcomeFailed, err.Error(), Cause(err)
 }
 
 // verify runs the unit's rounds until no member has events due, ctx ends
@@ -242,7 +242,10 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 // figures reads each active member's figures after its verification.
 func (u *unit) figures(ctx context.Context) {
 	for _, m := range u.members {
-		if m.res.State != StateActive || m.res.Outcome == OutcomeFailed || ctx.Err() != nil {
+		// A failed workspace's figures are read too (its database may be
+		// reachable when BigQuery is not): its lags keep growing on the
+		// pass's lines, and the lag alerts and the SLO see them.
+		if m.res.State != StateActive || ctx.Err() != nil || databaseCause(m.res.Cause) {
 			continue
 		}
 		var f store.Figures
@@ -257,4 +260,14 @@ func (u *unit) figures(ctx context.Context) {
 			u.svc.log.WarnContext(ctx, "replication: a workspace's figures could not be read", slog.String("workspace", m.ws.ID), slog.String("error", err.Error()))
 		}
 	}
+}
+
+// databaseCause reports whether a failure's cause is the database itself,
+// whose figures then cannot be read either.
+func databaseCause(cause string) bool {
+	switch cause {
+	case CauseDatabaseUnavailable, CauseDatabaseDenied, CauseDatabaseBusy:
+		return true
+	}
+	return false
 }

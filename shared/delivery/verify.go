@@ -64,8 +64,10 @@ type VerifyResult struct {
 	// Figures are the workspace's lags and backlogs after the pass (nil
 	// when not read: not reached, inactive, failed, or protocol 3).
 	Figures *store.Figures `json:"figures,omitempty"`
-	// Error is the failure that ended this workspace's run, if any.
+	// Error is the failure that ended this workspace's run, if any, and
+	// Cause its class (see Cause).
 	Error string `json:"error,omitempty"`
+	Cause string `json:"cause,omitempty"`
 }
 
 // Verify runs verification rounds for one workspace until nothing is due or
@@ -77,7 +79,7 @@ type VerifyResult struct {
 func (s *Service) Verify(ctx context.Context, workspaceID string) (VerifyResult, error) {
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
-		return VerifyResult{Workspace: workspaceID, Outcome: OutcomeFailed, Error: err.Error()}, err
+		return VerifyResult{Workspace: workspaceID, Outcome: OutcomeFailed, Error: err.Error(), Cause: CauseInternal}, err
 	}
 	u := s.newUnit([]registry.Workspace{ws})
 	u.verify(ctx, time.Time{})

@@ -5,10 +5,13 @@ package logging
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Config configures a logger.
@@ -25,15 +28,31 @@ type Config struct {
 	Service string
 }
 
+// Bounds of what one line holds, whatever the input: Cloud Logging refuses
+// an entry over 256 KB, and a value an outsider controls (a path, a token's
+// key id, a claim) must not make lines, or the bill, grow with it.
+const (
+	// MaxValueBytes bounds a string value (an error's text included): a
+	// longer one is cut at a character boundary and marked with how many
+	// bytes were left out.
+	MaxValueBytes = 2048
+	// MaxLineBytes bounds a whole line: a longer one is replaced by one
+	// that keeps its severity, message and time and says how long it was.
+	MaxLineBytes = 64 << 10
+)
+
 // New returns a JSON logger writing to w with Cloud Logging's field names:
 // "severity" (DEBUG, INFO, WARNING, ERROR), "message" and "time"; the
 // request's trace (see WithTrace), a "workspace" attribute also as the
 // entry's label (logging.googleapis.com/labels), and ERROR lines in the
 // shape Error Reporting picks up (@type ReportedErrorEvent, serviceContext).
+// Every string value is at most MaxValueBytes and every line at most
+// MaxLineBytes.
 func New(w io.Writer, cfg Config) *slog.Logger {
-	return slog.New(&handler{cfg: cfg, inner: slog.NewJSONHandler(w, &slog.HandlerOptions{
+	return slog.New(&handler{cfg: cfg, inner: slog.NewJSONHandler(&boundedWriter{w: w}, &slog.HandlerOptions{
 		Level: cfg.Level,
 		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			a = bounded(a)
 			if len(groups) > 0 {
 				return a
 			}
@@ -49,6 +68,63 @@ func New(w io.Writer, cfg Config) *slog.Logger {
 			return a
 		},
 	})})
+}
+
+// bounded cuts an attribute's string value (or error text) to
+// MaxValueBytes.
+func bounded(a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindString:
+		if s := a.Value.String(); len(s) > MaxValueBytes {
+			a.Value = slog.StringValue(Truncate(s, MaxValueBytes))
+		}
+	case slog.KindAny:
+		if err, ok := a.Value.Any().(error); ok {
+			a.Value = slog.StringValue(Truncate(err.Error(), MaxValueBytes))
+		}
+	}
+	return a
+}
+
+// Truncate cuts s to at most n bytes (at a character boundary), saying how
+// many bytes were left out.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := max(n-40, 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("…[%d bytes left out]", len(s)-cut)
+}
+
+// Untrusted is a string an outsider chose (a path segment, a key id, a
+// claim), as a log value: quoted, so that control characters and look-alike
+// text show for what they are, and cut to 128 bytes.
+func Untrusted(s string) string { return strconv.Quote(Truncate(s, 128)) }
+
+// boundedWriter replaces a line longer than MaxLineBytes with a short one:
+// its severity, message and time, and its length. The JSON handler writes
+// each line with one Write.
+type boundedWriter struct{ w io.Writer }
+
+func (b *boundedWriter) Write(p []byte) (int, error) {
+	if len(p) <= MaxLineBytes {
+		return b.w.Write(p)
+	}
+	var head struct {
+		Time     string `json:"time"`
+		Severity string `json:"severity"`
+		Message  string `json:"message"`
+	}
+	_ = json.Unmarshal(p, &head)
+	line, _ := json.Marshal(map[string]any{"time": head.Time, "severity": head.Severity, "message": Truncate(head.Message, MaxValueBytes),
+		"log_line_left_out_bytes": len(p)})
+	if _, err := b.w.Write(append(line, '\n')); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // Keys of Cloud Logging's special fields and Error Reporting's.
@@ -98,7 +174,7 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 		out.AddAttrs(slog.Bool(keyTraceSampled, t.Sampled))
 	}
 	if workspace != "" {
-		out.AddAttrs(slog.Any(keyLabels, map[string]string{"workspace": workspace}))
+		out.AddAttrs(slog.Any(keyLabels, map[string]string{"workspace": Truncate(workspace, 128)}))
 	}
 	if r.Level >= slog.LevelError {
 		out.AddAttrs(slog.String(keyType, reportedErrorEvent))

@@ -3,10 +3,14 @@ package logging_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -137,4 +141,73 @@ func TestCloudLoggingFields(t *testing.T) {
 	buf.Reset()
 	logging.New(&buf, logging.Config{Level: slog.LevelInfo}).InfoContext(ctx, "x")
 	require.NotContains(t, buf.String(), "logging.googleapis.com/trace", "without a project, no trace: Cloud Logging needs its full name")
+}
+
+// TestLinesAreBounded: a huge string value, a huge error and a huge
+// workspace label are cut to the bounds, and a line that is still too long
+// (many long values) is replaced by a short one that keeps its severity and
+// message: no input makes a line longer than MaxLineBytes.
+func TestLinesAreBounded(t *testing.T) {
+	t.Parallel()
+	huge := strings.Repeat("k", 500<<10)
+	cases := []struct {
+		name string
+		args []any
+	}{
+		{"a string", []any{"kid", huge}},
+		{"an error", []any{"error", errors.New("unknown key id " + huge)}},
+		{"a workspace", []any{"workspace", huge}},
+		{"many values", func() []any {
+			var args []any
+			for i := range 100 {
+				args = append(args, fmt.Sprintf("field_%d", i), huge)
+			}
+			return args
+		}()},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			logging.New(&buf, logging.Config{Level: slog.LevelDebug}).Warn("replication drain", c.args...)
+			require.LessOrEqual(t, buf.Len(), logging.MaxLineBytes)
+			require.Equal(t, 1, strings.Count(buf.String(), "\n"), "one line")
+			var line map[string]any
+			require.NoError(t, json.Unmarshal(buf.Bytes(), &line), buf.String())
+			require.Equal(t, "WARNING", line["severity"])
+			require.Equal(t, "replication drain", line["message"])
+			for k, v := range line {
+				if s, ok := v.(string); ok {
+					require.LessOrEqual(t, len(s), logging.MaxValueBytes, k)
+				}
+			}
+		})
+	}
+	var buf bytes.Buffer
+	logging.New(&buf, logging.Config{Level: slog.LevelDebug}).Info("x", "path", logging.Untrusted("/a\nb"+huge))
+	require.Contains(t, buf.String(), `\"/a\\nb`, "quoted: the newline shows")
+	require.Less(t, buf.Len(), 400)
+}
+
+// FuzzTruncate: Truncate keeps what fits, and cuts the rest to at most the
+// bound (or the marker's own length for tiny bounds) at a character
+// boundary, so valid UTF-8 stays valid.
+func FuzzTruncate(f *testing.F) {
+	f.Add("hello", 3)
+	f.Add(strings.Repeat("é", 100), 41)
+	f.Add(strings.Repeat("日本", 50), 60)
+	f.Fuzz(func(t *testing.T, s string, n int) {
+		n = n % 5000
+		if n < 0 {
+			n = -n
+		}
+		got := logging.Truncate(s, n)
+		if len(s) <= n {
+			require.Equal(t, s, got)
+			return
+		}
+		require.LessOrEqual(t, len(got), max(n, 40))
+		if utf8.ValidString(s) {
+			require.True(t, utf8.ValidString(got))
+		}
+	})
 }

@@ -9,7 +9,9 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -44,6 +46,9 @@ type Pipeline struct {
 	Issuer *tokenissuer.Issuer
 	// Registry is the registry document (REPLICATION_WORKSPACES).
 	Registry string
+	// DenyBigQuery, while set, makes BigQuery answer every query 403
+	// accessDenied, as it does once the verifier's grant is revoked.
+	DenyBigQuery atomic.Bool
 }
 
 // OneWorkspace starts a pipeline whose workspace has a generation and
@@ -68,6 +73,9 @@ func OneWorkspace(t testing.TB, products int) *Pipeline {
 	jwks := httptest.NewServer(p.Issuer)
 	t.Cleanup(jwks.Close)
 	bq := httptest.NewServer(bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+		if p.DenyBigQuery.Load() {
+			return bqserver.Result{}, &bqserver.Error{Status: http.StatusForbidden, Reason: "accessDenied", Message: "Access Denied: Table p1:ontology_internal.events: User does not have permission to query table"}
+		}
 		return bqserver.Strings("event_id", q.Params["ids"].Values), nil
 	}))
 	t.Cleanup(bq.Close)
