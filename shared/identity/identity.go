@@ -29,8 +29,10 @@ type Config struct {
 	// Identity is the registry's identity section (issuer, audience, JWKS
 	// URL, accepted algorithms, token type, organisation claim). Required.
 	Identity registry.Identity
-	// HTTPClient fetches the JWKS. Default: http.DefaultClient (each fetch
-	// is bounded by FetchTimeout).
+	// HTTPClient fetches the JWKS: its transport, with a redirect policy of
+	// the verifier's own (same scheme and host only). Default:
+	// http.DefaultClient's transport (each fetch is bounded by
+	// FetchTimeout).
 	HTTPClient *http.Client
 	// KeysTTL is the age at which the keys are refreshed, in the
 	// background: requests go on with the keys held meanwhile. Default: 10
@@ -116,7 +118,7 @@ func New(cfg Config) (*Verifier, error) {
 		return nil, fmt.Errorf("identity: invalid config: %w", err)
 	}
 	v := &Verifier{cfg: cfg, keys: &keyCache{
-		url: cfg.Identity.JWKSURL, client: cfg.HTTPClient, log: cfg.Logger, now: cfg.Now,
+		url: cfg.Identity.JWKSURL, client: keysClient(cfg.HTTPClient), log: cfg.Logger, now: cfg.Now,
 		refreshAfter: cfg.KeysTTL, maxStaleness: cfg.MaxStaleness, unknownKeyInterval: cfg.RefetchInterval, fetchTimeout: cfg.FetchTimeout,
 	}}
 	algs := cfg.Identity.Algorithms

@@ -8,10 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+
+	"github.com/segmentstream/ontology-replication/shared/logging"
 )
 
 // keyCache holds the issuer's signing keys for a fleet of drains: a request
@@ -50,8 +53,9 @@ type keyCache struct {
 	lastAttempt time.Time // the last fetch started
 	failures    int       // consecutive failed fetches
 	lastErr     error
-	inflight    chan struct{} // closed when the running fetch ends; nil when none runs
-	fetches     int64         // fetches started (tests and logs)
+	inflight    chan struct{}   // closed when the running fetch ends; nil when none runs
+	fetches     int64           // fetches started (tests and logs)
+	skipped     map[string]bool // keys fetch skipped and logged
 }
 
 // backoffLocked is how long after a failed fetch the next may start:
@@ -213,7 +217,15 @@ func waitFor(ctx context.Context, done chan struct{}) error {
 	}
 }
 
-// fetch reads the JWKS: public keys only, at most 1 MB.
+// maxJWKSBytes bounds a JWKS document: a larger one is refused.
+const maxJWKSBytes = 1 << 20
+
+// fetch reads the JWKS, at most maxJWKSBytes, decoding its keys one by one:
+// a key the library cannot use (an unknown kty, an X25519 or other
+// encryption key, a symmetric key, a private key, a key not for
+// signatures) is skipped and logged once, and the set is refused only
+// when no usable signing key remains. The day the issuer adds a key of a
+// new type, the keys beside it keep working.
 func (c *keyCache) fetch(ctx context.Context) (*jose.JSONWebKeySet, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {
@@ -227,14 +239,86 @@ func (c *keyCache) fetch(ctx context.Context) (*jose.JSONWebKeySet, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s answered %s", c.url, resp.Status)
 	}
-	var set jose.JSONWebKeySet
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&set); err != nil {
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxJWKSBytes+1))
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.url, err)
 	}
-	for i, k := range set.Keys {
-		if !k.IsPublic() {
-			return nil, fmt.Errorf("key %d (%q) of %s is not a public key", i, k.KeyID, c.url)
+	if len(raw) > maxJWKSBytes {
+		return nil, fmt.Errorf("%s: the key set is larger than %d bytes", c.url, maxJWKSBytes)
+	}
+	var doc struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.url, err)
+	}
+	var set jose.JSONWebKeySet
+	var skipped []string
+	for i, rawKey := range doc.Keys {
+		var k jose.JSONWebKey
+		var why string
+		switch err := k.UnmarshalJSON(rawKey); {
+		case err != nil:
+			why = err.Error()
+		case !k.Valid():
+			why = "not a valid key"
+		case !k.IsPublic():
+			why = "not a public key (symmetric or private): never used to verify"
+		case k.Use != "" && k.Use != "sig":
+			why = fmt.Sprintf("use %q, not sig", k.Use)
 		}
+		if why != "" {
+			skipped = append(skipped, why)
+			c.logSkipped(i, rawKey, why)
+			continue
+		}
+		set.Keys = append(set.Keys, k)
+	}
+	if len(set.Keys) == 0 {
+		return nil, fmt.Errorf("%s holds no usable signing key (%d keys skipped: %s)", c.url, len(skipped), strings.Join(skipped, "; "))
 	}
 	return &set, nil
+}
+
+// logSkipped logs a key skipped by fetch, once per key (by its id, type
+// and reason) for the cache's life: every refresh would skip it again.
+func (c *keyCache) logSkipped(i int, rawKey json.RawMessage, why string) {
+	var head struct {
+		KeyID string `json:"kid"`
+		Type  string `json:"kty"`
+		Curve string `json:"crv"`
+	}
+	_ = json.Unmarshal(rawKey, &head)
+	key := head.KeyID + "\x00" + head.Type + "\x00" + why
+	c.mu.Lock()
+	if c.skipped == nil {
+		c.skipped = map[string]bool{}
+	}
+	seen := c.skipped[key] || len(c.skipped) >= 1000
+	c.skipped[key] = true
+	c.mu.Unlock()
+	if !seen {
+		c.log.Warn("runtime identity: a key of the issuer's set cannot verify tokens and is skipped",
+			slog.String("jwks_url", c.url), slog.Int("index", i), slog.String("kid", logging.Untrusted(head.KeyID)),
+			slog.String("kty", logging.Untrusted(head.Type)), slog.String("crv", logging.Untrusted(head.Curve)), slog.String("reason", why))
+	}
+}
+
+// keysClient is the key fetch's HTTP client: base's transport and timeout,
+// and a redirect policy of its own. A redirect is followed only to the
+// same scheme and host (at most 3), so that an https key URL can never be
+// handed off to plain http or to another host.
+func keysClient(base *http.Client) *http.Client {
+	c := *base
+	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		first := via[0].URL
+		switch {
+		case len(via) > 3:
+			return fmt.Errorf("%s: more than 3 redirects", first)
+		case req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
+			return fmt.Errorf("%s redirects to %s://%s: the keys are fetched from their own scheme and host only", first, req.URL.Scheme, req.URL.Host)
+		}
+		return nil
+	}
+	return &c
 }

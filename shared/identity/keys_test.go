@@ -7,9 +7,11 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -365,6 +367,136 @@ func BenchmarkVerify(b *testing.B) {
 			b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
 			b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
 			b.ReportMetric(float64(iss.hits.Load()-1), "fetches")
+		})
+	}
+}
+
+// rawIssuer serves a JWKS document a test writes by hand.
+func rawIssuer(t *testing.T, doc func() string) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(doc()))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestKeysMixedKeyTypes: a key set holding the valid ES256 key beside keys
+// the library cannot use to verify — an X25519 (OKP) key, an unknown kty,
+// a symmetric (oct) key, a private key, an encryption key — verifies a
+// valid token: the others are skipped, each logged once however many times
+// the set is fetched. A set with no usable key is refused, saying why.
+func TestKeysMixedKeyTypes(t *testing.T) {
+	t.Parallel()
+	iss := newIssuer(t, "k1")
+	good, err := json.Marshal(jose.JSONWebKey{Key: &iss.keys["k1"].PublicKey, KeyID: "k1", Algorithm: string(jose.ES256), Use: "sig"})
+	require.NoError(t, err)
+	private, err := json.Marshal(jose.JSONWebKey{Key: iss.keys["k1"], KeyID: "k-private", Algorithm: string(jose.ES256)})
+	require.NoError(t, err)
+	enc, err := json.Marshal(jose.JSONWebKey{Key: &iss.keys["k1"].PublicKey, KeyID: "k-enc", Algorithm: string(jose.ECDH_ES), Use: "enc"})
+	require.NoError(t, err)
+	others := []string{
+		`{"kty":"OKP","crv":"X25519","kid":"k-x25519","x":"hSDwCYkwp1R0i33ctD73Wg2_Og0mOBr066SpjqqbTmo"}`,
+		`{"kty":"FOO","kid":"k-foo","x":"abc"}`,
+		`{"kty":"oct","kid":"k-oct","k":"GawgguFyGrWKav7AX4VKUg"}`,
+		string(private), string(enc),
+	}
+	var mu sync.Mutex
+	keys := append([]string{string(good)}, others...)
+	srv := rawIssuer(t, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return `{"keys":[` + strings.Join(keys, ",") + `]}`
+	})
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	clk := newClock()
+	v, err := New(Config{Identity: registry.Identity{Issuer: "https://issuer.test", Audience: "replication", JWKSURL: srv.URL}, Now: clk.now,
+		FetchTimeout: time.Minute, Logger: log})
+	require.NoError(t, err)
+	_, err = v.Verify(context.Background(), iss.token("k1", clk.now()))
+	require.NoError(t, err, "the valid key verifies, whatever else the set holds")
+	clk.advance(11 * time.Minute) // past KeysTTL: a background refresh
+	_, err = v.Verify(context.Background(), iss.token("k1", clk.now()))
+	require.NoError(t, err)
+	v.idle()
+	logMu.Lock()
+	text := logs.String()
+	logMu.Unlock()
+	require.EqualValues(t, 2, v.keys.fetches, "fetched twice")
+	for _, kid := range []string{"k-x25519", "k-foo", "k-oct", "k-private", "k-enc"} {
+		require.Equal(t, 1, strings.Count(text, `\"`+kid+`\"`), "%s skipped and logged once: %s", kid, text)
+	}
+	require.NotContains(t, text, `\"k1\"`)
+
+	// No usable key left: refused, with the reasons.
+	mu.Lock()
+	keys = others
+	mu.Unlock()
+	clk2 := newClock()
+	v2, err := New(Config{Identity: registry.Identity{Issuer: "https://issuer.test", Audience: "replication", JWKSURL: srv.URL}, Now: clk2.now,
+		FetchTimeout: time.Minute, Logger: log})
+	require.NoError(t, err)
+	_, err = v2.Verify(context.Background(), iss.token("k1", clk2.now()))
+	require.ErrorIs(t, err, ErrKeysUnavailable)
+	require.ErrorContains(t, err, "no usable signing key (5 keys skipped")
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestKeysRedirects: the key fetch follows a redirect to its own scheme
+// and host, and refuses one to plain http or to another host (the keys
+// would come from someone else), and a set over 1 MB.
+func TestKeysRedirects(t *testing.T) {
+	t.Parallel()
+	iss := newIssuer(t, "k1")
+	other := httptest.NewTLSServer(iss.srv.Config.Handler) // another host, https
+	t.Cleanup(other.Close)
+	var target atomic.Value
+	keys := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/moved":
+			http.Redirect(w, r, "/jwks", http.StatusFound)
+		case "/jwks":
+			iss.srv.Config.Handler.ServeHTTP(w, r)
+		case "/huge":
+			_, _ = w.Write([]byte(`{"keys":[],"pad":"` + strings.Repeat("x", 1<<20) + `"}`))
+		default:
+			http.Redirect(w, r, target.Load().(string), http.StatusFound)
+		}
+	}))
+	t.Cleanup(keys.Close)
+	// Both TLS test servers share the test CA: trust it for both.
+	client := keys.Client()
+	for _, c := range []struct {
+		name, path, to string
+		ok             bool
+		err            string
+	}{
+		{"same host", "/moved", "", true, ""},
+		{"to plain http", "/away", iss.srv.URL + "/", false, "redirects to http://"},
+		{"to another host", "/away", other.URL + "/", false, "the keys are fetched from their own scheme and host only"},
+		{"over 1 MB", "/huge", "", false, "larger than"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			target.Store(c.to)
+			clk := newClock()
+			v, err := New(Config{Identity: registry.Identity{Issuer: "https://issuer.test", Audience: "replication", JWKSURL: keys.URL + c.path},
+				Now: clk.now, FetchTimeout: time.Minute, HTTPClient: client})
+			require.NoError(t, err)
+			_, err = v.Verify(context.Background(), iss.token("k1", clk.now()))
+			if c.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrKeysUnavailable)
+			require.ErrorContains(t, err, c.err)
 		})
 	}
 }
