@@ -1,6 +1,5 @@
-// Command cmd serves the replication functions with the functions
-// framework's own server: the container image's entry point on Cloud Run and
-// the local runner for manual tests.
+// Command cmd serves the replication functions: the container image's entry
+// point on Cloud Run and the local runner for manual tests.
 //
 //	REPLICATION_WORKSPACES_FILE=registry.json go run ./functions/cmd -port 8080
 //
@@ -8,28 +7,48 @@
 // every path below it, as each Cloud Run service runs. Without it, it serves
 // both: the drain at /api/internal/v1/workspaces/{workspace}/ontology/replication/drain
 // (and /Drain), the verifier at /Verify.
+//
+// It serves from an http.Server of its own rather than the functions
+// framework's, whose ListenAndServe sets no timeout: a client has 10 s to
+// send its headers (64 KB at most), an idle connection is closed after 2
+// minutes, and SIGTERM (Cloud Run's stop) stops accepting and waits up to
+// 8 s for the requests in flight before the process ends.
 package main
 
 import (
 	"cmp"
+	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
-
-	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
+	"os/signal"
+	"syscall"
 
 	"github.com/segmentstream/ontology-replication/functions"
 )
 
 func main() {
+	var cfg functions.ServerConfig
 	port := flag.String("port", cmp.Or(os.Getenv("PORT"), "8080"), "port to listen on (default $PORT or 8080)")
+	flag.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", 0, "the time a client has to send its request headers (default 10s)")
+	flag.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "how long a kept-alive connection may stay idle (default 2m)")
+	flag.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 0, "how long a stop waits for the requests in flight (default 8s)")
 	flag.Parse()
-	if err := functions.Check(os.Getenv("FUNCTION_TARGET")); err != nil {
+	handler, err := functions.Handler(os.Getenv("FUNCTION_TARGET"))
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if err := funcframework.Start(*port); err != nil {
+	l, err := net.Listen("tcp", ":"+*port)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "functions:", err)
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := functions.Serve(ctx, l, handler, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,84 +31,95 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // the one function served at every path, PORT the port. The drain service
 // answers the SDK's drain path and nothing else; the verifier service
 // answers POST / and refuses to start without its caller settings.
+// binary builds the functions' entry point once for the package's tests.
+var binary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "functions-cmd")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "functions")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%w: %s", err, out)
+	}
+	return bin, nil
+})
+
+// running is the built binary serving on a port.
+type running struct {
+	base string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  strings.Builder
+	done chan struct{} // closed when the process's output ends
+}
+
+func (r *running) output() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.out.String()
+}
+
+// serve starts the binary with the pipeline's registry and returns it once
+// it listens, or its output and exit error if it ends first.
+func serve(t *testing.T, p *pipeline.Pipeline, args []string, env ...string) (*running, error) {
+	t.Helper()
+	bin, err := binary()
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), append([]string{"PORT=" + strconv.Itoa(port), "REPLICATION_WORKSPACES=" + p.Registry,
+		"PUBSUB_EMULATOR_HOST=" + p.PubSub.Addr}, env...)...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = cmd.Stdout
+	require.NoError(t, cmd.Start())
+	r := &running{base: fmt.Sprintf("http://127.0.0.1:%d", port), cmd: cmd, done: make(chan struct{})}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-r.done; _ = cmd.Wait() })
+	go func() {
+		defer close(r.done)
+		scanner := bufio.NewScanner(stdout)
+		scanner.Buffer(nil, 1<<20)
+		for scanner.Scan() {
+			r.mu.Lock()
+			r.out.WriteString(scanner.Text() + "\n")
+			r.mu.Unlock()
+		}
+	}()
+	ready := time.NewTicker(20 * time.Millisecond)
+	defer ready.Stop()
+	for {
+		select {
+		case <-r.done:
+			return r, cmd.Wait()
+		case <-ready.C:
+			if conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+				_ = conn.Close()
+				return r, nil
+			}
+		}
+	}
+}
+
+// TestFunctionTargetAsCloudRunRunsIt runs the container's entry point, the
+// built binary, as each Cloud Run service runs it: FUNCTION_TARGET names
+// the one function served at every path, PORT the port. The drain service
+// answers the SDK's drain path and nothing else; the verifier service
+// answers POST / and refuses to start without its caller settings.
 func TestFunctionTargetAsCloudRunRunsIt(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the functions")
 	}
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "functions")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-
 	p := pipeline.OneWorkspace(t, 5)
-
-	// serve starts the binary and returns its base URL once it listens,
-	// or its output and exit error if it ends first.
-	serve := func(t *testing.T, env ...string) (string, string, error) {
-		t.Helper()
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		port := l.Addr().(*net.TCPAddr).Port
-		require.NoError(t, l.Close())
-		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), append([]string{"PORT=" + strconv.Itoa(port), "REPLICATION_WORKSPACES=" + p.Registry,
-			"PUBSUB_EMULATOR_HOST=" + p.PubSub.Addr}, env...)...)
-		stdout, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		cmd.Stderr = cmd.Stdout
-		require.NoError(t, cmd.Start())
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		lines := make(chan string)
-		go func() {
-			defer close(lines)
-			scanner := bufio.NewScanner(stdout)
-			for scanner.Scan() {
-				lines <- scanner.Text()
-			}
-		}()
-		var output strings.Builder
-		base := fmt.Sprintf("http://127.0.0.1:%d", port)
-		ready := time.NewTicker(20 * time.Millisecond)
-		defer ready.Stop()
-		for {
-			select {
-			case line, ok := <-lines:
-				if !ok {
-					return "", output.String(), cmd.Wait()
-				}
-				output.WriteString(line + "\n")
-			case <-ready.C:
-				if conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
-					_ = conn.Close()
-					go func() {
-						for range lines {
-						}
-					}()
-					return base, output.String(), nil
-				}
-			}
-		}
-	}
-	call := func(t *testing.T, method, url string, header map[string]string) (int, map[string]any) {
-		t.Helper()
-		req, err := http.NewRequest(method, url, strings.NewReader("{}"))
-		require.NoError(t, err)
-		for k, v := range header {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		var body map[string]any
-		require.NoError(t, json.Unmarshal(raw, &body), "%s", raw)
-		return resp.StatusCode, body
-	}
+	call := callJSON
 
 	t.Run("Drain", func(t *testing.T) {
-		base, logs, err := serve(t, "FUNCTION_TARGET=Drain")
-		require.NoError(t, err, logs)
+		r, err := serve(t, p, nil, "FUNCTION_TARGET=Drain")
+		require.NoError(t, err, r.output())
+		base := r.base
 		token, err := p.Issuer.Token(pipeline.RuntimeSubject, pipeline.Audience, time.Minute)
 		require.NoError(t, err)
 		auth := map[string]string{"x-segmentstream-runtime-identity": token, "x-segmentstream-organization-id": pipeline.Organization}
@@ -120,8 +134,9 @@ func TestFunctionTargetAsCloudRunRunsIt(t *testing.T) {
 	})
 
 	t.Run("Verify", func(t *testing.T) {
-		base, logs, err := serve(t, "FUNCTION_TARGET=Verify", "VERIFY_CALLER_CHECK=off")
-		require.NoError(t, err, logs)
+		r, err := serve(t, p, nil, "FUNCTION_TARGET=Verify", "VERIFY_CALLER_CHECK=off")
+		require.NoError(t, err, r.output())
+		base := r.base
 		code, body := call(t, http.MethodPost, base+"/", nil)
 		require.Equal(t, http.StatusOK, code, body)
 		workspaces := body["workspaces"].([]any)
@@ -132,8 +147,171 @@ func TestFunctionTargetAsCloudRunRunsIt(t *testing.T) {
 	})
 
 	t.Run("Verify without its caller settings", func(t *testing.T) {
-		_, logs, err := serve(t, "FUNCTION_TARGET=Verify")
+		r, err := serve(t, p, nil, "FUNCTION_TARGET=Verify")
 		require.Error(t, err, "it must not start")
-		require.Contains(t, logs, "VERIFY_CALLER")
+		require.Contains(t, r.output(), "VERIFY_CALLER")
+	})
+}
+
+// callJSON calls the server and decodes its JSON answer.
+func callJSON(t *testing.T, method, url string, header map[string]string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader("{}"))
+	require.NoError(t, err)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var body map[string]any
+	require.NoError(t, json.Unmarshal(raw, &body), "%s", raw)
+	return resp.StatusCode, body
+}
+
+// TestSlowClientsAreCut: the built server closes a connection whose client
+// sends its headers too slowly (100 of them, each stuck mid-header), and a
+// kept-alive connection left idle, at the configured bounds: none stays
+// open. Each connection's read returns when the server closes it.
+func TestSlowClientsAreCut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the functions")
+	}
+	t.Parallel()
+	p := pipeline.OneWorkspace(t, 1)
+	r, err := serve(t, p, []string{"-read-header-timeout", "1s", "-idle-timeout", "1s"}, "FUNCTION_TARGET=Drain")
+	require.NoError(t, err, r.output())
+	addr := strings.TrimPrefix(r.base, "http://")
+	closed := make(chan error, 101)
+	for range 100 {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		_, err = conn.Write([]byte("POST /api/internal/v1/workspaces/w1/ontology/replication/drain HTTP/1.1\r\nHost: x\r\nX-Slow: "))
+		require.NoError(t, err)
+		go func() {
+			// The test's own bound: far past the server's 1 s.
+			_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, err := io.ReadAll(conn)
+			closed <- err
+		}()
+	}
+	// A kept-alive connection after a whole request, then idle.
+	idle, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = idle.Close() })
+	_, err = idle.Write([]byte("GET /other HTTP/1.1\r\nHost: x\r\n\r\n"))
+	require.NoError(t, err)
+	go func() {
+		_ = idle.SetReadDeadline(time.Now().Add(30 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			_, err = idle.Read(make([]byte, 1)) // EOF once the server closes the idle connection
+			if err == io.EOF {
+				err = nil
+			}
+		}
+		closed <- err
+	}()
+	for range 101 {
+		err := <-closed
+		require.NoError(t, err, "the server closed every slow and idle connection (a timeout here means it held one)")
+	}
+}
+
+// TestStopDuringAHeldPublish sends SIGTERM (Cloud Run's stop) to the built
+// server while a drain's publish is held by Pub/Sub. Released within the
+// grace, the drain finishes: published, acknowledged, answered 200, and the
+// process exits 0 saying the requests finished. Held past the grace, the
+// process exits anyway, nothing is acknowledged, and its claim is released
+// (no advisory lock is left): the next wake-up publishes the batch.
+func TestStopDuringAHeldPublish(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the functions")
+	}
+	t.Parallel()
+	drain := func(t *testing.T, p *pipeline.Pipeline, base string) chan int {
+		token, err := p.Issuer.Token(pipeline.RuntimeSubject, pipeline.Audience, time.Minute)
+		require.NoError(t, err)
+		answered := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, base+"/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
+			req.Header.Set("x-segmentstream-runtime-identity", token)
+			req.Header.Set("x-segmentstream-organization-id", pipeline.Organization)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answered <- 0
+				return
+			}
+			_ = resp.Body.Close()
+			answered <- resp.StatusCode
+		}()
+		return answered
+	}
+	count := func(t *testing.T, p *pipeline.Pipeline, q string) int {
+		var n int
+		require.NoError(t, p.Pool.QueryRow(context.Background(), q).Scan(&n))
+		return n
+	}
+
+	t.Run("released within the grace", func(t *testing.T) {
+		p := pipeline.OneWorkspace(t, 5)
+		r, err := serve(t, p, []string{"-shutdown-grace", "60s"}, "FUNCTION_TARGET=Drain")
+		require.NoError(t, err, r.output())
+		arrived, release := p.HoldPublishes()
+		defer release()
+		answered := drain(t, p, r.base)
+		<-arrived
+		require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
+		// The server stops accepting: new connections are refused.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			require.True(t, time.Now().Before(deadline), "the stopping server still accepts connections")
+			conn, err := net.Dial("tcp", strings.TrimPrefix(r.base, "http://"))
+			if err != nil {
+				break
+			}
+			_ = conn.Close()
+			time.Sleep(10 * time.Millisecond)
+		}
+		release()
+		require.Equal(t, http.StatusOK, <-answered, "the drain in flight finished")
+		<-r.done
+		require.NoError(t, r.cmd.Wait(), r.output())
+		require.Contains(t, r.output(), `"requests_finished":true`)
+		require.Len(t, p.PubSub.Messages(), 5)
+		require.Equal(t, 5, count(t, p, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"), "acknowledged")
+	})
+
+	t.Run("held past the grace", func(t *testing.T) {
+		p := pipeline.OneWorkspace(t, 5)
+		r, err := serve(t, p, []string{"-shutdown-grace", "300ms"}, "FUNCTION_TARGET=Drain")
+		require.NoError(t, err, r.output())
+		arrived, release := p.HoldPublishes()
+		defer release()
+		answered := drain(t, p, r.base)
+		<-arrived
+		require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
+		<-r.done
+		require.NoError(t, r.cmd.Wait(), r.output())
+		require.Contains(t, r.output(), `"requests_finished":false`)
+		require.NotEqual(t, http.StatusOK, <-answered)
+		require.Zero(t, count(t, p, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"), "nothing acknowledged")
+		// The process is gone, and with its connections the claim: the
+		// server drops an ended session's locks.
+		deadline := time.Now().Add(30 * time.Second)
+		for count(t, p, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") > 0 {
+			require.True(t, time.Now().Before(deadline), "the ended process's claim is still held")
+			time.Sleep(10 * time.Millisecond)
+		}
+		release()
+		r2, err := serve(t, p, nil, "FUNCTION_TARGET=Drain")
+		require.NoError(t, err, r2.output())
+		require.Equal(t, http.StatusOK, <-drain(t, p, r2.base), "the next wake-up publishes the batch")
+		require.Equal(t, 5, count(t, p, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
 	})
 }

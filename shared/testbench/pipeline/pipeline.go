@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -49,6 +50,38 @@ type Pipeline struct {
 	// DenyBigQuery, while set, makes BigQuery answer every query 403
 	// accessDenied, as it does once the verifier's grant is revoked.
 	DenyBigQuery atomic.Bool
+
+	hold atomic.Pointer[publishHold]
+}
+
+// publishHold holds Publish requests: each signals arrived, then waits for
+// release.
+type publishHold struct {
+	arrived chan struct{}
+	release chan struct{}
+}
+
+// React implements pstest.Reactor for Publish.
+func (p *Pipeline) React(any) (bool, any, error) {
+	if h := p.hold.Load(); h != nil {
+		h.arrived <- struct{}{}
+		<-h.release
+	}
+	return false, nil, nil
+}
+
+// HoldPublishes makes Pub/Sub hold every Publish request until release is
+// called; arrived receives a value as each request arrives.
+func (p *Pipeline) HoldPublishes() (arrived <-chan struct{}, release func()) {
+	h := &publishHold{arrived: make(chan struct{}, 100), release: make(chan struct{})}
+	p.hold.Store(h)
+	var once sync.Once
+	return h.arrived, func() {
+		once.Do(func() {
+			p.hold.Store(nil)
+			close(h.release)
+		})
+	}
 }
 
 // OneWorkspace starts a pipeline whose workspace has a generation and
@@ -64,7 +97,7 @@ func OneWorkspace(t testing.TB, products int) *Pipeline {
 	_, err = sdkfixture.StartGeneration(ctx, p.Pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)
 	require.NoError(t, err)
 	require.NoError(t, sdkfixture.BulkCreate(ctx, p.Pool, sdkfixture.Demo, "product", "title", products, products))
-	p.PubSub = pstest.NewServer()
+	p.PubSub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: p})
 	t.Cleanup(func() { _ = p.PubSub.Close() })
 	_, err = p.PubSub.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: Topic})
 	require.NoError(t, err)
