@@ -96,15 +96,23 @@ type Message struct {
 func (r *Reader) Pull(ctx context.Context, subscription string, max int) (msgs []Message, exhausted bool, err error) {
 	seen := map[string]int{} // message id → index in msgs
 	for len(msgs) < max {
+		// Which deadline comes first, the pull's own or the caller's,
+		// decides what a DeadlineExceeded means (the server may answer it a
+		// moment before the client's context says so).
+		callerFirst := false
+		if dl, ok := ctx.Deadline(); ok && dl.Before(time.Now().Add(r.timeout)) {
+			callerFirst = true
+		}
 		pctx, cancel := context.WithTimeout(ctx, r.timeout)
 		resp, err := r.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{
 			Subscription: subscription, MaxMessages: int32(min(max-len(msgs), 1000)),
 		}, gax.WithRetry(func() gax.Retryer { return nil }))
 		cancel()
-		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		timedOut := errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded
+		switch {
+		case timedOut && callerFirst, errors.Is(ctx.Err(), context.DeadlineExceeded):
 			return msgs, false, nil // the caller's time is up: what was read so far
-		}
-		if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+		case timedOut:
 			return msgs, true, nil // nothing more within the pull's timeout
 		}
 		if err != nil {
