@@ -6,6 +6,7 @@ package event
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -127,6 +128,7 @@ func (s *scanner) space() {
 func (s *scanner) object() ([]member, error) {
 	s.i++ // '{'
 	var members []member
+	var seen map[string]int
 	s.space()
 	if s.i < len(s.b) && s.b[s.i] == '}' {
 		s.i++
@@ -155,12 +157,7 @@ func (s *scanner) object() ([]member, error) {
 		if err := s.skipValue(0); err != nil {
 			return nil, err
 		}
-		m := member{key: key, start: vStart, end: s.i}
-		if j := slices.IndexFunc(members, func(x member) bool { return x.key == key }); j >= 0 {
-			members[j].start, members[j].end = m.start, m.end
-		} else {
-			members = append(members, m)
-		}
+		members, seen = addMember(members, seen, member{key: key, start: vStart, end: s.i})
 		s.space()
 		if s.i >= len(s.b) {
 			return nil, fmt.Errorf("unterminated object")
@@ -175,21 +172,7 @@ func (s *scanner) object() ([]member, error) {
 		s.i++
 		break
 	}
-	// JavaScript orders an object's array-index keys first, ascending; the
-	// stable sort keeps the others in their order.
-	slices.SortStableFunc(members, func(a, b member) int {
-		ai, aok := arrayIndex(a.key)
-		bi, bok := arrayIndex(b.key)
-		switch {
-		case aok && bok:
-			return cmpUint(ai, bi)
-		case aok:
-			return -1
-		case bok:
-			return 1
-		}
-		return 0
-	})
+	jsOrder(members)
 	return members, nil
 }
 
@@ -379,56 +362,170 @@ func decodeString(lit []byte) (string, error) {
 // appendValue appends a JSON value as JSON.stringify writes what JSON.parse
 // made of it: no whitespace, strings escaped as AppendString does, numbers
 // in JavaScript's shortest form, objects' keys in JavaScript's order.
+//
+// It is linear in the value's size, however deeply it nests: one pass
+// indexes the members of every object (their keys in JavaScript's order
+// and their values' spans), and one pass writes, reading arrays and scalars
+// as it goes and each object's members from the index. (Writing each
+// object by first scanning its members and then writing each member's
+// value, scanned again, cost a rescan per level: quadratic in the depth.)
 func appendValue(dst, v []byte) ([]byte, error) {
-	switch c := v[0]; {
-	case c == '"':
-		if canonicalString(v) {
-			return append(dst, v...), nil
+	var x objectIndex
+	s := scanner{b: v}
+	if err := x.scan(&s, 0); err != nil {
+		return dst, err
+	}
+	w := scanner{b: v}
+	return x.write(dst, &w)
+}
+
+// objectIndex holds every object of a JSON value, in the order of their
+// opening braces: where each starts and ends, and its members in
+// JavaScript's order.
+type objectIndex struct {
+	objects []indexedObject
+	members []member
+}
+
+type indexedObject struct {
+	start, end    int
+	first, length int // its members: members[first : first+length]
+}
+
+// scan reads the value at s.i, as skipValue does, indexing its objects.
+func (x *objectIndex) scan(s *scanner, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("nested deeper than %d", maxDepth)
+	}
+	if s.i >= len(s.b) {
+		return fmt.Errorf("want a value at offset %d", s.i)
+	}
+	switch s.b[s.i] {
+	case '{':
+		slot := len(x.objects)
+		x.objects = append(x.objects, indexedObject{start: s.i})
+		var members []member
+		var seen map[string]int // key → index in members, once there are many
+		s.i++
+		s.space()
+		if s.i < len(s.b) && s.b[s.i] == '}' {
+			s.i++
+			x.objects[slot].end, x.objects[slot].first = s.i, len(x.members)
+			return nil
 		}
-		s, err := decodeString(v)
-		if err != nil {
-			return dst, err
+		for {
+			s.space()
+			if s.i >= len(s.b) || s.b[s.i] != '"' {
+				return fmt.Errorf("want a key at offset %d", s.i)
+			}
+			kStart := s.i
+			if err := s.skipString(); err != nil {
+				return err
+			}
+			key, err := decodeString(s.b[kStart:s.i])
+			if err != nil {
+				return err
+			}
+			s.space()
+			if s.i >= len(s.b) || s.b[s.i] != ':' {
+				return fmt.Errorf("want ':' at offset %d", s.i)
+			}
+			s.i++
+			s.space()
+			vStart := s.i
+			if err := x.scan(s, depth+1); err != nil {
+				return err
+			}
+			members, seen = addMember(members, seen, member{key: key, start: vStart, end: s.i})
+			s.space()
+			if s.i < len(s.b) && s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			if s.i < len(s.b) && s.b[s.i] == '}' {
+				s.i++
+				break
+			}
+			return fmt.Errorf("want ',' or '}' at offset %d", s.i)
 		}
-		return AppendString(dst, s), nil
-	case c == 't' || c == 'f' || c == 'n':
-		return append(dst, v...), nil
+		jsOrder(members)
+		x.objects[slot].end, x.objects[slot].first, x.objects[slot].length = s.i, len(x.members), len(members)
+		x.members = append(x.members, members...)
+		return nil
+	case '[':
+		s.i++
+		s.space()
+		if s.i < len(s.b) && s.b[s.i] == ']' {
+			s.i++
+			return nil
+		}
+		for {
+			s.space()
+			if err := x.scan(s, depth+1); err != nil {
+				return err
+			}
+			s.space()
+			if s.i < len(s.b) && s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			if s.i < len(s.b) && s.b[s.i] == ']' {
+				s.i++
+				return nil
+			}
+			return fmt.Errorf("want ',' or ']' at offset %d", s.i)
+		}
+	}
+	return s.skipValue(depth) // a scalar
+}
+
+// write writes the value at s.i (which scan has checked) and moves s.i
+// past it.
+func (x *objectIndex) write(dst []byte, s *scanner) ([]byte, error) {
+	s.space()
+	switch c := s.b[s.i]; {
 	case c == '{':
-		s := scanner{b: v}
-		members, err := s.object()
-		if err != nil {
-			return dst, err
+		i, found := slices.BinarySearchFunc(x.objects, s.i, func(o indexedObject, start int) int { return cmp.Compare(o.start, start) })
+		if !found {
+			return dst, fmt.Errorf("object at offset %d was not indexed", s.i)
 		}
+		o := x.objects[i]
 		dst = append(dst, '{')
-		for i, m := range members {
-			if i > 0 {
+		for j, m := range x.members[o.first : o.first+o.length] {
+			if j > 0 {
 				dst = append(dst, ',')
 			}
 			dst = AppendString(dst, m.key)
 			dst = append(dst, ':')
-			if dst, err = appendValue(dst, v[m.start:m.end]); err != nil {
+			var err error
+			if c := s.b[m.start]; c != '{' && c != '[' {
+				dst, err = appendScalar(dst, s.b[m.start:m.end]) // its span is known: no second scan
+			} else {
+				sub := scanner{b: s.b, i: m.start}
+				dst, err = x.write(dst, &sub)
+			}
+			if err != nil {
 				return dst, err
 			}
 		}
+		s.i = o.end
 		return append(dst, '}'), nil
 	case c == '[':
-		s := scanner{b: v, i: 1}
+		s.i++
 		dst = append(dst, '[')
 		first := true
 		for {
 			s.space()
 			if s.b[s.i] == ']' {
+				s.i++
 				return append(dst, ']'), nil
 			}
 			if !first {
 				dst = append(dst, ',')
 			}
 			first = false
-			start := s.i
-			if err := s.skipValue(0); err != nil {
-				return dst, err
-			}
 			var err error
-			if dst, err = appendValue(dst, v[start:s.i]); err != nil {
+			if dst, err = x.write(dst, s); err != nil {
 				return dst, err
 			}
 			s.space()
@@ -436,9 +533,77 @@ func appendValue(dst, v []byte) ([]byte, error) {
 				s.i++
 			}
 		}
-	default:
-		return appendNumber(dst, v), nil
 	}
+	start := s.i
+	if err := s.skipValue(0); err != nil {
+		return dst, err
+	}
+	return appendScalar(dst, s.b[start:s.i])
+}
+
+// appendScalar writes a string, number or literal as JSON.stringify does.
+func appendScalar(dst, lit []byte) ([]byte, error) {
+	switch lit[0] {
+	case '"':
+		if canonicalString(lit) {
+			return append(dst, lit...), nil
+		}
+		v, err := decodeString(lit)
+		if err != nil {
+			return dst, err
+		}
+		return AppendString(dst, v), nil
+	case 't', 'f', 'n':
+		return append(dst, lit...), nil
+	}
+	return appendNumber(dst, lit), nil
+}
+
+// addMember adds m to an object's members: a repeated key keeps its first
+// place and takes the last value, as JSON.parse does. Past a few members
+// it finds keys through seen, so that an object of many keys costs linear
+// time.
+func addMember(members []member, seen map[string]int, m member) ([]member, map[string]int) {
+	j := -1
+	if seen != nil {
+		if k, ok := seen[m.key]; ok {
+			j = k
+		}
+	} else {
+		j = slices.IndexFunc(members, func(x member) bool { return x.key == m.key })
+	}
+	if j >= 0 {
+		members[j].start, members[j].end = m.start, m.end
+		return members, seen
+	}
+	members = append(members, m)
+	if seen == nil && len(members) > 16 {
+		seen = make(map[string]int, len(members)*2)
+		for i, x := range members {
+			seen[x.key] = i
+		}
+	} else if seen != nil {
+		seen[m.key] = len(members) - 1
+	}
+	return members, seen
+}
+
+// jsOrder puts an object's array-index keys first, ascending, as
+// JavaScript orders them; the stable sort keeps the others in their order.
+func jsOrder(members []member) {
+	slices.SortStableFunc(members, func(a, b member) int {
+		ai, aok := arrayIndex(a.key)
+		bi, bok := arrayIndex(b.key)
+		switch {
+		case aok && bok:
+			return cmpUint(ai, bi)
+		case aok:
+			return -1
+		case bok:
+			return 1
+		}
+		return 0
+	})
 }
 
 // canonicalString reports whether a string literal is already written as
