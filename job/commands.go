@@ -135,6 +135,9 @@ type setAsideResult struct{ delivery.SetAsideResult }
 
 func (r setAsideResult) text() []string {
 	lines := []string{fmt.Sprintf("generation %s: %d events set aside", r.Generation, r.SetAside.Count)}
+	if r.SetAside.NotShared {
+		lines = []string{fmt.Sprintf("generation %s: set-aside events unknown here: %s", r.Generation, r.SetAside.Note)}
+	}
 	for _, ev := range r.SetAside.Events {
 		lines = append(lines, fmt.Sprintf("  %s  event %s  %s  %s  since %s, next attempt %s, attempts %d", ev.HistoryID, ev.EventID,
 			cmpOr(ev.HistoryTable, "(baseline)"), ev.Reason, ev.Since.UTC().Format(time.RFC3339), ev.NextAttempt.UTC().Format(time.RFC3339), ev.Attempts))

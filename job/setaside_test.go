@@ -232,3 +232,19 @@ func TestDeadLetterCommand(t *testing.T) {
 	require.ErrorContains(t, err, "--events chooses what --republish or --discard acts on")
 	require.Equal(t, 2, exitCode(err))
 }
+
+// TestProtocol3SetAsideIsSaidToBeLocal: at protocol 3 the set-aside
+// events live in the memory of the process that set them aside; job status
+// and job set-aside say so instead of reporting none.
+func TestProtocol3SetAsideIsSaidToBeLocal(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V3Template)
+	h.start("w1")
+	s := statusOf(t, h, "--workspace", "w1")[0]
+	require.True(t, s.SetAside.NotShared)
+	require.Equal(t, delivery.NoteSetAsideNotShared, s.SetAside.Note)
+	table := h.mustRun("status", "--workspace", "w1")
+	require.Contains(t, table, "n/a (protocol 3)")
+	require.Contains(t, table, "protocol 3 keeps set-aside events in the memory")
+	require.Contains(t, h.mustRun("set-aside", "--workspace", "w1"), "set-aside events unknown here")
+}

@@ -155,18 +155,28 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 			fmt.Fprintf(tw, "%s\t%d\t%s\terror: %s\n", s.Workspace, s.Protocol, s.Generation, s.Error)
 			continue
 		}
+		setAside := fmt.Sprint(s.SetAside.Count)
+		if s.SetAside.NotShared {
+			setAside = "n/a (protocol 3)"
+		}
 		dead := atLeast(int64(s.Messages), s.Capped)
 		if s.DeadLetterError != "" {
 			dead = "unknown"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.Workspace, s.Protocol, s.Generation,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Workspace, s.Protocol, s.Generation,
 			yes(s.Enabled), done(s.BaselineComplete, s.BaselineCursor), done(s.BackfillComplete, s.BackfillCursor),
 			done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), atLeast(s.Pending, s.FiguresCapped),
-			age(s.OldestPendingAgeSeconds), atLeast(s.Unverified, s.FiguresCapped), age(s.OldestUnverifiedAgeSeconds), s.DueVerifications, s.SetAside.Count,
+			age(s.OldestPendingAgeSeconds), atLeast(s.Unverified, s.FiguresCapped), age(s.OldestUnverifiedAgeSeconds), s.DueVerifications, setAside,
 			dead, age(nonZero(s.OldestAgeSeconds)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, s := range all {
+		if s.SetAside.NotShared {
+			fmt.Fprintf(e.stdout, "\n%s: set aside: %s\n", s.Workspace, s.SetAside.Note)
+			break
+		}
 	}
 	for _, s := range all {
 		if s.DeadLetterError != "" {

@@ -69,7 +69,16 @@ type SetAsideReport struct {
 	Count int64 `json:"count"`
 	// Events lists the oldest of them (up to the limit asked for).
 	Events []SetAsideEvent `json:"events,omitempty"`
+	// NotShared: at protocol 3 the set-aside events are kept in the
+	// memory of the process that set them aside, so other processes (this
+	// report's) see none; Note says so.
+	NotShared bool   `json:"not_shared,omitempty"`
+	Note      string `json:"note,omitempty"`
 }
+
+// NoteSetAsideNotShared is SetAsideReport.Note at protocol 3.
+const NoteSetAsideNotShared = "protocol 3 keeps set-aside events in the memory of the drain or job process that set them aside: " +
+	"other processes, and this report, see none (each drain's error log names the events it sets aside); protocol 4 keeps them in the database"
 
 // SetAsideEvent is one set-aside event with the reason found now.
 type SetAsideEvent struct {
@@ -88,7 +97,10 @@ type SetAsideEvent struct {
 }
 
 func setAsideReport(r store.SetAsideReport) SetAsideReport {
-	out := SetAsideReport{Count: r.Count}
+	out := SetAsideReport{Count: r.Count, NotShared: r.InThisProcessOnly}
+	if r.InThisProcessOnly {
+		out.Note = NoteSetAsideNotShared
+	}
 	for _, e := range r.Events {
 		out.Events = append(out.Events, SetAsideEvent{HistoryID: e.HistoryID, EventID: e.EventID, HistoryTable: e.HistoryTable,
 			Reason: string(e.Reason), Detail: e.Detail, Since: e.Since, NextAttempt: e.NextAttempt, Attempts: e.Attempts})

@@ -55,6 +55,12 @@ type Reason string
 const (
 	// ReasonMissingHistory: its history (or baseline) row is gone.
 	ReasonMissingHistory Reason = "missing_history"
+	// ReasonNotCaptured: its history row is there but holds no captured
+	// event (replication is NULL: written past the SDK's capture trigger,
+	// or the column cleared). The SDK's pendingReplicationEvents stops on
+	// both this and a row that is gone ("missing from retained history");
+	// the store sets it aside with the cause that names what happened.
+	ReasonNotCaptured Reason = "not_captured"
 	// ReasonUnknownTable: its delivery row names a table that carries no
 	// capture trigger (a forged or dropped table).
 	ReasonUnknownTable Reason = "unknown_table"
@@ -81,7 +87,8 @@ type SetAside struct {
 
 type captured struct {
 	id, table string
-	raw       []byte // nil when the row is gone
+	raw       []byte // nil when the row is gone or holds no event
+	present   bool   // the event's row exists (raw nil: replication is NULL)
 	backoff   time.Duration
 }
 
@@ -97,9 +104,12 @@ func bound(t Target, items []captured, more bool) (Batch, []SetAside, error) {
 	var size event.SizeBound
 	for i, it := range items {
 		if it.raw == nil {
-			err := fmt.Errorf("%w: %s/%s", ErrMissingHistory, cmpOr(it.table, "baselines"), it.id)
+			reason, err := ReasonMissingHistory, fmt.Errorf("%w: %s/%s", ErrMissingHistory, cmpOr(it.table, "baselines"), it.id)
+			if it.present {
+				reason, err = ReasonNotCaptured, fmt.Errorf("%w: %s/%s", ErrNotCaptured, cmpOr(it.table, "baselines"), it.id)
+			}
 			aside = append(aside, SetAside{HistoryID: it.id, HistoryTable: it.table, EventID: event.ID(t.SourceID, it.id, t.Generation),
-				Reason: ReasonMissingHistory, Cause: err})
+				Reason: reason, Cause: err})
 			continue
 		}
 		js, eventID, err := event.AppendMessage(make([]byte, 0, len(it.raw)+128), it.raw, t.SourceID, it.id, t.Generation)

@@ -23,16 +23,17 @@ const sqlReadShared = `SELECT set_config('statement_timeout', $1, true), set_con
 // of pendingReplicationEvents (sqlBaselineEvents, sqlHistoryEvents) for the
 // claimed rows ($2) that are still pending and not set aside, in a snapshot
 // taken after their locks (see above): each claimed row comes back with its
-// event, or with NULL when its history (or baseline) row is gone. Delivery and
+// event, or with NULL when its history (or baseline) row is gone or holds
+// no captured event, and whether that row exists. Delivery and
 // event rows are found by primary key (see Finding rows by key in the package
 // doc); the delivery rows are read in a subquery of their own, so that the
 // claim rule (sqlClaimable) applies to them unqualified, as everywhere else.
 // %s is the history table's quoted identifier, checked against the
 // capture-trigger tables.
 var (
-	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event FROM (` + sqlClaimedStillPending + `) d
+	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event, b.id IS NOT NULL FROM (` + sqlClaimedStillPending + `) d
        LEFT JOIN _ontology_replication_baselines b ON b.generation = $1::uuid AND b.id = d.event_id`
-	sqlPendingHistoryEvents = `SELECT d.event_id::text, h.replication FROM (` + sqlClaimedStillPending + `) d
+	sqlPendingHistoryEvents = `SELECT d.event_id::text, h.replication, h.id IS NOT NULL FROM (` + sqlClaimedStillPending + `) d
        LEFT JOIN %s h ON h.id = d.event_id`
 	sqlClaimedStillPending = `SELECT event_id FROM _ontology_replication_delivery
      WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
@@ -42,7 +43,8 @@ var (
 // readEvents reads the events of claimed rows that are still pending, in
 // claim order, in one round trip; events whose table has no capture
 // trigger come back set aside, and an event whose row is gone with no raw
-// event. A cached history table that has gone (renamed) is looked up again
+// event (present tells a row that is gone from one whose replication is
+// NULL). A cached history table that has gone (renamed) is looked up again
 // once.
 func (s *Store) readEvents(ctx context.Context, conn *pgxpool.Conn, t Target, claimed []candidate) ([]captured, []SetAside, error) {
 	for attempt := 0; ; attempt++ {
@@ -123,7 +125,7 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 		b.Queue(sqlPendingBaselineEvents, t.Generation, ul, s.backoffs)
 	}
 	results := conn.SendBatch(ctx, b)
-	events, pending, err := readEventResults(results, len(order)+min(len(unknownIDs), 1))
+	events, pending, present, err := readEventResults(results, len(order)+min(len(unknownIDs), 1))
 	if cerr := results.Close(); err == nil {
 		err = cerr
 	}
@@ -145,36 +147,37 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 				Reason: ReasonUnknownTable, Cause: err})
 			continue
 		}
-		items = append(items, captured{id: cd.id, table: table, raw: events[cd.id], backoff: cd.backoff})
+		items = append(items, captured{id: cd.id, table: table, raw: events[cd.id], present: present[cd.id], backoff: cd.backoff})
 	}
 	return items, aside, nil
 }
 
 // readEventResults reads readEventsOnce's pipeline: the timeouts, then
-// each read's claimed rows still pending with their events.
-func readEventResults(results pgx.BatchResults, reads int) (map[string][]byte, map[string]bool, error) {
+// each read's claimed rows still pending with their events, and whether
+// each one's event row exists.
+func readEventResults(results pgx.BatchResults, reads int) (events map[string][]byte, pending, present map[string]bool, err error) {
 	if _, err := results.Exec(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	pending := map[string]bool{}
-	events := map[string][]byte{}
+	pending, present, events = map[string]bool{}, map[string]bool{}, map[string][]byte{}
 	var id string
 	var raw []byte
+	var found bool
 	for range reads {
 		rows, err := results.Query()
 		if err != nil {
-			return nil, nil, fmt.Errorf("read events: %w", err)
+			return nil, nil, nil, fmt.Errorf("read events: %w", err)
 		}
-		_, err = pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
-			pending[id] = true
+		_, err = pgx.ForEachRow(rows, []any{&id, &raw, &found}, func() error {
+			pending[id], present[id] = true, found
 			if raw != nil {
 				events[id] = append([]byte(nil), raw...)
 			}
 			return nil
 		})
 		if err != nil {
-			return nil, nil, fmt.Errorf("read events: %w", err)
+			return nil, nil, nil, fmt.Errorf("read events: %w", err)
 		}
 	}
-	return events, pending, nil
+	return events, pending, present, nil
 }

@@ -82,6 +82,10 @@ type SetAsideReport struct {
 	Count int64 `json:"count"`
 	// Events lists the oldest of them (up to the limit asked for).
 	Events []SetAsideEvent `json:"events,omitempty"`
+	// InThisProcessOnly: at protocol 3 the set-aside events live in the
+	// memory of the process that set them aside (the schema has nowhere to
+	// keep them), so this report, from another process, cannot see them.
+	InThisProcessOnly bool `json:"-"`
 }
 
 // SetAside reports a target's set-aside events, at most limit of them
@@ -92,6 +96,7 @@ type SetAsideReport struct {
 func (s *Store) SetAside(ctx context.Context, t Target, limit, maxMessageBytes int) (SetAsideReport, error) {
 	var rep SetAsideReport
 	if !t.UsesDelivery() {
+		rep.InThisProcessOnly = true
 		return rep, nil
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -176,9 +181,11 @@ func (s *Store) findReasons(ctx context.Context, tx pgx.Tx, t Target, events []S
 			return err
 		}
 		raw := map[string][]byte{}
+		found := map[string]bool{}
 		var id string
 		var ev []byte
 		if _, err := pgx.ForEachRow(rows, []any{&id, &ev}, func() error {
+			found[id] = true
 			if ev != nil {
 				raw[id] = append([]byte(nil), ev...)
 			}
@@ -189,8 +196,12 @@ func (s *Store) findReasons(ctx context.Context, tx pgx.Tx, t Target, events []S
 		for _, i := range at {
 			e := &events[i]
 			r, ok := raw[e.HistoryID]
-			if !ok {
-				e.Reason, e.Detail = ReasonMissingHistory, "the history row is gone or holds no event"
+			switch {
+			case !ok && found[e.HistoryID]:
+				e.Reason, e.Detail = ReasonNotCaptured, "the history row holds no captured event: its replication column is NULL"
+				continue
+			case !ok:
+				e.Reason, e.Detail = ReasonMissingHistory, "the history (or baseline) row is gone"
 				continue
 			}
 			js, _, err := event.AppendMessage(nil, r, t.SourceID, e.HistoryID, t.Generation)

@@ -19,14 +19,16 @@ func TestUnpublishableEventsAreSetAside(t *testing.T) {
 	t.Parallel()
 	first := `(SELECT min(id::text)::uuid FROM product_history)`
 	for _, c := range []struct {
-		name, change string
-		sdkErr       error
-		reason       store.Reason
+		name, change  string
+		sdkErr, cause error
+		reason        store.Reason
 	}{
-		{"history row deleted", `DELETE FROM product_history WHERE id = ` + first, store.ErrMissingHistory, store.ReasonMissingHistory},
-		{"replication cleared", `UPDATE product_history SET replication = NULL WHERE id = ` + first, store.ErrMissingHistory, store.ReasonMissingHistory},
-		{"forged table", `UPDATE _ontology_replication_delivery SET history_table = 'customer' WHERE event_id = ` + first, store.ErrNoCaptureTable, store.ReasonUnknownTable},
-		{"not an event", `UPDATE product_history SET replication = '"text"' WHERE id = ` + first, event.ErrMalformed, store.ReasonMalformed},
+		{"history row deleted", `DELETE FROM product_history WHERE id = ` + first, store.ErrMissingHistory, store.ErrMissingHistory, store.ReasonMissingHistory},
+		// The SDK calls both "missing from retained history"; the store
+		// names what happened.
+		{"replication cleared", `UPDATE product_history SET replication = NULL WHERE id = ` + first, store.ErrMissingHistory, store.ErrNotCaptured, store.ReasonNotCaptured},
+		{"forged table", `UPDATE _ontology_replication_delivery SET history_table = 'customer' WHERE event_id = ` + first, store.ErrNoCaptureTable, store.ErrNoCaptureTable, store.ReasonUnknownTable},
+		{"not an event", `UPDATE product_history SET replication = '"text"' WHERE id = ` + first, event.ErrMalformed, event.ErrMalformed, store.ReasonMalformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -48,7 +50,7 @@ func TestUnpublishableEventsAreSetAside(t *testing.T) {
 			require.Equal(t, bad, aside.HistoryID)
 			require.Equal(t, c.reason, aside.Reason)
 			require.Equal(t, sha(tg.SourceID+":"+bad+":"+tg.Generation), aside.EventID)
-			require.ErrorIs(t, aside.Cause, c.sdkErr)
+			require.ErrorIs(t, aside.Cause, c.cause)
 			n, err := claim.Acknowledge(e.ctx)
 			require.NoError(t, err)
 			require.EqualValues(t, 2, n)

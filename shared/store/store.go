@@ -151,6 +151,9 @@ var (
 	ErrUnknownGeneration = errors.New("unknown replication generation")
 	// ErrMissingHistory: a queued event's history (or baseline) row is gone.
 	ErrMissingHistory = errors.New("a queued replication event is missing from retained history")
+	// ErrNotCaptured: a queued event's history row holds no captured event
+	// (its replication column is NULL).
+	ErrNotCaptured = errors.New("a queued replication event's history row holds no captured event (its replication column is NULL)")
 	// ErrNoCaptureTable: a selected entity or a queued event names a table
 	// that has no capture trigger.
 	ErrNoCaptureTable = errors.New("no history table with a capture trigger")
