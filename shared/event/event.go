@@ -46,9 +46,9 @@ func ID(sourceID, historyID, generation string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ErrMalformed reports a captured event that no BigQuery subscription could
-// write: not a JSON object, or one without the event's keys. Retrying cannot
-// fix it.
+// ErrMalformed reports a captured event that is not a JSON object (or not
+// JSON): what the SDK's spread would publish is not the captured event.
+// Retrying cannot fix it.
 var ErrMalformed = errors.New("malformed captured event")
 
 // AppendJSON appends the event's JSON to dst, byte for byte as JavaScript's

@@ -17,7 +17,9 @@ import (
 
 // CapturedKeys are the keys every captured event holds (the capture trigger's
 // jsonb_build_object, seeds 000 and 001; a protocol-4 capture adds
-// generation). A captured event that lacks one is malformed.
+// generation). An event without one of them is still published, as the SDK
+// publishes it (see AppendMessage): the BigQuery subscription's schema,
+// which requires them, is the judge.
 var CapturedKeys = []string{"source_id", "entity_id", "record_key", "record_kind", "revision", "deleted", "schema_hash", "payload"}
 
 // AppendMessage appends to dst the Pub/Sub message data the SDK publishes for
@@ -37,11 +39,17 @@ var CapturedKeys = []string{"source_id", "entity_id", "record_key", "record_kind
 // the other keys, and event_id is added last (or replaced in its place).
 //
 // raw is the captured event as PostgreSQL's jsonb text (what pgx and the
-// SDK's client receive). It must be a JSON object holding every key of
-// CapturedKeys, whatever their values: anything else is ErrMalformed, since
-// no BigQuery subscription can write a message without the table's required
-// fields (the SDK would publish it and the subscription would dead-letter
-// it; the drain sets it aside, where status names it).
+// SDK's client receive). It must be a JSON object; its keys and values are
+// whatever was captured. An object missing some of CapturedKeys (written
+// past the capture trigger, say) is built as the SDK builds it, spread and
+// all, and published: the SDK publishes it (SPEC §4: a captured event the
+// SDK would publish as it is, we publish as it is), and the BigQuery
+// subscription, whose table requires those fields, dead-letters it, where
+// `job dead-letter` shows it. Anything that is not a JSON object is
+// ErrMalformed: the SDK's spread would publish a different object (a
+// string's characters, an array's elements by index, or {} for a number
+// or a boolean), not the captured event, so the drain sets it aside with
+// that reason.
 func AppendMessage(dst, raw []byte, sourceID, historyID, generation string) ([]byte, string, error) {
 	eventID := ID(sourceID, historyID, generation)
 	s := scanner{b: raw}
@@ -58,11 +66,6 @@ func AppendMessage(dst, raw []byte, sourceID, historyID, generation string) ([]b
 	}
 	if err != nil {
 		return dst, eventID, fmt.Errorf("%w: row %s: %v", ErrMalformed, historyID, err)
-	}
-	for _, k := range CapturedKeys {
-		if !slices.ContainsFunc(members, func(m member) bool { return m.key == k }) {
-			return dst, eventID, fmt.Errorf("%w: row %s has no %s", ErrMalformed, historyID, k)
-		}
 	}
 	members = withOverride(members, "generation", generation)
 	members = withOverride(members, "event_id", eventID)

@@ -124,3 +124,40 @@ func TestSetAsideReasonsAndRetry(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, rep.Count)
 }
+
+// TestEventMissingACapturedKeyIsPublished: a captured event without one of
+// the keys the table requires (entity_id, here) is published as the SDK
+// publishes it — the message the SDK's read builds, byte for byte — and not
+// set aside: the BigQuery subscription's schema judges it (SPEC §4).
+func TestEventMissingACapturedKeyIsPublished(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 3)
+	first := `(SELECT min(id::text)::uuid FROM product_history)`
+	var bad string
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT `+first+`::text`).Scan(&bad))
+	e.exec(t, `UPDATE product_history SET replication = replication - 'entity_id' WHERE id = `+first)
+	sdk, err := e.store.PendingEvents(e.ctx, tg)
+	require.NoError(t, err, "the SDK's read builds it")
+	claim, err := e.store.Claim(e.ctx, tg)
+	require.NoError(t, err)
+	require.Empty(t, claim.Unpublishable, "not set aside")
+	require.Len(t, claim.Events, 3)
+	var want, got []byte
+	for _, p := range sdk.Events {
+		if p.HistoryID == bad {
+			want = p.JSON
+		}
+	}
+	for _, p := range claim.Events {
+		if p.HistoryID == bad {
+			got = p.JSON
+		}
+	}
+	require.NotNil(t, want)
+	require.Equal(t, string(want), string(got), "the SDK's message, byte for byte")
+	require.NotContains(t, string(got), `"entity_id"`)
+	_, err = claim.Acknowledge(e.ctx)
+	require.NoError(t, err)
+}
