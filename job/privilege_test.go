@@ -52,8 +52,8 @@ var protocol4Only = []string{"_ontology_replication_delivery", "_ontology_replic
 // without the protocol-4 tables, and not at all when it names no other or
 // names the protocol-4 column verified_count.
 func grantAtProtocol3(statement string) string {
-	if strings.Contains(statement, "(verified_count)") {
-		return ""
+	if strings.Contains(statement, "verified_count") {
+		return "" // the targets' columns the migration adds
 	}
 	on := regexp.MustCompile(`(?s)( ON )(.*?)(\s+TO )`)
 	m := on.FindStringSubmatchIndex(statement)
@@ -265,6 +265,11 @@ func TestLeastPrivilege(t *testing.T) {
 		job("verify")
 		job("replay")
 		job("verify")
+		// A partial replay, and a repair of chosen records: the store's own
+		// resets, under the same grants.
+		job("replay", "--entity", "product", "--since-revision", "1")
+		job("verify")
+		job("repair", "--entity", "product", "--records", "no-such-record")
 		for id, s := range status() {
 			require.Zero(t, s.Pending, id)
 			require.Zero(t, s.Unverified, id)
