@@ -1004,3 +1004,44 @@ func TestTerraformMonitorsEveryPubSubProject(t *testing.T) {
 	})
 	require.Contains(t, filter, `resource.labels.subscription_id=monitoring.regex.full_match(".*-dead-letter")`)
 }
+
+// TestTerraformViewsRoleIsNotOnTheEventsDataset: the job's custom views
+// role (which holds bigquery.tables.update, and so could set the events
+// table's expiration) is granted on the views dataset only; on the events
+// dataset the job only reads; the views dataset is authorized on it; and a
+// workspace whose views_dataset is its dataset is refused.
+func TestTerraformViewsRoleIsNotOnTheEventsDataset(t *testing.T) {
+	t.Parallel()
+	child := parseModule(t, "modules/workspace")
+	text := func(e hclsyntax.Expression) string {
+		return string(e.Range().SliceBytes(child.source[e.Range().Filename]))
+	}
+	var viewsRole []string
+	for key, b := range child.resources {
+		if !strings.HasPrefix(key, "google_bigquery_dataset_iam_member.") {
+			continue
+		}
+		role, dataset := text(b.Body.Attributes["role"].Expr), text(b.Body.Attributes["dataset_id"].Expr)
+		if role == "var.job_role_id" {
+			viewsRole = append(viewsRole, key)
+			require.Equal(t, "google_bigquery_dataset.views.dataset_id", dataset, "%s: the views role on the views dataset only", key)
+		}
+		if strings.Contains(dataset, "google_bigquery_dataset.internal") && text(b.Body.Attributes["member"].Expr) == "var.job" {
+			require.Equal(t, `"roles/bigquery.dataViewer"`, role, "%s: on the events dataset the job only reads", key)
+		}
+	}
+	require.Equal(t, []string{"google_bigquery_dataset_iam_member.job"}, viewsRole)
+	access := child.resources["google_bigquery_dataset_access.views"]
+	require.NotNil(t, access, "the views dataset is authorized on the events dataset")
+	require.Equal(t, "google_bigquery_dataset.internal.dataset_id", text(access.Body.Attributes["dataset_id"].Expr))
+
+	root := parseModule(t, ".")
+	var refused bool
+	for _, b := range root.variables["workspaces"].Body.Blocks {
+		if b.Type == "validation" {
+			cond := b.Body.Attributes["condition"].Expr
+			refused = refused || strings.Contains(string(cond.Range().SliceBytes(root.source[cond.Range().Filename])), "ws.views_dataset != ws.dataset")
+		}
+	}
+	require.True(t, refused, "views_dataset equal to dataset is refused")
+}

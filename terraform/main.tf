@@ -90,6 +90,7 @@ module "workspace" {
   bigquery_project                  = local.workspaces[each.key].bigquery_project
   dataset_id                        = each.value.dataset
   table_id                          = each.value.table
+  views_dataset_id                  = each.value.views_dataset
   location                          = each.value.bigquery_location
   dead_letter_max_delivery_attempts = var.dead_letter_max_delivery_attempts
   deletion_protection               = var.events_table_deletion_protection

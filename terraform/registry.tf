@@ -24,7 +24,7 @@ locals {
               max_conns  = local.pool_size[c]
             }
             pubsub   = { project = local.workspaces[id].pubsub_project, topic = local.workspaces[id].topic }
-            bigquery = { project = local.workspaces[id].bigquery_project, dataset = ws.dataset, table = ws.table, location = ws.bigquery_location }
+            bigquery = { project = local.workspaces[id].bigquery_project, dataset = ws.dataset, table = ws.table, location = ws.bigquery_location, views_dataset = ws.views_dataset }
           }
         )]
       }

@@ -54,12 +54,17 @@ variable "workspaces" {
     topic             = optional(string) # default: ontology-replication-<workspace>
     bigquery_project  = optional(string)
     dataset           = optional(string, "ontology_internal")
+    views_dataset     = optional(string, "ontology") # the latest-state views
     table             = optional(string, "events")
     bigquery_location = optional(string, "EU")
   }))
   validation {
     condition     = alltrue([for ws in var.workspaces : can(regex("^[a-z][a-z0-9.:-]*:[a-z0-9-]+:[a-z][a-z0-9-]*$", ws.database.instance))])
     error_message = "Each workspace's database.instance must be a Cloud SQL connection name, project:region:instance."
+  }
+  validation {
+    condition     = alltrue([for ws in var.workspaces : ws.views_dataset != ws.dataset])
+    error_message = "A workspace's views_dataset must not be its dataset: the job's role to create views must not be held on the dataset of the events table."
   }
   validation {
     condition     = length(distinct([for ws in var.workspaces : ws.runtime_subject])) == length(var.workspaces)

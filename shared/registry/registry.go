@@ -130,6 +130,12 @@ type BigQuery struct {
 	Dataset string `json:"dataset"`
 	// Table is the events table. Default: events.
 	Table string `json:"table"`
+	// ViewsDataset is the dataset `job views` creates the latest-state
+	// views in, in the same project: one of its own (terraform's default,
+	// "ontology"), so that the job's role to create views is not held on
+	// the dataset of the events table, the verification evidence. Default:
+	// Dataset (the views beside the table).
+	ViewsDataset string `json:"views_dataset,omitempty"`
 	// Location is the dataset's location, sent with every query (e.g. EU).
 	Location string `json:"location,omitempty"`
 	// Endpoint points the BigQuery client at a local or test server, with
@@ -220,6 +226,9 @@ func (r *Registry) applyDefaults() {
 		if w.BigQuery.Table == "" {
 			w.BigQuery.Table = "events"
 		}
+		if w.BigQuery.ViewsDataset == "" {
+			w.BigQuery.ViewsDataset = w.BigQuery.Dataset
+		}
 		if w.BigQuery.Partitioning == "" {
 			w.BigQuery.Partitioning = PartitioningIngestionTime
 		}
@@ -303,6 +312,9 @@ func (r *Registry) Validate() error {
 		}
 		if !bqNamePattern.MatchString(bq.Dataset) {
 			return fmt.Errorf("%s.bigquery.dataset: %q must be letters, digits and underscores", at, bq.Dataset)
+		}
+		if !bqNamePattern.MatchString(bq.ViewsDataset) {
+			return fmt.Errorf("%s.bigquery.views_dataset: %q must be letters, digits and underscores", at, bq.ViewsDataset)
 		}
 		if !bqNamePattern.MatchString(bq.Table) {
 			return fmt.Errorf("%s.bigquery.table: %q must be letters, digits and underscores", at, bq.Table)

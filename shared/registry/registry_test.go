@@ -37,7 +37,7 @@ func TestParseValid(t *testing.T) {
 	require.Len(t, r.Workspaces, 2)
 	w2, ok := r.Workspace("w2")
 	require.True(t, ok)
-	require.Equal(t, registry.BigQuery{Project: "proj-1", Dataset: "ontology_internal", Table: "events", Partitioning: "ingestion_time"}, w2.BigQuery, "defaults")
+	require.Equal(t, registry.BigQuery{Project: "proj-1", Dataset: "ontology_internal", Table: "events", ViewsDataset: "ontology_internal", Partitioning: "ingestion_time"}, w2.BigQuery, "defaults: the views beside the table")
 	require.Zero(t, w2.Database.MaxConns, "the component's pool size applies")
 	require.Equal(t, "ontology-replication-dead-letter", r.Workspaces[0].PubSub.DeadLetterSubscription, "default: terraform's name")
 	require.Equal(t, []string{"RS256", "ES256"}, r.Identity.Algorithms)

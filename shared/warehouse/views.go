@@ -1,6 +1,7 @@
 package warehouse
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -216,11 +217,12 @@ func Views(project, table string, t Target) ([]View, error) {
 	return views, nil
 }
 
-// ViewsDataset is where a workspace's views go: the events table's dataset.
-func ViewsDataset(bq registry.BigQuery) string { return bq.Dataset }
+// ViewsDataset is where a workspace's views go: the registry's
+// views_dataset (by default the events table's dataset).
+func ViewsDataset(bq registry.BigQuery) string { return cmp.Or(bq.ViewsDataset, bq.Dataset) }
 
-// CreateViews creates or replaces the views of the target in the events
-// table's dataset, one CREATE OR REPLACE VIEW statement each, through the
+// CreateViews creates or replaces the views of the target in the views
+// dataset (ViewsDataset), one CREATE OR REPLACE VIEW statement each, through the
 // BigQuery client. It returns the fully qualified view names.
 func (b *BigQuery) CreateViews(ctx context.Context, ws registry.Workspace, t Target) ([]string, error) {
 	views, err := Views(ws.BigQuery.Project, tableRef(ws.BigQuery), t)

@@ -124,6 +124,16 @@ func TestCreateViewsThroughTheClient(t *testing.T) {
 	require.True(t, strings.HasPrefix(got[0].SQL, "CREATE OR REPLACE VIEW `p1.ontology_internal.customer` AS\nSELECT"))
 	require.Contains(t, got[3].SQL, "FROM `p1.ontology_internal.events`")
 	require.Equal(t, "EU", got[0].Location)
+
+	// With a views dataset of their own, the views go there and still read
+	// the events table where it is.
+	got = nil
+	ws.BigQuery.ViewsDataset = "ontology"
+	created, err = wh.CreateViews(context.Background(), ws, demoTarget(t, sdkfixture.Demo, sdkfixture.Demo.FullSelection()))
+	require.NoError(t, err)
+	require.Equal(t, "p1.ontology.customer", created[0])
+	require.True(t, strings.HasPrefix(got[0].SQL, "CREATE OR REPLACE VIEW `p1.ontology.customer` AS\nSELECT"))
+	require.Contains(t, got[0].SQL, "FROM `p1.ontology_internal.events`")
 }
 
 // seedLiteral and seedIdentifier are the seed's literal and identifier

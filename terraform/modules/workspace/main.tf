@@ -40,6 +40,30 @@ resource "google_bigquery_dataset" "internal" {
 # schema has no timestamp), so the verifier's lookup, bounded by the
 # events' acceptance time, prunes old partitions; clustered on generation
 # and event_id, which the lookup filters on.
+# The latest-state views, in a dataset of their own: the job's role to
+# create and replace views (which includes bigquery.tables.update, and so
+# could set a table's expiration) is held here, never on the dataset of the
+# events table, the verification evidence. The views dataset is authorized
+# on the events dataset, so that whoever may read the views reads them
+# without access to the events table.
+resource "google_bigquery_dataset" "views" {
+  project    = var.bigquery_project
+  dataset_id = var.views_dataset_id
+  location   = var.location
+}
+
+resource "google_bigquery_dataset_access" "views" {
+  project    = var.bigquery_project
+  dataset_id = google_bigquery_dataset.internal.dataset_id
+  dataset {
+    dataset {
+      project_id = google_bigquery_dataset.views.project
+      dataset_id = google_bigquery_dataset.views.dataset_id
+    }
+    target_types = ["VIEWS"]
+  }
+}
+
 resource "google_bigquery_table" "events" {
   project             = var.bigquery_project
   dataset_id          = google_bigquery_dataset.internal.dataset_id
@@ -112,9 +136,18 @@ resource "google_bigquery_dataset_iam_member" "verifier" {
   member     = var.verifier
 }
 
-resource "google_bigquery_dataset_iam_member" "job" {
+# The job: reads the events table (`job audit`, and the views it creates
+# read it), and creates the views in their own dataset.
+resource "google_bigquery_dataset_iam_member" "job_reader" {
   project    = var.bigquery_project
   dataset_id = google_bigquery_dataset.internal.dataset_id
+  role       = "roles/bigquery.dataViewer"
+  member     = var.job
+}
+
+resource "google_bigquery_dataset_iam_member" "job" {
+  project    = var.bigquery_project
+  dataset_id = google_bigquery_dataset.views.dataset_id
   role       = var.job_role_id
   member     = var.job
 }

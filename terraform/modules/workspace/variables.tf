@@ -23,6 +23,11 @@ variable "dataset_id" {
   type        = string
 }
 
+variable "views_dataset_id" {
+  description = "Dataset of the latest-state views `job views` creates (not the events table's: the job's role to create views is held there only)."
+  type        = string
+}
+
 variable "table_id" {
   description = "Events table id."
   type        = string
