@@ -57,7 +57,8 @@ func AppendMessage(dst, raw []byte, sourceID, historyID, generation string) ([]b
 	if s.i >= len(s.b) || s.b[s.i] != '{' {
 		return dst, eventID, fmt.Errorf("%w: row %s: the captured event is not a JSON object", ErrMalformed, historyID)
 	}
-	members, err := s.object()
+	var x objectIndex
+	err := x.scan(&s, 0)
 	if err == nil {
 		s.space()
 		if s.i != len(s.b) {
@@ -67,6 +68,8 @@ func AppendMessage(dst, raw []byte, sourceID, historyID, generation string) ([]b
 	if err != nil {
 		return dst, eventID, fmt.Errorf("%w: row %s: %v", ErrMalformed, historyID, err)
 	}
+	top := x.objects[0]
+	members := slices.Clone(x.members[top.first : top.first+top.length])
 	members = withOverride(members, "generation", generation)
 	members = withOverride(members, "event_id", eventID)
 	out := dst
@@ -81,7 +84,7 @@ func AppendMessage(dst, raw []byte, sourceID, historyID, generation string) ([]b
 			out = AppendString(out, m.override)
 			continue
 		}
-		if out, err = appendValue(out, raw[m.start:m.end]); err != nil {
+		if out, err = x.value(out, raw, m); err != nil {
 			return dst, eventID, fmt.Errorf("%w: row %s: %v", ErrMalformed, historyID, err)
 		}
 	}
@@ -125,60 +128,6 @@ func (s *scanner) space() {
 	}
 }
 
-// object reads an object at s.i ('{') and returns its members in
-// JavaScript's key order; a repeated key keeps its first place and its last
-// value, as JSON.parse does.
-func (s *scanner) object() ([]member, error) {
-	s.i++ // '{'
-	var members []member
-	var seen map[string]int
-	s.space()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		return members, nil
-	}
-	for {
-		s.space()
-		if s.i >= len(s.b) || s.b[s.i] != '"' {
-			return nil, fmt.Errorf("want a key at offset %d", s.i)
-		}
-		kStart := s.i
-		if err := s.skipString(); err != nil {
-			return nil, err
-		}
-		key, err := decodeString(s.b[kStart:s.i])
-		if err != nil {
-			return nil, err
-		}
-		s.space()
-		if s.i >= len(s.b) || s.b[s.i] != ':' {
-			return nil, fmt.Errorf("want ':' at offset %d", s.i)
-		}
-		s.i++
-		s.space()
-		vStart := s.i
-		if err := s.skipValue(0); err != nil {
-			return nil, err
-		}
-		members, seen = addMember(members, seen, member{key: key, start: vStart, end: s.i})
-		s.space()
-		if s.i >= len(s.b) {
-			return nil, fmt.Errorf("unterminated object")
-		}
-		if s.b[s.i] == ',' {
-			s.i++
-			continue
-		}
-		if s.b[s.i] != '}' {
-			return nil, fmt.Errorf("want ',' or '}' at offset %d", s.i)
-		}
-		s.i++
-		break
-	}
-	jsOrder(members)
-	return members, nil
-}
-
 func cmpUint(a, b uint32) int {
 	switch {
 	case a < b:
@@ -212,74 +161,20 @@ func arrayIndex(key string) (uint32, bool) {
 // maxDepth bounds nesting, as a guard against hostile input.
 const maxDepth = 512
 
+// skipValue moves past the value at s.i, checking it.
 func (s *scanner) skipValue(depth int) error {
-	if depth > maxDepth {
-		return fmt.Errorf("nested deeper than %d", maxDepth)
-	}
+	var none *objectIndex // check only, index nothing
+	return none.scan(s, depth)
+}
+
+// skipScalar moves past the string, number or literal at s.i, checking it.
+func (s *scanner) skipScalar() error {
 	if s.i >= len(s.b) {
 		return fmt.Errorf("want a value at offset %d", s.i)
 	}
 	switch c := s.b[s.i]; {
 	case c == '"':
 		return s.skipString()
-	case c == '{':
-		s.i++
-		s.space()
-		if s.i < len(s.b) && s.b[s.i] == '}' {
-			s.i++
-			return nil
-		}
-		for {
-			s.space()
-			if s.i >= len(s.b) || s.b[s.i] != '"' {
-				return fmt.Errorf("want a key at offset %d", s.i)
-			}
-			if err := s.skipString(); err != nil {
-				return err
-			}
-			s.space()
-			if s.i >= len(s.b) || s.b[s.i] != ':' {
-				return fmt.Errorf("want ':' at offset %d", s.i)
-			}
-			s.i++
-			s.space()
-			if err := s.skipValue(depth + 1); err != nil {
-				return err
-			}
-			s.space()
-			if s.i < len(s.b) && s.b[s.i] == ',' {
-				s.i++
-				continue
-			}
-			if s.i < len(s.b) && s.b[s.i] == '}' {
-				s.i++
-				return nil
-			}
-			return fmt.Errorf("want ',' or '}' at offset %d", s.i)
-		}
-	case c == '[':
-		s.i++
-		s.space()
-		if s.i < len(s.b) && s.b[s.i] == ']' {
-			s.i++
-			return nil
-		}
-		for {
-			s.space()
-			if err := s.skipValue(depth + 1); err != nil {
-				return err
-			}
-			s.space()
-			if s.i < len(s.b) && s.b[s.i] == ',' {
-				s.i++
-				continue
-			}
-			if s.i < len(s.b) && s.b[s.i] == ']' {
-				s.i++
-				return nil
-			}
-			return fmt.Errorf("want ',' or ']' at offset %d", s.i)
-		}
 	case c == 't':
 		return s.literal("true")
 	case c == 'f':
@@ -362,25 +257,16 @@ func decodeString(lit []byte) (string, error) {
 	return v, nil
 }
 
-// appendValue appends a JSON value as JSON.stringify writes what JSON.parse
-// made of it: no whitespace, strings escaped as AppendString does, numbers
-// in JavaScript's shortest form, objects' keys in JavaScript's order.
-//
-// It is linear in the value's size, however deeply it nests: one pass
-// indexes the members of every object (their keys in JavaScript's order
-// and their values' spans), and one pass writes, reading arrays and scalars
-// as it goes and each object's members from the index. (Writing each
-// object by first scanning its members and then writing each member's
-// value, scanned again, cost a rescan per level: quadratic in the depth.)
-func appendValue(dst, v []byte) ([]byte, error) {
-	var x objectIndex
-	s := scanner{b: v}
-	if err := x.scan(&s, 0); err != nil {
-		return dst, err
-	}
-	w := scanner{b: v}
-	return x.write(dst, &w)
-}
+// A value is written as JSON.stringify writes what JSON.parse made of it:
+// no whitespace, strings escaped as AppendString does, numbers in
+// JavaScript's shortest form, objects' keys in JavaScript's order. It is
+// linear in the value's size, however deeply it nests: one pass (scan)
+// checks the value and indexes the members of every object (their keys in
+// JavaScript's order and their values' spans), and one pass (write) writes,
+// reading arrays and scalars as it goes and each object's members from the
+// index. (Writing each object by first scanning its members and then
+// writing each member's value, scanned again, cost a rescan per level:
+// quadratic in the depth.)
 
 // objectIndex holds every object of a JSON value, in the order of their
 // opening braces: where each starts and ends, and its members in
@@ -395,7 +281,8 @@ type indexedObject struct {
 	first, length int // its members: members[first : first+length]
 }
 
-// scan reads the value at s.i, as skipValue does, indexing its objects.
+// scan reads and checks the value at s.i, indexing its objects (a nil
+// index checks only: skipValue).
 func (x *objectIndex) scan(s *scanner, depth int) error {
 	if depth > maxDepth {
 		return fmt.Errorf("nested deeper than %d", maxDepth)
@@ -405,15 +292,20 @@ func (x *objectIndex) scan(s *scanner, depth int) error {
 	}
 	switch s.b[s.i] {
 	case '{':
-		slot := len(x.objects)
-		x.objects = append(x.objects, indexedObject{start: s.i})
+		slot := -1
+		if x != nil {
+			slot = len(x.objects)
+			x.objects = append(x.objects, indexedObject{start: s.i})
+		}
 		var members []member
 		var seen map[string]int // key → index in members, once there are many
 		s.i++
 		s.space()
 		if s.i < len(s.b) && s.b[s.i] == '}' {
 			s.i++
-			x.objects[slot].end, x.objects[slot].first = s.i, len(x.members)
+			if x != nil {
+				x.objects[slot].end, x.objects[slot].first = s.i, len(x.members)
+			}
 			return nil
 		}
 		for {
@@ -425,9 +317,12 @@ func (x *objectIndex) scan(s *scanner, depth int) error {
 			if err := s.skipString(); err != nil {
 				return err
 			}
-			key, err := decodeString(s.b[kStart:s.i])
-			if err != nil {
-				return err
+			var key string
+			if x != nil {
+				var err error
+				if key, err = decodeString(s.b[kStart:s.i]); err != nil {
+					return err
+				}
 			}
 			s.space()
 			if s.i >= len(s.b) || s.b[s.i] != ':' {
@@ -439,7 +334,9 @@ func (x *objectIndex) scan(s *scanner, depth int) error {
 			if err := x.scan(s, depth+1); err != nil {
 				return err
 			}
-			members, seen = addMember(members, seen, member{key: key, start: vStart, end: s.i})
+			if x != nil {
+				members, seen = addMember(members, seen, member{key: key, start: vStart, end: s.i})
+			}
 			s.space()
 			if s.i < len(s.b) && s.b[s.i] == ',' {
 				s.i++
@@ -451,9 +348,11 @@ func (x *objectIndex) scan(s *scanner, depth int) error {
 			}
 			return fmt.Errorf("want ',' or '}' at offset %d", s.i)
 		}
-		jsOrder(members)
-		x.objects[slot].end, x.objects[slot].first, x.objects[slot].length = s.i, len(x.members), len(members)
-		x.members = append(x.members, members...)
+		if x != nil {
+			jsOrder(members)
+			x.objects[slot].end, x.objects[slot].first, x.objects[slot].length = s.i, len(x.members), len(members)
+			x.members = append(x.members, members...)
+		}
 		return nil
 	case '[':
 		s.i++
@@ -479,7 +378,17 @@ func (x *objectIndex) scan(s *scanner, depth int) error {
 			return fmt.Errorf("want ',' or ']' at offset %d", s.i)
 		}
 	}
-	return s.skipValue(depth) // a scalar
+	return s.skipScalar()
+}
+
+// value writes an object member's value (its span is known: a scalar is
+// not scanned again).
+func (x *objectIndex) value(dst, b []byte, m member) ([]byte, error) {
+	if c := b[m.start]; c != '{' && c != '[' {
+		return appendScalar(dst, b[m.start:m.end])
+	}
+	sub := scanner{b: b, i: m.start}
+	return x.write(dst, &sub)
 }
 
 // write writes the value at s.i (which scan has checked) and moves s.i
@@ -501,13 +410,7 @@ func (x *objectIndex) write(dst []byte, s *scanner) ([]byte, error) {
 			dst = AppendString(dst, m.key)
 			dst = append(dst, ':')
 			var err error
-			if c := s.b[m.start]; c != '{' && c != '[' {
-				dst, err = appendScalar(dst, s.b[m.start:m.end]) // its span is known: no second scan
-			} else {
-				sub := scanner{b: s.b, i: m.start}
-				dst, err = x.write(dst, &sub)
-			}
-			if err != nil {
+			if dst, err = x.value(dst, s.b, m); err != nil {
 				return dst, err
 			}
 		}
@@ -538,7 +441,7 @@ func (x *objectIndex) write(dst []byte, s *scanner) ([]byte, error) {
 		}
 	}
 	start := s.i
-	if err := s.skipValue(0); err != nil {
+	if err := s.skipScalar(); err != nil {
 		return dst, err
 	}
 	return appendScalar(dst, s.b[start:s.i])

@@ -8,6 +8,18 @@ import (
 	"testing"
 )
 
+// appendValue writes one JSON value as AppendMessage writes each member's:
+// scan, then write.
+func appendValue(dst, v []byte) ([]byte, error) {
+	var x objectIndex
+	s := scanner{b: v}
+	if err := x.scan(&s, 0); err != nil {
+		return dst, err
+	}
+	w := scanner{b: v}
+	return x.write(dst, &w)
+}
+
 // quadraticAppendValue is the encoder as it was before appendValue was
 // made linear (it rescans every nested value once per level), kept as the
 // oracle the fuzz test holds appendValue to, byte for byte.
