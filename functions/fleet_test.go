@@ -25,7 +25,7 @@ import (
 // so that the cluster's bound is the product's.
 func fleet(t *testing.T, n, events, maxConnections int, opts ...option_) *harness {
 	t.Helper()
-	c, err := pgtest.Start(context.Background(), pgtest.Config{Settings: map[string]string{"max_connections": fmt.Sprint(maxConnections)}})
+	c, err := pgtest.Start(context.Background(), pgtest.Config{Disposable: true, Settings: map[string]string{"max_connections": fmt.Sprint(maxConnections)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Stop() })
 	ids := make([]string, n)

@@ -23,7 +23,7 @@ func TestFortyWorkspacesWithinTheConnectionBudget(t *testing.T) {
 	}
 	t.Parallel()
 	ctx := context.Background()
-	c, err := pgtest.Start(ctx, pgtest.Config{Settings: map[string]string{"max_connections": "100"}})
+	c, err := pgtest.Start(ctx, pgtest.Config{Disposable: true, Settings: map[string]string{"max_connections": "100"}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Stop() })
 	templates := make([]*pgtest.Template, 40)

@@ -107,6 +107,9 @@ func (c *Cluster) NewDatabase(t testing.TB, tpl *Template) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.disposable {
+		return url // it goes with the cluster
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
