@@ -376,7 +376,9 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 			}
 			// Handed back, not acknowledged: the dead letters stay for `job
 			// dead-letter` in the --keep sandbox.
-			_ = l.client.SubscriptionAdminClient.ModifyAckDeadline(ctx, &pubsubpb.ModifyAckDeadlineRequest{Subscription: localDeadSub, AckIds: ack, AckDeadlineSeconds: 0})
+			// Detached: the last pull of a stopping watcher must still hand
+			// its messages back, or they stay leased for the ack deadline.
+			_ = l.client.SubscriptionAdminClient.ModifyAckDeadline(context.WithoutCancel(ctx), &pubsubpb.ModifyAckDeadlineRequest{Subscription: localDeadSub, AckIds: ack, AckDeadlineSeconds: 0})
 		}
 		if history := l.deadHistory.Load(); done.Load() && !aged && history != nil {
 			l.agedDeadLetter.Store(true)
