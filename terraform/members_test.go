@@ -39,7 +39,9 @@ var iamFunctions = func() map[string]function.Function {
 		"sort": stdlib.SortFunc, "merge": stdlib.MergeFunc, "flatten": stdlib.FlattenFunc, "format": stdlib.FormatFunc,
 		"replace": stdlib.ReplaceFunc, "basename": function.New(&function.Spec{
 			Params: []function.Parameter{{Name: "p", Type: cty.String}}, Type: function.StaticReturnType(cty.String),
-			Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) { return cty.StringVal(filepath.Base(args[0].AsString())), nil },
+			Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+				return cty.StringVal(filepath.Base(args[0].AsString())), nil
+			},
 		}),
 	}
 	for k, v := range tfFunctions {
@@ -151,7 +153,7 @@ func TestTerraformEachRoleGoesToItsMember(t *testing.T) {
 	workspace := func(org, sub, instance, pubsub, bq string) cty.Value {
 		return cty.ObjectVal(map[string]cty.Value{
 			"organization_id": cty.StringVal(org), "runtime_subject": cty.StringVal(sub),
-			"database": cty.ObjectVal(map[string]cty.Value{"instance": cty.StringVal(instance), "name": cty.StringVal("db"), "private_ip": cty.True}),
+			"database":       cty.ObjectVal(map[string]cty.Value{"instance": cty.StringVal(instance), "name": cty.StringVal("db"), "private_ip": cty.True}),
 			"pubsub_project": cty.StringVal(pubsub), "topic": cty.NullVal(cty.String), "bigquery_project": cty.StringVal(bq),
 			"dataset": cty.StringVal("ontology_internal"), "views_dataset": cty.StringVal("ontology"), "table": cty.StringVal("events"),
 			"bigquery_location": cty.StringVal("EU"),
@@ -174,7 +176,9 @@ func TestTerraformEachRoleGoesToItsMember(t *testing.T) {
 	for _, c := range []string{"drain", "verify", "job"} {
 		components[c] = account("replication-" + c)
 	}
-	named := func(name string) cty.Value { return cty.ObjectVal(map[string]cty.Value{"name": cty.StringVal(name), "id": cty.StringVal(name)}) }
+	named := func(name string) cty.Value {
+		return cty.ObjectVal(map[string]cty.Value{"name": cty.StringVal(name), "id": cty.StringVal(name)})
+	}
 	mocks := map[string]cty.Value{
 		"google_service_account": cty.ObjectVal(map[string]cty.Value{"component": cty.ObjectVal(components),
 			"scheduler": account("replication-scheduler"), "build": account("replication-build")}),
