@@ -72,21 +72,7 @@ func moduleGrants(t *testing.T, m *tfModule, vars map[string]cty.Value, mocks ma
 	for k, v := range mocks {
 		ctx.Variables[k] = v
 	}
-	locals := map[string]cty.Value{}
-	for progress := true; progress; {
-		progress = false
-		for name, a := range m.locals {
-			if _, done := locals[name]; done {
-				continue
-			}
-			ctx.Variables["local"] = cty.ObjectVal(locals)
-			if v, diags := a.Expr.Value(ctx); !diags.HasErrors() && v.IsWhollyKnown() {
-				locals[name] = v
-				progress = true
-			}
-		}
-	}
-	ctx.Variables["local"] = cty.ObjectVal(locals)
+	evalLocals(m, ctx)
 	var out []grant
 	for key, b := range m.resources {
 		if !strings.HasSuffix(strings.SplitN(key, ".", 2)[0], "_iam_member") {
@@ -192,21 +178,7 @@ func TestTerraformEachRoleGoesToItsMember(t *testing.T) {
 	for k, v := range mocks {
 		rootEval.Variables[k] = v
 	}
-	rootLocals := map[string]cty.Value{}
-	for progress := true; progress; {
-		progress = false
-		for name, a := range root.locals {
-			if _, done := rootLocals[name]; done {
-				continue
-			}
-			rootEval.Variables["local"] = cty.ObjectVal(rootLocals)
-			if v, diags := a.Expr.Value(rootEval); !diags.HasErrors() && v.IsWhollyKnown() {
-				rootLocals[name] = v
-				progress = true
-			}
-		}
-	}
-	rootEval.Variables["local"] = cty.ObjectVal(rootLocals)
+	evalLocals(root, rootEval)
 	call := root.modules["workspace"]
 	for id, ws := range vars["workspaces"].AsValueMap() {
 		ectx := rootEval.NewChild()

@@ -30,6 +30,27 @@ var tfFunctions = map[string]function.Function{
 	}),
 }
 
+// evalLocals evaluates the module's locals that ctx (its var, mocks and
+// functions) can evaluate, each in turn once those it reads are known, and
+// sets ctx's local to them.
+func evalLocals(m *tfModule, ctx *hcl.EvalContext) {
+	locals := map[string]cty.Value{}
+	for progress := true; progress; {
+		progress = false
+		for name, a := range m.locals {
+			if _, done := locals[name]; done {
+				continue
+			}
+			ctx.Variables["local"] = cty.ObjectVal(locals)
+			if v, diags := a.Expr.Value(ctx); !diags.HasErrors() && v.IsWhollyKnown() {
+				locals[name] = v
+				progress = true
+			}
+		}
+	}
+	ctx.Variables["local"] = cty.ObjectVal(locals)
+}
+
 // monitoringEval evaluates the deployment's monitoring expressions as
 // terraform would with every variable at its default: var, the locals that
 // need no resource, and each (for a for_each's element).
@@ -53,22 +74,7 @@ func newMonitoringEval(t *testing.T) *monitoringEval {
 	}
 	e.vars["project"] = cty.StringVal("acme")
 	e.ctx = &hcl.EvalContext{Functions: tfFunctions, Variables: map[string]cty.Value{"var": cty.ObjectVal(e.vars)}}
-	// The locals that evaluate from variables and other such locals.
-	locals := map[string]cty.Value{}
-	for progress := true; progress; {
-		progress = false
-		for name, a := range m.locals {
-			if _, done := locals[name]; done {
-				continue
-			}
-			e.ctx.Variables["local"] = cty.ObjectVal(locals)
-			if v, diags := a.Expr.Value(e.ctx); !diags.HasErrors() && v.IsWhollyKnown() {
-				locals[name] = v
-				progress = true
-			}
-		}
-	}
-	e.ctx.Variables["local"] = cty.ObjectVal(locals)
+	evalLocals(m, e.ctx)
 	// The one resource the conditions name: the SLO the burn rates select.
 	e.ctx.Variables["google_monitoring_slo"] = cty.ObjectVal(map[string]cty.Value{"verified_in_time": cty.ObjectVal(map[string]cty.Value{
 		"name": cty.StringVal("projects/acme/services/ontology-replication/serviceLevelObjectives/slo"), "display_name": cty.StringVal("slo")})})
