@@ -3,6 +3,7 @@ package terraform_test
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -208,7 +209,7 @@ func TestTerraformEachRoleGoesToItsMember(t *testing.T) {
 			on = "views dataset"
 		}
 		entry := role + " on " + on
-		if !containsString(got[member], entry) {
+		if !slices.Contains(got[member], entry) {
 			got[member] = append(got[member], entry)
 		}
 	}
@@ -232,13 +233,4 @@ func TestTerraformEachRoleGoesToItsMember(t *testing.T) {
 		"gateway@platform": {"run.invoker on cloud_run_v2_service"},
 	}
 	require.Equal(t, want, got)
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
