@@ -359,7 +359,13 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 	aged := false
 	seen := map[string]bool{} // the emulator may hand a dead letter out again
 	for ctx.Err() == nil {
-		resp, err := l.client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{Subscription: localDeadSub, MaxMessages: 100, ReturnImmediately: true})
+		// Detached from ctx, with a bound of its own: a pull cut off by the
+		// watcher's stop may already have leased its messages on the
+		// server, where they would stay hidden from `job dead-letter` and
+		// `job status` for the ack deadline.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		resp, err := l.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{Subscription: localDeadSub, MaxMessages: 100, ReturnImmediately: true})
+		cancel()
 		if err == nil && len(resp.ReceivedMessages) > 0 {
 			var ack []string
 			for _, m := range resp.ReceivedMessages {
