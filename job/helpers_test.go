@@ -59,11 +59,30 @@ type harness struct {
 	// afterRecordsRead, when set, runs after the warehouse computed its
 	// answer to an audit's records query and before the answer is sent.
 	afterRecordsRead func()
-	// decoded caches each Pub/Sub message's event id by message id, so
-	// that a lookup decodes only the messages published since the last
-	// (a replay of 20,000 events leaves 40,000 messages to answer from).
+	// decoded caches the event id of each message body published, filled
+	// as publish requests arrive (publishHook), so that a lookup decodes
+	// nothing on a busy machine: a replay of 20,000 events leaves 40,000
+	// messages to answer from, too many to decode within a lookup's 20 s.
 	decodedMu sync.Mutex
 	decoded   map[string]string
+}
+
+// eventIDOf returns the event id a message body carries (cached by body).
+func (h *harness) eventIDOf(data []byte) string {
+	h.decodedMu.Lock()
+	defer h.decodedMu.Unlock()
+	if id, ok := h.decoded[string(data)]; ok {
+		return id
+	}
+	var e struct {
+		EventID string `json:"event_id"`
+	}
+	_ = json.Unmarshal(data, &e)
+	if h.decoded == nil {
+		h.decoded = map[string]string{}
+	}
+	h.decoded[string(data)] = e.EventID
+	return e.EventID
 }
 
 // hide makes BigQuery answer the given events as absent (none: every
@@ -85,10 +104,17 @@ func (p publishHook) React(req any) (bool, any, error) {
 	p.h.mu.Lock()
 	f := p.h.onPublish
 	p.h.mu.Unlock()
-	if r, ok := req.(*pubsubpb.PublishRequest); ok && f != nil {
+	r, ok := req.(*pubsubpb.PublishRequest)
+	if !ok {
+		return false, nil, nil
+	}
+	if f != nil {
 		if err := f(r); err != nil {
 			return true, nil, err
 		}
+	}
+	for _, m := range r.Messages {
+		p.h.eventIDOf(m.Data) // decoded now, not in a lookup
 	}
 	return false, nil, nil
 }
@@ -236,24 +262,11 @@ func (h *harness) land() {
 // present answers lookups with what Pub/Sub holds.
 func (h *harness) present(q bqserver.Query) bqserver.Result {
 	held := map[string]bool{}
-	h.decodedMu.Lock()
-	if h.decoded == nil {
-		h.decoded = map[string]string{}
-	}
 	for _, m := range h.pubsub.Messages() {
-		id, ok := h.decoded[m.ID]
-		if !ok {
-			var e event.Event
-			if json.Unmarshal(m.Data, &e) == nil {
-				id = e.EventID
-			}
-			h.decoded[m.ID] = id
-		}
-		if id != "" {
+		if id := h.eventIDOf(m.Data); id != "" {
 			held[id] = true
 		}
 	}
-	h.decodedMu.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var present []string
