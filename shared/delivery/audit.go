@@ -23,7 +23,7 @@ import (
 // An audit of a workspace's active target fixes a watermark (the revision
 // counter's value) and judges the latest state of every record as of it on
 // both sides. It compares buckets of records first, each side computing
-// counts and checksums in its own SQL (store.AuditBuckets,
+// counts and checksums in its own SQL (store.AuditSource.Buckets,
 // warehouse.AuditBuckets), and fetches records only for the buckets that
 // differ. A record whose latest event at the source is not yet verified, or
 // was verified after the warehouse's records were read, is in flight: the
@@ -238,6 +238,11 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 		return rep, err
 	}
 	rep.Watermark = mark.Revision
+	src, err := st.OpenAudit(ctx, t, mark.Revision, entities)
+	if err != nil {
+		return rep, err
+	}
+	defer src.Close(ctx)
 	q := warehouse.AuditQuery{Generation: t.Generation, SourceID: t.SourceID, EntityIDs: entities, Watermark: mark.Revision}
 
 	// Which buckets to look into: those whose figures differ or, for
@@ -256,7 +261,7 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 		var source []store.AuditBucket
 		var total int64
 		for _, id := range entities {
-			b, err := st.AuditBuckets(ctx, t, id, mark.Revision)
+			b, err := src.Buckets(ctx, id)
 			if err != nil {
 				return rep, err
 			}
@@ -309,7 +314,7 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 		}
 	}
 	if len(differing) > 0 {
-		if err := s.compareRecords(ctx, ws, st, t, q, mark, differing, keys, byView, &rep); err != nil {
+		if err := s.compareRecords(ctx, ws, src, q, differing, keys, byView, &rep); err != nil {
 			return rep, err
 		}
 	}
@@ -330,8 +335,8 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 // every event the warehouse holds was committed before the source is read,
 // so the source sees it; and an event verified before the warehouse was
 // read is there to be seen.
-func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, st *store.Store, t store.Target, q warehouse.AuditQuery,
-	mark store.AuditMark, differing map[bucketKey]bool, keys []string, byView map[viewKey]*ViewAudit, rep *AuditReport) error {
+func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, src *store.AuditSource, q warehouse.AuditQuery,
+	differing map[bucketKey]bool, keys []string, byView map[viewKey]*ViewAudit, rep *AuditReport) error {
 	prefixes := map[string][]string{} // entity → its differing buckets
 	var all []string
 	for k := range differing {
@@ -343,7 +348,7 @@ func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, st 
 		}
 	}
 	slices.Sort(all)
-	readAt, err := st.Now(ctx)
+	readAt, err := src.Now(ctx)
 	if err != nil {
 		return err
 	}
@@ -358,7 +363,7 @@ func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, st 
 	sourceState := map[recordKey]store.AuditRecord{}
 	for entity, p := range prefixes {
 		slices.Sort(p)
-		records, err := st.AuditRecords(ctx, t, entity, mark.Revision, p, keys)
+		records, err := src.Records(ctx, entity, p, keys)
 		if err != nil {
 			return err
 		}

@@ -31,6 +31,9 @@ import (
 // its checksum the XOR of their hashes. XOR and counts compose, so buckets
 // of more digits merge into buckets of fewer (MergeBuckets). The warehouse
 // computes the same figures in BigQuery SQL (warehouse.BigQuery.AuditBuckets).
+// The source's side is read in pages into the audit's session
+// (AuditSource, auditsource.go), so that no statement grows with the
+// entity's history.
 
 // AuditBucketDigits is how many hex digits of md5(record_key) the store's
 // buckets share: 4,096 buckets per entity and kind at most.
@@ -79,45 +82,6 @@ const (
 	sqlNow         = `SELECT clock_timestamp()`
 )
 
-// sqlAuditEvents is one entity's part of replicationEventsSql (seed 001)
-// with each event's record, revision and deleted flag: its baseline events
-// (the baselines of every entity share one table, so they are filtered by
-// entity) and the captured rows of its history table (%s, the quoted
-// identifier, checked against the capture-trigger tables) of the target's
-// source after its from_revision, as sqlLegacyHistoryEvents. $1 generation,
-// $2 source, $3 from_revision, $4 entity id.
-const sqlAuditEvents = `SELECT event->>'record_kind' AS kind, event->>'record_key' AS key,
-         (event->>'revision')::bigint AS revision, (event->>'deleted')::boolean AS deleted, id
-    FROM _ontology_replication_baselines WHERE generation = $1::uuid AND event->>'entity_id' = $4
-  UNION ALL
-  SELECT replication->>'record_kind', replication->>'record_key',
-         (replication->>'revision')::bigint, (replication->>'deleted')::boolean, id
-    FROM %s WHERE replication IS NOT NULL AND replication->>'source_id' = $2
-     AND (replication->>'revision')::bigint > $3::bigint`
-
-// sqlAuditBuckets groups an entity's records up to the watermark ($5) into
-// buckets of AuditBucketDigits digits ($6): one pass over its events, a
-// hash aggregate per record, and one per bucket. %s is sqlAuditEvents.
-const sqlAuditBuckets = `SELECT kind, bucket, count(*), bit_xor(hash) FROM (
-    SELECT kind, substr(md5(key), 1, $6::int) AS bucket,
-           ('x' || substr(md5(key || ':' || latest::text), 1, 15))::bit(60)::bigint AS hash
-      FROM (SELECT kind, key, max(revision * 2 + deleted::int) AS latest FROM (%s) e
-             WHERE revision <= $5::bigint GROUP BY kind, key) r
-  ) b GROUP BY kind, bucket`
-
-// sqlAuditRecords reads the latest state of an entity's records up to the
-// watermark ($5) whose md5(record_key) starts with one of the prefixes ($7,
-// of $6 digits), or, when $8 is not NULL, of those records only, with when
-// each latest event was verified: from its delivery row (%[2]s is
-// sqlAuditVerifiedV4) or, at protocol 3, its receipt (sqlAuditVerifiedV3).
-// %[1]s is sqlAuditEvents.
-const sqlAuditRecords = `SELECT l.kind, l.key, l.revision, l.deleted, l.id::text, v.verified_at FROM (
-    SELECT DISTINCT ON (kind, key) kind, key, revision, deleted, id FROM (%[1]s) e
-     WHERE revision <= $5::bigint AND substr(md5(key), 1, $6::int) = ANY ($7::text[])
-       AND ($8::text[] IS NULL OR key = ANY ($8::text[]))
-     ORDER BY kind, key, revision DESC, deleted DESC
-  ) l %[2]s`
-
 const (
 	sqlAuditVerifiedV4 = `LEFT JOIN _ontology_replication_delivery v ON v.generation = $1::uuid AND v.event_id = l.id`
 	sqlAuditVerifiedV3 = `LEFT JOIN _ontology_replication_receipts v ON v.generation = $1::uuid AND v.event_id = l.id`
@@ -146,108 +110,6 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("store: read the database's clock: %w", err)
 	}
 	return now, nil
-}
-
-// auditEvents builds sqlAuditEvents for an entity of t.
-func (s *Store) auditEvents(ctx context.Context, tx pgx.Tx, t Target, entityID string) (string, error) {
-	selected := false
-	for _, sel := range t.Selection {
-		selected = selected || sel.EntityID == entityID
-	}
-	if !selected {
-		return "", fmt.Errorf("entity %q is not selected by target %s", entityID, t.Generation)
-	}
-	table, err := s.entityHistoryTable(ctx, tx, entityID)
-	if err != nil {
-		return "", err
-	}
-	ident, err := s.historyTable(ctx, tx, table)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf(sqlAuditEvents, ident), nil
-}
-
-// AuditBuckets returns the buckets (of AuditBucketDigits digits) of an
-// entity's records in t as of the watermark, in one statement of its own
-// transaction: it reads the entity's baselines and history table once, as
-// a count(*) of them does, and takes no lock beyond the tables' share
-// locks that every read takes.
-func (s *Store) AuditBuckets(ctx context.Context, t Target, entityID string, watermark int64) ([]AuditBucket, error) {
-	var out []AuditBucket
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		out = out[:0]
-		events, err := s.auditEvents(ctx, tx, t, entityID)
-		if err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, fmt.Sprintf(sqlAuditBuckets, events), t.Generation, t.SourceID, t.FromRevision, entityID,
-			watermark, AuditBucketDigits)
-		if err != nil {
-			return err
-		}
-		var b AuditBucket
-		b.EntityID = entityID
-		_, err = pgx.ForEachRow(rows, []any{&b.Kind, &b.Bucket, &b.Records, &b.Checksum}, func() error {
-			out = append(out, b)
-			return nil
-		})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: audit buckets of entity %s: %w", entityID, err)
-	}
-	return out, nil
-}
-
-// AuditRecords returns the latest state of an entity's records in t as of
-// the watermark whose md5(record_key) starts with one of prefixes (all of
-// the same length), or, when keys is not nil, of those records only, with
-// when each latest event was verified.
-func (s *Store) AuditRecords(ctx context.Context, t Target, entityID string, watermark int64, prefixes, keys []string) ([]AuditRecord, error) {
-	if len(prefixes) == 0 {
-		return nil, nil
-	}
-	digits := len(prefixes[0])
-	for _, p := range prefixes {
-		if len(p) != digits || digits == 0 || digits > 32 {
-			return nil, fmt.Errorf("store: audit records of entity %s: prefixes of different or invalid lengths", entityID)
-		}
-	}
-	var out []AuditRecord
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		out = out[:0]
-		events, err := s.auditEvents(ctx, tx, t, entityID)
-		if err != nil {
-			return err
-		}
-		verified := sqlAuditVerifiedV3
-		if t.UsesDelivery() {
-			verified = sqlAuditVerifiedV4
-		}
-		rows, err := tx.Query(ctx, fmt.Sprintf(sqlAuditRecords, events, verified), t.Generation, t.SourceID, t.FromRevision, entityID,
-			watermark, digits, prefixes, keys)
-		if err != nil {
-			return err
-		}
-		var r AuditRecord
-		r.EntityID = entityID
-		var at pgtype.Timestamptz
-		_, err = pgx.ForEachRow(rows, []any{&r.Kind, &r.Key, &r.Revision, &r.Deleted, &r.HistoryID, &at}, func() error {
-			rec := r
-			if at.Valid {
-				v := at.Time
-				rec.VerifiedAt = &v
-			}
-			out = append(out, rec)
-			return nil
-		})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: audit records of entity %s: %w", entityID, err)
-	}
-	return out, nil
 }
 
 // RedeliverPageSize is how many events one Redeliver transaction sends back

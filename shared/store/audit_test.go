@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
@@ -79,11 +81,25 @@ func bucketMap(bs []store.AuditBucket) map[string]store.AuditBucket {
 	return out
 }
 
+// auditBuckets reads an entity's buckets through an AuditSource of its own.
+func auditBuckets(t *testing.T, e *env, st *store.Store, tg store.Target, entity string, watermark int64) []store.AuditBucket {
+	t.Helper()
+	src, err := st.OpenAudit(e.ctx, tg, watermark, []string{entity})
+	require.NoError(t, err)
+	defer src.Close(e.ctx)
+	b, err := src.Buckets(e.ctx, entity)
+	require.NoError(t, err)
+	return b
+}
+
 // TestAuditBucketsAsOfTheWatermark: the source's buckets are the documented
 // figures of the events captured up to the watermark, computed again in Go
-// (baseline and history events, edges and tombstones included); events
-// written after the watermark change nothing until a later watermark takes
-// them; an update changes its bucket's checksum and not its count.
+// (baseline and history events, edges and tombstones included), whatever
+// the page size of the source's read (one page; pages of 7 events, so that
+// a record's events fall in different pages, including its baseline and
+// its tombstone); events written after the watermark change nothing until
+// a later watermark takes them; an update changes its bucket's checksum and
+// not its count.
 func TestAuditBucketsAsOfTheWatermark(t *testing.T) {
 	for _, tpl := range []struct {
 		name string
@@ -96,38 +112,39 @@ func TestAuditBucketsAsOfTheWatermark(t *testing.T) {
 			ids := e.products(t, 300)
 			require.NoError(t, e.w.Update(e.ctx, "product", ids[0], map[string]any{"title": "again"}))
 			require.NoError(t, e.w.Delete(e.ctx, "product", early[0]))
+			require.NoError(t, e.w.Update(e.ctx, "product", early[1], map[string]any{"title": "after its baseline"}))
 			order, err := e.w.Create(e.ctx, "order", map[string]any{"reference": "o"})
 			require.NoError(t, err)
 			require.NoError(t, e.w.Link(e.ctx, "order", "products", order, ids[1]))
 
 			mark, err := e.store.AuditMark(e.ctx, tg)
 			require.NoError(t, err)
-			got, err := e.store.AuditBuckets(e.ctx, tg, "ent_product", mark.Revision)
-			require.NoError(t, err)
 			want := oracleBuckets(t, e, tg, "ent_product", `"product_history"`, mark.Revision)
+			got := auditBuckets(t, e, e.store, tg, "ent_product", mark.Revision)
 			require.Equal(t, want, bucketMap(got))
+			paged, err := store.New(e.pool, store.Config{AuditPageEvents: 7})
+			require.NoError(t, err)
+			require.Equal(t, want, bucketMap(auditBuckets(t, e, paged, tg, "ent_product", mark.Revision)), "read in pages of 7 events")
 			var records int64
 			for _, b := range got {
 				records += b.Records
 			}
 			require.EqualValues(t, 330, records, "every product once, the deleted one as its tombstone")
-			edges, err := e.store.AuditBuckets(e.ctx, tg, "ent_order", mark.Revision)
-			require.NoError(t, err)
+			edges := auditBuckets(t, e, e.store, tg, "ent_order", mark.Revision)
 			require.Equal(t, oracleBuckets(t, e, tg, "ent_order", `"order_history"`, mark.Revision), bucketMap(edges))
+			require.Equal(t, bucketMap(edges), bucketMap(auditBuckets(t, e, paged, tg, "ent_order", mark.Revision)))
 			require.True(t, slices.ContainsFunc(edges, func(b store.AuditBucket) bool { return b.Kind == "edge:products" }))
 
 			// Later writes: not part of this watermark's audit.
 			require.NoError(t, e.w.Update(e.ctx, "product", ids[2], map[string]any{"title": "later"}))
 			e.products(t, 5)
-			again, err := e.store.AuditBuckets(e.ctx, tg, "ent_product", mark.Revision)
-			require.NoError(t, err)
+			again := auditBuckets(t, e, e.store, tg, "ent_product", mark.Revision)
 			require.Equal(t, bucketMap(got), bucketMap(again), "the watermark holds the audit still")
 
 			later, err := e.store.AuditMark(e.ctx, tg)
 			require.NoError(t, err)
 			require.Greater(t, later.Revision, mark.Revision)
-			now, err := e.store.AuditBuckets(e.ctx, tg, "ent_product", later.Revision)
-			require.NoError(t, err)
+			now := auditBuckets(t, e, paged, tg, "ent_product", later.Revision)
 			require.Equal(t, oracleBuckets(t, e, tg, "ent_product", `"product_history"`, later.Revision), bucketMap(now))
 			key := ids[2]
 			sum := md5.Sum([]byte(key))
@@ -138,6 +155,55 @@ func TestAuditBucketsAsOfTheWatermark(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAuditSourceStatementsArePages: every statement of an audit's source
+// read reads at most a page of events, whatever the entity's history
+// holds: with pages of 50 events and 1,000 products, no statement of the
+// session returns or scans more than a page (pg_stat_statements would say
+// the same; the plan is the evidence here), and the session's table is
+// gone once the source is closed.
+func TestAuditSourceStatementsArePages(t *testing.T) {
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.products(t, 20)
+	tg := e.start(t)
+	require.NoError(t, sdkfixture.BulkCreate(e.ctx, e.pool, sdkfixture.Demo, "product", "title", 1000, 1000))
+	mark, err := e.store.AuditMark(e.ctx, tg)
+	require.NoError(t, err)
+	paged, err := store.New(e.pool, store.Config{AuditPageEvents: 50})
+	require.NoError(t, err)
+	// Each page's history read walks the seed's revision index from the
+	// cursor, under the page's LIMIT: the product's statement's plan says so.
+	e.exec(t, `ANALYZE product_history`)
+	conn, err := e.pool.Acquire(e.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(e.ctx, store.AuditTable)
+	require.NoError(t, err)
+	rows, err := conn.Query(e.ctx, "EXPLAIN (FORMAT TEXT) "+fmt.Sprintf(store.AuditHistoryPage, `"product_history"`),
+		tg.SourceID, tg.FromRevision, mark.Revision, 50, "ent_product")
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NoError(t, conn.Conn().Close(e.ctx)) // and its table with it
+	plan := strings.Join(lines, "\n")
+	require.Regexp(t, `Index Scan using "?_replication_\w+_idx"? on product_history`, plan)
+	require.NotContains(t, plan, "Seq Scan on product_history", plan)
+	src, err := paged.OpenAudit(e.ctx, tg, mark.Revision, []string{"ent_product"})
+	require.NoError(t, err)
+	b, err := src.Buckets(e.ctx, "ent_product")
+	require.NoError(t, err)
+	require.Equal(t, oracleBuckets(t, e, tg, "ent_product", `"product_history"`, mark.Revision), bucketMap(b))
+	src.Close(e.ctx)
+	var baselines, history int
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT count(*) FROM _ontology_replication_baselines`).Scan(&baselines))
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT count(*) FROM product_history WHERE replication IS NOT NULL
+	  AND (replication->>'revision')::bigint > $1::bigint AND (replication->>'revision')::bigint <= $2::bigint`, tg.FromRevision, mark.Revision).Scan(&history))
+	require.Equal(t, 1000, history)
+	require.Equal(t, baselines/50+1+history/50+1, src.Pages(), "pages of at most 50 events, the last one short")
+	var tables int
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT count(*) FROM pg_class WHERE relname = '_ontology_replication_audit'`).Scan(&tables))
+	require.Zero(t, tables, "the session's table is dropped on Close")
 }
 
 // TestAuditRecordsReadTheLatestEventAndItsVerification: the records of
@@ -161,7 +227,10 @@ func TestAuditRecordsReadTheLatestEventAndItsVerification(t *testing.T) {
 	for i := range all {
 		all[i] = fmt.Sprintf("%x", i)
 	}
-	recs, err := e.store.AuditRecords(e.ctx, tg, "ent_product", mark.Revision, all, []string{ids[0], ids[1]})
+	src, err := e.store.OpenAudit(e.ctx, tg, mark.Revision, []string{"ent_product"})
+	require.NoError(t, err)
+	defer src.Close(e.ctx)
+	recs, err := src.Records(e.ctx, "ent_product", all, []string{ids[0], ids[1]})
 	require.NoError(t, err)
 	require.Len(t, recs, 2, "only the chosen keys")
 	byKey := map[string]store.AuditRecord{}

@@ -39,3 +39,10 @@ func Backoffs(s *Store) []int64 { return s.backoffs }
 
 // Defaults is the Config a zero Config becomes.
 func Defaults() Config { return Config{}.withDefaults() }
+
+// AuditTable and AuditHistoryPage are an audit's session table and its
+// history page read (%s: the history table), for the page's plan.
+var (
+	AuditTable       = sqlAuditTable
+	AuditHistoryPage = sqlAuditHistoryPage
+)

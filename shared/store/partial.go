@@ -20,7 +20,7 @@ import (
 // accepted_at, verified_at and next_verify_at, drops the receipts, and
 // subtracts the rows it saw verified from verified_count.
 //
-// Which events: the entity's events as the audit reads them (sqlAuditEvents:
+// Which events: the entity's events as replicationEventsSql has them (sqlEntityEvents:
 // its baselines and its history table's captured rows of the target's
 // source after from_revision), of revision SinceRevision or later, of the
 // chosen record keys when there are any, that were accepted before
@@ -29,6 +29,42 @@ import (
 // accepted again after the bound, and a second run with the same bound
 // leaves it alone; events captured after the replay began were accepted
 // after it too.
+
+// sqlEntityEvents is one entity's part of replicationEventsSql (seed 001)
+// with each event's record, revision and deleted flag: its baseline events
+// (the baselines of every entity share one table, so they are filtered by
+// entity) and the captured rows of its history table (%s, the quoted
+// identifier, checked against the capture-trigger tables) of the target's
+// source after its from_revision, as sqlLegacyHistoryEvents. $1 generation,
+// $2 source, $3 from_revision, $4 entity id.
+const sqlEntityEvents = `SELECT event->>'record_kind' AS kind, event->>'record_key' AS key,
+         (event->>'revision')::bigint AS revision, (event->>'deleted')::boolean AS deleted, id
+    FROM _ontology_replication_baselines WHERE generation = $1::uuid AND event->>'entity_id' = $4
+  UNION ALL
+  SELECT replication->>'record_kind', replication->>'record_key',
+         (replication->>'revision')::bigint, (replication->>'deleted')::boolean, id
+    FROM %s WHERE replication IS NOT NULL AND replication->>'source_id' = $2
+     AND (replication->>'revision')::bigint > $3::bigint`
+
+// entityEvents builds sqlEntityEvents for an entity of t.
+func (s *Store) entityEvents(ctx context.Context, tx pgx.Tx, t Target, entityID string) (string, error) {
+	selected := false
+	for _, sel := range t.Selection {
+		selected = selected || sel.EntityID == entityID
+	}
+	if !selected {
+		return "", fmt.Errorf("entity %q is not selected by target %s", entityID, t.Generation)
+	}
+	table, err := s.entityHistoryTable(ctx, tx, entityID)
+	if err != nil {
+		return "", err
+	}
+	ident, err := s.historyTable(ctx, tx, table)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf(sqlEntityEvents, ident), nil
+}
 
 // PartialScanRows is how many of an entity's events one partial-replay page
 // reads (its statement's bound, whatever the selection keeps of them).
@@ -61,7 +97,7 @@ type PartialPage struct {
 // sqlPartialScan reads the next PartialScanRows events of an entity by
 // history id ($5 the last id of the previous page, NULL for the first; $9
 // PartialScanRows) and keeps the selected ones: revision at least $6, key among $7 (NULL: any).
-// %[1]s is sqlAuditEvents; $1 generation, $2 source, $3 from_revision, $4
+// %[1]s is sqlEntityEvents; $1 generation, $2 source, $3 from_revision, $4
 // entity id. It is the head of sqlPartialPage and sqlPartialPageLegacy.
 const sqlPartialScan = `WITH scanned AS (
          SELECT id, key, revision FROM (%[1]s) e
@@ -123,7 +159,7 @@ func (s *Store) ReplayPartialPage(ctx context.Context, t Target, entityID string
 	}
 	var page PartialPage
 	run := func(tx pgx.Tx) error {
-		events, err := s.auditEvents(ctx, tx, t, entityID)
+		events, err := s.entityEvents(ctx, tx, t, entityID)
 		if err != nil {
 			return err
 		}

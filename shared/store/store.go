@@ -44,6 +44,9 @@ type Config struct {
 	SetAsideBackoff time.Duration
 	// SetAsideMaxBackoff bounds the set-aside backoff. Default: 1h.
 	SetAsideMaxBackoff time.Duration
+	// AuditPageEvents is how many events one page of an audit's source
+	// read takes (see AuditSource). Default: DefaultAuditPageEvents.
+	AuditPageEvents int
 	// Logger receives the store's warnings: a failed VACUUM of the target
 	// table (see TargetVacuumEvery). Default: slog.Default().
 	Logger *slog.Logger
@@ -55,6 +58,7 @@ func (c Config) withDefaults() Config {
 	c.ClaimIdleTimeout = cmp.Or(c.ClaimIdleTimeout, 60*time.Second)
 	c.SetAsideBackoff = cmp.Or(c.SetAsideBackoff, time.Minute)
 	c.SetAsideMaxBackoff = cmp.Or(c.SetAsideMaxBackoff, time.Hour)
+	c.AuditPageEvents = cmp.Or(c.AuditPageEvents, DefaultAuditPageEvents)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -78,6 +82,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("SetAsideBackoff %v: must be at least 1s", c.SetAsideBackoff)
 	case c.SetAsideMaxBackoff < c.SetAsideBackoff:
 		return fmt.Errorf("SetAsideMaxBackoff %v: must be at least SetAsideBackoff (%v)", c.SetAsideMaxBackoff, c.SetAsideBackoff)
+	case c.AuditPageEvents < 1:
+		return fmt.Errorf("AuditPageEvents %d: must be at least 1", c.AuditPageEvents)
 	}
 	// A set-aside is told from the seed's own writes by its interval alone
 	// (sqlClaimable), so no backoff the store can write may equal one that a
