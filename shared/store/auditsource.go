@@ -20,15 +20,17 @@ import (
 // statement, an entity's events must fit in the store's statement timeout
 // (about 5 s of CPU per million events), and that statement holds its
 // table's share lock for as long, which a lifecycle operation's exclusive
-// lock would queue behind. Instead an audit keeps the latest state of each
-// record in a temporary table of its own session (private to it, written
-// without WAL, dropped at the end) and fills it page by page: each page is
-// a statement and a transaction of its own, with the store's timeouts,
-// that reads the next Config.AuditPageEvents events of an entity's history table
-// by revision (the seed's index on (replication->>'revision')::bigint) or
-// of the baselines by id (their primary key), and keeps, per record, the
-// event of the highest revision (a tombstone winning a tie). The buckets
-// and the records of differing buckets are then read from that table.
+// lock would queue behind. Instead an audit collects latest states in a
+// temporary table of its own session (private to it, written without WAL,
+// dropped at the end), page by page: each page is a statement and a
+// transaction of its own, with the store's timeouts, that reads the next
+// Config.AuditPageEvents events of an entity's history table by revision
+// (the seed's index on (replication->>'revision')::bigint) or of the
+// baselines by id (their primary key), and appends each record's event of
+// the highest revision in the page (a tombstone winning a tie). The
+// buckets and the records of differing buckets are then read from that
+// table, each record's latest row taken across its pages: one statement
+// over the table, which holds no lock anyone else waits on.
 // Every event the audit judges has a revision at or below the watermark,
 // captured before the audit began, so pages read at different moments see
 // the same events.
@@ -45,12 +47,16 @@ const DefaultAuditPageEvents = 50_000
 const nilUUID = "00000000-0000-0000-0000-000000000000"
 
 const (
-	// sqlAuditTable creates the session's table of latest states: one row
-	// per entity, record kind and key, with the record's latest event.
+	// sqlAuditTable creates the session's table of latest states: for each
+	// page, one row per entity, record kind and key with the record's
+	// latest event in that page. It has no index: appending is half the
+	// cost of keeping one row per record up to date under a primary key
+	// (measured with BenchmarkAudit: 5.4 against 10.2 s of PostgreSQL CPU
+	// for a million records), and the reads below take each record's
+	// latest row.
 	sqlAuditTable = `CREATE TEMPORARY TABLE IF NOT EXISTS _ontology_replication_audit (
          entity_id text NOT NULL, kind text NOT NULL, key text NOT NULL,
-         revision bigint NOT NULL, deleted boolean NOT NULL, id uuid NOT NULL,
-         PRIMARY KEY (entity_id, kind, key))`
+         revision bigint NOT NULL, deleted boolean NOT NULL, id uuid NOT NULL)`
 	sqlAuditTableEmpty = `TRUNCATE pg_temp._ontology_replication_audit`
 	sqlAuditTableDrop  = `DROP TABLE IF EXISTS pg_temp._ontology_replication_audit`
 
@@ -93,28 +99,31 @@ const (
        ), ` + sqlAuditKeepLatest + `
        SELECT count(*), coalesce((SELECT id FROM page ORDER BY id DESC LIMIT 1), $1::uuid)::text FROM page`
 
+	// sqlAuditKeepLatest appends a page's latest events (latest: one row
+	// per record of the page) to the session's table.
 	sqlAuditKeepLatest = `kept AS (
-         INSERT INTO pg_temp._ontology_replication_audit AS a (entity_id, kind, key, revision, deleted, id)
+         INSERT INTO pg_temp._ontology_replication_audit (entity_id, kind, key, revision, deleted, id)
          SELECT entity_id, kind, key, revision, deleted, id FROM latest
-         ON CONFLICT (entity_id, kind, key) DO UPDATE
-            SET revision = excluded.revision, deleted = excluded.deleted, id = excluded.id
-          WHERE excluded.revision * 2 + excluded.deleted::int > a.revision * 2 + a.deleted::int
        )`
 
 	// sqlAuditSourceBuckets groups an entity's ($1) latest states into
 	// buckets of $2 digits (see audit.go).
 	sqlAuditSourceBuckets = `SELECT kind, substr(md5(key), 1, $2::int) AS bucket, count(*),
-         bit_xor(('x' || substr(md5(key || ':' || (revision * 2 + deleted::int)::text), 1, 15))::bit(60)::bigint)
-       FROM pg_temp._ontology_replication_audit WHERE entity_id = $1 GROUP BY kind, bucket`
+         bit_xor(('x' || substr(md5(key || ':' || latest::text), 1, 15))::bit(60)::bigint)
+       FROM (SELECT kind, key, max(revision * 2 + deleted::int) AS latest
+               FROM pg_temp._ontology_replication_audit WHERE entity_id = $1 GROUP BY kind, key) r
+      GROUP BY kind, bucket`
 
 	// sqlAuditSourceRecords reads an entity's ($2) latest states whose
 	// md5(record_key) starts with one of the prefixes ($4, of $3 digits),
 	// or, when $5 is not NULL, of those records only, with when each latest
 	// event was verified in generation $1 (%s: sqlAuditVerifiedV4 or V3).
-	sqlAuditSourceRecords = `SELECT l.kind, l.key, l.revision, l.deleted, l.id::text, v.verified_at
-       FROM pg_temp._ontology_replication_audit l %s
-      WHERE l.entity_id = $2 AND substr(md5(l.key), 1, $3::int) = ANY ($4::text[])
-        AND ($5::text[] IS NULL OR l.key = ANY ($5::text[]))`
+	sqlAuditSourceRecords = `SELECT l.kind, l.key, l.revision, l.deleted, l.id::text, v.verified_at FROM (
+         SELECT DISTINCT ON (kind, key) kind, key, revision, deleted, id FROM pg_temp._ontology_replication_audit
+          WHERE entity_id = $2 AND substr(md5(key), 1, $3::int) = ANY ($4::text[])
+            AND ($5::text[] IS NULL OR key = ANY ($5::text[]))
+          ORDER BY kind, key, revision * 2 + deleted::int DESC
+       ) l %s`
 )
 
 // AuditSource is the source's side of one audit: the latest state of the
