@@ -31,9 +31,14 @@ import (
 // buckets and the records of differing buckets are then read from that
 // table, each record's latest row taken across its pages: one statement
 // over the table, which holds no lock anyone else waits on.
+//
 // Every event the audit judges has a revision at or below the watermark,
-// captured before the audit began, so pages read at different moments see
-// the same events.
+// so pages read at different moments see the same events, with one
+// exception, as with a single statement's snapshot: a transaction that took
+// its revision before the watermark and commits after the page that would
+// have read it. Its record then shows at the source as it was; if the new
+// event lands in the warehouse before the warehouse is read, the audit
+// reports it newer there, which the next audit does not confirm.
 //
 // The session needs the TEMPORARY privilege on the database, which
 // PostgreSQL grants to every role unless it was revoked.
