@@ -9,8 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
@@ -307,4 +309,30 @@ func TestMergeBuckets(t *testing.T) {
 		{EntityID: "e", Kind: "edge:r", Bucket: "a", Records: 1, Checksum: 7},
 		{EntityID: "e", Kind: "entity", Bucket: "b", Records: 1, Checksum: 1},
 	}, store.MergeBuckets(in, 1))
+}
+
+// TestAuditSourceOutlivesAClaimsIdleTimeout: a session a claim used keeps
+// the claim's idle_session_timeout; an audit on it waits for BigQuery for
+// longer than that with its table intact.
+func TestAuditSourceOutlivesAClaimsIdleTimeout(t *testing.T) {
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 5)
+	mark, err := e.store.AuditMark(e.ctx, tg)
+	require.NoError(t, err)
+	one, err := pgxpool.New(e.ctx, e.pool.Config().ConnString()+"&pool_max_conns=1")
+	require.NoError(t, err)
+	t.Cleanup(one.Close)
+	// What a claim leaves on its session (sqlClaimSession), shortened.
+	_, err = one.Exec(e.ctx, `SELECT set_config('idle_session_timeout', '200ms', false)`)
+	require.NoError(t, err)
+	st, err := store.New(one, store.Config{})
+	require.NoError(t, err)
+	src, err := st.OpenAudit(e.ctx, tg, mark.Revision, []string{"ent_product"})
+	require.NoError(t, err)
+	defer src.Close(e.ctx)
+	time.Sleep(time.Second) // the audit asks BigQuery meanwhile: idle, past the claim's timeout
+	b, err := src.Buckets(e.ctx, "ent_product")
+	require.NoError(t, err, "the session and its table outlived the idle timeout")
+	require.Equal(t, oracleBuckets(t, e, tg, "ent_product", `"product_history"`, mark.Revision), bucketMap(b))
 }

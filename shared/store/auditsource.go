@@ -63,7 +63,11 @@ const (
          entity_id text NOT NULL, kind text NOT NULL, key text NOT NULL,
          revision bigint NOT NULL, deleted boolean NOT NULL, id uuid NOT NULL)`
 	sqlAuditTableEmpty = `TRUNCATE pg_temp._ontology_replication_audit`
-	sqlAuditTableDrop  = `DROP TABLE IF EXISTS pg_temp._ontology_replication_audit`
+	// sqlAuditSession keeps the session open while it waits for BigQuery:
+	// a claim leaves idle_session_timeout (60 s) on its session, which would
+	// end an audit's session, and its table, in an audit query's minutes.
+	sqlAuditSession   = `SELECT set_config('idle_session_timeout', '0', false)`
+	sqlAuditTableDrop = `DROP TABLE IF EXISTS pg_temp._ontology_replication_audit`
 
 	// sqlAuditHistoryPage is one page of an entity's part of
 	// replicationEventsSql (seed 001): the next $4 captured rows of its
@@ -172,6 +176,9 @@ func (s *Store) OpenAudit(ctx context.Context, t Target, watermark int64, entity
 // fill empties the session's table and reads every page into it.
 func (a *AuditSource) fill(ctx context.Context, watermark int64, entityIDs []string) error {
 	if err := a.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlAuditSession); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, sqlAuditTable); err != nil {
 			return err
 		}
