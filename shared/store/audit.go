@@ -105,8 +105,13 @@ func (s *Store) AuditMark(ctx context.Context, t Target) (AuditMark, error) {
 
 // Now reads the database's clock, the one verified_at is written with.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	return readNow(ctx, s.inTx)
+}
+
+// readNow reads the database's clock in a transaction that inTx runs.
+func readNow(ctx context.Context, inTx func(context.Context, func(pgx.Tx) error) error) (time.Time, error) {
 	var now time.Time
-	if err := s.inTx(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sqlNow).Scan(&now) }); err != nil {
+	if err := inTx(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sqlNow).Scan(&now) }); err != nil {
 		return time.Time{}, fmt.Errorf("store: read the database's clock: %w", err)
 	}
 	return now, nil

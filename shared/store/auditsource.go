@@ -307,11 +307,7 @@ func (a *AuditSource) Records(ctx context.Context, entityID string, prefixes, ke
 // Now reads the database's clock, the one verified_at is written with, on
 // the audit's session.
 func (a *AuditSource) Now(ctx context.Context) (time.Time, error) {
-	var now time.Time
-	if err := a.inTx(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sqlNow).Scan(&now) }); err != nil {
-		return time.Time{}, fmt.Errorf("store: read the database's clock: %w", err)
-	}
-	return now, nil
+	return readNow(ctx, a.inTx)
 }
 
 // Close drops the session's table and gives the connection back to the
