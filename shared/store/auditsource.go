@@ -222,18 +222,7 @@ func (a *AuditSource) fill(ctx context.Context, watermark int64, entityIDs []str
 
 // inTx runs fn in a transaction of the session with the store's timeouts.
 func (a *AuditSource) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	tx, err := a.conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, sqlSetTimeouts, ms(a.store.cfg.StatementTimeout), ms(a.store.cfg.LockTimeout)); err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return a.store.inTxOnce(ctx, a.conn, false, fn)
 }
 
 // Buckets returns the buckets (of AuditBucketDigits digits) of an

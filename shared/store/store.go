@@ -200,8 +200,8 @@ func Retryable(err error) bool {
 // begin opens a transaction with the store's statement and lock timeouts set
 // locally, as the SDK's lifecycle code does; with keyOrder, also the plan
 // settings of sqlSetKeyOrder.
-func (s *Store) begin(ctx context.Context, keyOrder bool) (pgx.Tx, error) {
-	tx, err := s.db.Begin(ctx)
+func (s *Store) begin(ctx context.Context, db beginner, keyOrder bool) (pgx.Tx, error) {
+	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -222,13 +222,13 @@ func ms(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
 // When a cached history table has gone (undefined_table: an entity renamed
 // under a running Store), it forgets the cache and runs fn once more.
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	return s.retryRenamed(func() error { return s.inTxOnce(ctx, false, fn) })
+	return s.retryRenamed(func() error { return s.inTxOnce(ctx, s.db, false, fn) })
 }
 
 // inKeyOrderTx is inTx for a transaction that updates a set of delivery
 // rows: see sqlSetKeyOrder.
 func (s *Store) inKeyOrderTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	return s.retryRenamed(func() error { return s.inTxOnce(ctx, true, fn) })
+	return s.retryRenamed(func() error { return s.inTxOnce(ctx, s.db, true, fn) })
 }
 
 func (s *Store) retryRenamed(run func() error) error {
@@ -239,8 +239,15 @@ func (s *Store) retryRenamed(run func() error) error {
 	return err
 }
 
-func (s *Store) inTxOnce(ctx context.Context, keyOrder bool, fn func(tx pgx.Tx) error) error {
-	tx, err := s.begin(ctx, keyOrder)
+// beginner starts transactions: the Store's pool, or one of its sessions.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// inTxOnce runs fn in a transaction of db with the store's timeouts and
+// commits it.
+func (s *Store) inTxOnce(ctx context.Context, db beginner, keyOrder bool, fn func(tx pgx.Tx) error) error {
+	tx, err := s.begin(ctx, db, keyOrder)
 	if err != nil {
 		return err
 	}
