@@ -46,3 +46,7 @@ var (
 	AuditTable       = sqlAuditTable
 	AuditHistoryPage = sqlAuditHistoryPage
 )
+
+// ClaimedHistoryRead is the claim's read of its rows' events from a history
+// table (%s), for its plan.
+var ClaimedHistoryRead = sqlPendingHistoryEvents

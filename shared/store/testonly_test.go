@@ -194,3 +194,36 @@ func (s *Store) Claim(ctx context.Context, t Target) (*Claim, error) {
 func (c *Claim) Acknowledge(ctx context.Context) (int64, error) {
 	return c.Finish(ctx, c.IDs(), c.Unpublishable)
 }
+
+// ClaimInTwoSteps runs a claim's two statements apart: it reads and
+// try-locks the first page of candidates now, and returns read, which
+// then reads the claimed rows' events as the claim's second statement
+// does (the history ids it returns), and release, which ends the claim.
+func (s *Store) ClaimInTwoSteps(ctx context.Context, t Target) (read func() ([]string, error), release func(), err error) {
+	conn, err := s.db.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := &Claim{store: s, target: t, conn: conn, locked: true}
+	release = func() { c.Release(ctx) }
+	cands, err := c.candidates(ctx, t.Generation, nil)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	var claimed []candidate
+	for _, cd := range cands {
+		if cd.claimed {
+			claimed = append(claimed, cd)
+		}
+	}
+	read = func() ([]string, error) {
+		items, _, err := s.readEvents(ctx, conn, t, claimed)
+		ids := make([]string, len(items))
+		for i, it := range items {
+			ids[i] = it.id
+		}
+		return ids, err
+	}
+	return read, release, nil
+}
