@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
@@ -52,9 +51,8 @@ import (
 //   - Locks do not honour snapshots: a drain may take the lock of an event
 //     another drain acknowledged and unlocked after this drain's read began.
 //     So the events are read in a second statement (a snapshot taken after
-//     the locks) that also keeps only rows still pending, and unchanged
-//     since the candidates were read (the same row version, by ctid):
-//     duplicates stay limited to lost publish responses and crashes.
+//     the locks) that also keeps only rows still pending: duplicates stay
+//     limited to lost publish responses and crashes.
 //
 // A drain that dies mid-publish: if its process or connection ends, the
 // server frees its locks at once and the next drain takes its events. If it
@@ -103,20 +101,19 @@ var sqlClaimable = `NOT (next_verify_at > now() AND ` + setAsideMarked("$3") + `
 // partial index _ontology_delivery_pending, so that the read does not grow
 // with retained history. Each is try-locked (see above), and each comes with
 // its row's last set-aside backoff (next_verify_at − last_checked_at, in
-// microseconds) and its row version's ctid, by which the claim's read
-// checks that the row has not changed since (see read.go). $1 is the generation (NULL: the active generation, when
+// microseconds). $1 is the generation (NULL: the active generation, when
 // replication is enabled); $2 is ClaimLockClass. %s bounds the page:
 // nothing on the first, sqlCandidatesAfter on the next ones, which walk the
 // index from the last candidate.
 var sqlCandidates = `WITH candidates AS MATERIALIZED (
-    SELECT event_id, history_table, revision, next_verify_at, last_checked_at, ctid FROM _ontology_replication_delivery
+    SELECT event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
      WHERE generation = coalesce($1::uuid, (SELECT active_generation FROM _ontology_replication WHERE id AND enabled))
        AND accepted_at IS NULL %s AND ` + sqlClaimable + `
      ORDER BY revision, event_id LIMIT 100
   )
   SELECT event_id::text, history_table, revision,
          ` + sqlSetAsideInterval + `,
-         pg_try_advisory_lock(hashtext($2), hashtext(event_id::text)), ctid
+         pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
     FROM candidates ORDER BY revision, event_id`
 
 const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
@@ -151,7 +148,6 @@ type candidate struct {
 	revision int64
 	backoff  time.Duration // its last set-aside backoff, if any
 	claimed  bool          // false: another drain holds it
-	tid      pgtype.TID    // the row version read
 }
 
 // ClaimActive reads the replication state and, when replication is enabled
@@ -332,7 +328,7 @@ func collectCandidates(rows pgx.Rows, backoffs []int64) ([]candidate, error) {
 	cands := make([]candidate, 0, claimPageSize)
 	var cd candidate
 	var interval *int64
-	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed, &cd.tid}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed}, func() error {
 		cd.backoff = 0
 		if interval != nil && slices.Contains(backoffs, *interval) {
 			cd.backoff = time.Duration(*interval) * time.Microsecond

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
@@ -22,40 +21,23 @@ const sqlReadShared = `SELECT set_config('statement_timeout', $1, true), set_con
 
 // sqlPendingBaselineEvents and sqlPendingHistoryEvents are the per-table reads
 // of pendingReplicationEvents (sqlBaselineEvents, sqlHistoryEvents) for the
-// claimed rows ($2, with the ctids the candidates read in $4) that are
-// still pending and not set aside, in a snapshot taken after their locks
-// (see above): each claimed row comes back with its event, or with NULL
-// when its history (or baseline) row is gone or holds no captured event,
-// and whether that row exists. Event rows are found by primary key (see
-// Finding rows by key in the package doc); the delivery rows are read in a
-// subquery of their own, so that the claim rule (sqlClaimable) applies to
-// them unqualified, as everywhere else. %s is the history table's quoted
-// identifier, checked against the capture-trigger tables.
-//
-// The delivery rows are fetched by the ctid the candidates read (a Tid
-// Scan: one buffer per row, where the primary key took a descent of the
-// index and then the heap), and each must still be the claimed event. The
-// fetch is a LATERAL subquery that OFFSET 0 keeps from being flattened
-// into a join, so that it is a Tid Scan whatever the statistics say: as a
-// join, with the list's length known, PostgreSQL hash-joined a scan of
-// the whole table of 2,000 rows to 100 ids. A
-// row version that is still visible is the one the candidates read, so
-// the row is unchanged since: if it was updated meanwhile (acknowledged by
-// another drain or the SDK, reset by a replay page, set aside), its old
-// version is not visible to the snapshot and the row is left out. An
-// acknowledged row is so never published again, as before; a row updated
-// but still pending (the only difference from reading it by key) stays
-// pending for the next claim, as the claim's locks go when it ends. This
-// read takes no row lock, so the order it finds rows in does not matter.
+// claimed rows ($2) that are still pending and not set aside, in a snapshot
+// taken after their locks (see above): each claimed row comes back with its
+// event, or with NULL when its history (or baseline) row is gone or holds
+// no captured event, and whether that row exists. Delivery and
+// event rows are found by primary key (see Finding rows by key in the package
+// doc); the delivery rows are read in a subquery of their own, so that the
+// claim rule (sqlClaimable) applies to them unqualified, as everywhere else.
+// %s is the history table's quoted identifier, checked against the
+// capture-trigger tables.
 var (
 	sqlPendingBaselineEvents = `SELECT d.event_id::text, b.event, b.id IS NOT NULL FROM (` + sqlClaimedStillPending + `) d
        LEFT JOIN _ontology_replication_baselines b ON b.generation = $1::uuid AND b.id = d.event_id`
 	sqlPendingHistoryEvents = `SELECT d.event_id::text, h.replication, h.id IS NOT NULL FROM (` + sqlClaimedStillPending + `) d
        LEFT JOIN %s h ON h.id = d.event_id`
-	sqlClaimedStillPending = `SELECT pending.event_id FROM unnest($4::tid[], $2::uuid[]) AS claimed (tid, id)
-       CROSS JOIN LATERAL (SELECT event_id FROM _ontology_replication_delivery
-         WHERE ctid = claimed.tid AND event_id = claimed.id AND generation = $1::uuid
-           AND (CASE WHEN accepted_at IS NULL AND ` + sqlClaimable + ` THEN true END) OFFSET 0) AS pending`
+	sqlClaimedStillPending = `SELECT event_id FROM _ontology_replication_delivery
+     WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+       AND (CASE WHEN accepted_at IS NULL AND ` + sqlClaimable + ` THEN true END)`
 )
 
 // readEvents reads the events of claimed rows that are still pending, in
@@ -80,7 +62,6 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 	type group struct {
 		ident string
 		ids   []string
-		tids  []pgtype.TID
 	}
 	groups := map[string]*group{} // "" = baselines
 	var order []string
@@ -113,7 +94,6 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 			order = append(order, table)
 		}
 		g.ids = append(g.ids, cd.id)
-		g.tids = append(g.tids, cd.tid)
 	}
 	b := &pgx.Batch{}
 	b.Queue(sqlReadShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
@@ -127,14 +107,12 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 		if table != "" {
 			query = fmt.Sprintf(sqlPendingHistoryEvents, g.ident)
 		}
-		b.Queue(query, t.Generation, gl, s.backoffs, g.tids)
+		b.Queue(query, t.Generation, gl, s.backoffs)
 	}
 	var unknownIDs []string
-	var unknownTIDs []pgtype.TID
 	for _, cd := range claimed {
 		if cd.table != nil && unknown[*cd.table] != nil {
 			unknownIDs = append(unknownIDs, cd.id)
-			unknownTIDs = append(unknownTIDs, cd.tid)
 		}
 	}
 	if len(unknownIDs) > 0 {
@@ -144,7 +122,7 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 		if err != nil {
 			return nil, nil, err
 		}
-		b.Queue(sqlPendingBaselineEvents, t.Generation, ul, s.backoffs, unknownTIDs)
+		b.Queue(sqlPendingBaselineEvents, t.Generation, ul, s.backoffs)
 	}
 	results := conn.SendBatch(ctx, b)
 	events, pending, present, err := readEventResults(results, len(order)+min(len(unknownIDs), 1))
