@@ -101,7 +101,10 @@ var sqlClaimable = `NOT (next_verify_at > now() AND ` + setAsideMarked("$3") + `
 // partial index _ontology_delivery_pending, so that the read does not grow
 // with retained history. Each is try-locked (see above), and each comes with
 // its row's last set-aside backoff (next_verify_at − last_checked_at, in
-// microseconds). $1 is the generation (NULL: the active generation, when
+// microseconds). The page is ordered by the uuid (candidates.event_id), not
+// by the text the query returns under the same name, which would sort by
+// the database's collation (strcoll under en_US.UTF-8, Cloud SQL's
+// default). $1 is the generation (NULL: the active generation, when
 // replication is enabled); $2 is ClaimLockClass. %s bounds the page:
 // nothing on the first, sqlCandidatesAfter on the next ones, which walk the
 // index from the last candidate.
@@ -114,7 +117,7 @@ var sqlCandidates = `WITH candidates AS MATERIALIZED (
   SELECT event_id::text, history_table, revision,
          ` + sqlSetAsideInterval + `,
          pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
-    FROM candidates ORDER BY revision, event_id`
+    FROM candidates ORDER BY candidates.revision, candidates.event_id`
 
 const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
 

@@ -476,3 +476,21 @@ func TestClaimReadKeepsOnlyRowsStillPending(t *testing.T) {
 		})
 	}
 }
+
+// TestCandidatesSortByUUID: the claim's page of candidates is put in queue
+// order by the uuid, not by the text it returns under the same name, which
+// would sort by the database's collation (strcoll under en_US.UTF-8, where
+// this test cluster's C locale compares bytes).
+func TestCandidatesSortByUUID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 3)
+	// EXPLAIN without ANALYZE: nothing runs, no lock is taken.
+	rows, err := e.pool.Query(e.ctx, "EXPLAIN (VERBOSE) "+store.FirstCandidates, tg.Generation, store.ClaimLockClass, store.Backoffs(e.store))
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.Contains(t, plan, "Sort Key: candidates.revision, candidates.event_id\n", plan)
+}

@@ -50,3 +50,6 @@ var (
 // ClaimedHistoryRead is the claim's read of its rows' events from a history
 // table (%s), for its plan.
 var ClaimedHistoryRead = sqlPendingHistoryEvents
+
+// FirstCandidates is the claim's first page of candidates, for its plan.
+var FirstCandidates = fmt.Sprintf(sqlCandidates, "")
