@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -164,8 +165,10 @@ func (h *harness) serverCPU(tb testing.TB, id string) time.Duration {
 }
 
 // floorDrain drains w1 with the floor's one statement per 100 events on
-// workers connections of its own, and returns how many events it took.
-func (h *harness) floorDrain(tb testing.TB, generation string, workers int) int64 {
+// workers connections of its own (twoTx: sdkfixture.FloorClaim, then
+// sdkfixture.FloorAccept in a transaction of its own), and returns how many
+// events it took.
+func (h *harness) floorDrain(tb testing.TB, generation string, workers int, twoTx bool) int64 {
 	tb.Helper()
 	var taken atomic.Int64
 	var wg sync.WaitGroup
@@ -177,19 +180,37 @@ func (h *harness) floorDrain(tb testing.TB, generation string, workers int) int6
 			}
 			defer conn.Release()
 			for {
-				rows, err := conn.Query(h.ctx, sdkfixture.FloorDrain, generation)
+				query := sdkfixture.FloorDrain
+				if twoTx {
+					query = sdkfixture.FloorClaim
+				}
+				rows, err := conn.Query(h.ctx, query, generation)
 				if !assert.NoError(tb, err) {
 					return
 				}
-				n := int64(0)
+				var ids []string
 				for rows.Next() {
-					n++
+					var id string
+					var event []byte
+					if !assert.NoError(tb, rows.Scan(&id, &event)) {
+						rows.Close()
+						return
+					}
+					ids = append(ids, id)
 				}
 				rows.Close()
-				if !assert.NoError(tb, rows.Err()) || n == 0 {
+				if !assert.NoError(tb, rows.Err()) || len(ids) == 0 {
 					return
 				}
-				taken.Add(n)
+				if twoTx {
+					b := &pgx.Batch{}
+					b.Queue(sdkfixture.FloorLifecycleLock)
+					b.Queue(sdkfixture.FloorAccept, generation, ids)
+					if !assert.NoError(tb, conn.SendBatch(h.ctx, b).Close()) {
+						return
+					}
+				}
+				taken.Add(int64(len(ids)))
 			}
 		})
 	}
@@ -199,17 +220,23 @@ func (h *harness) floorDrain(tb testing.TB, generation string, workers int) int6
 
 // BenchmarkJobCost runs `job drain` and `job replay` end to end on 20,000
 // events of 1 KB (PostgreSQL → the command → the Pub/Sub emulator), each
-// beside its floor in the same run: the least SQL that does the same work
-// in the database (sdkfixture.FloorDrain on as many connections as the
-// job's drains; for the replay, sdkfixture.FloorReplayPage pages and then
-// the drain's floor). It reports the server's CPU per 1,000 events, the
+// beside its floors in the same run: the least SQL that does the same work
+// in the database (floor: sdkfixture.FloorDrain on as many connections as
+// the job's drains; for the replay, sdkfixture.FloorReplayPage pages and
+// then the drain's floor), and the least that could publish between
+// reading and accepting (floor-2tx, for the drain: sdkfixture.FloorClaim,
+// then sdkfixture.FloorAccept, on one connection, as concurrent ones would
+// take the same events). It reports the server's CPU per 1,000 events, the
 // rate, and the sessions the command opened as the server counts them
 // (pg_stat_database.sessions); the ratio of the command's CPU to the
 // floor's is its overhead in PostgreSQL.
 func BenchmarkJobCost(b *testing.B) {
 	const events = 20_000
 	for _, command := range []string{"drain", "replay"} {
-		for _, kind := range []string{"job", "floor"} {
+		for _, kind := range []string{"job", "floor", "floor-2tx"} {
+			if kind == "floor-2tx" && command == "replay" {
+				continue // the drain's second floor only
+			}
 			b.Run(command+"/"+kind, func(b *testing.B) {
 				h := newHarness(b, &sdkfixture.V4Template)
 				s := h.spaces["w1"]
@@ -261,7 +288,14 @@ func BenchmarkJobCost(b *testing.B) {
 						}
 						fallthrough
 					default:
-						require.EqualValues(b, total, h.floorDrain(b, g.Generation, defaultPoolSize))
+						workers := defaultPoolSize
+						if kind == "floor-2tx" {
+							// Its claims end before the accept: concurrent
+							// workers would take the same events (33,702
+							// taken of 20,000 on 4 connections).
+							workers = 1
+						}
+						require.EqualValues(b, total, h.floorDrain(b, g.Generation, workers, kind == "floor-2tx"))
 					}
 					elapsed += time.Since(started)
 					b.StopTimer()

@@ -84,6 +84,30 @@ const FloorDrain = `WITH batch AS (
     INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at) SELECT $1::uuid, event_id, accepted_at FROM accepted
   ) SELECT id::text, replication FROM events`
 
+// FloorClaim and FloorAccept are the least SQL that can drain a batch of
+// the demo's products with a publish between reading and accepting: one
+// transaction that claims the next 100 pending events (FOR UPDATE SKIP
+// LOCKED, released at its commit) and reads them, and one, after the
+// publish, that takes the shared lifecycle lock and accepts them with the
+// seed's acknowledgement (the events' history ids in $2, a uuid[]), receipts
+// ON CONFLICT DO NOTHING. Nothing keeps two such drains from publishing
+// the same event, and nothing is held while the batch is published.
+// Benchmarks judge the drain's PostgreSQL cost against it beside FloorDrain.
+// $1 is the generation.
+const (
+	FloorClaim = `WITH batch AS (
+    SELECT event_id FROM _ontology_replication_delivery WHERE generation = $1::uuid AND accepted_at IS NULL
+     ORDER BY revision, event_id LIMIT 100 FOR UPDATE SKIP LOCKED
+  ) SELECT h.id::text, h.replication FROM product_history h WHERE h.id = ANY (ARRAY(SELECT event_id FROM batch))`
+	FloorLifecycleLock = `SELECT pg_advisory_xact_lock_shared(hashtextextended('segmentstream.ontology.replication.lifecycle', 0))`
+	FloorAccept        = `WITH accepted AS (
+    UPDATE _ontology_replication_delivery SET accepted_at = now(), next_verify_at = now()
+     WHERE generation = $1::uuid AND accepted_at IS NULL AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
+     RETURNING event_id, accepted_at
+  ) INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at)
+    SELECT $1::uuid, event_id, accepted_at FROM accepted ON CONFLICT DO NOTHING`
+)
+
 // FloorReplayPage is the least SQL that can reset a page of a replay: one
 // statement that sends the next 1,000 rows by event_id after $2 (NULL:
 // from the start) back to pending, drops their receipts and returns the
