@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
@@ -165,10 +167,12 @@ func (h *harness) serverCPU(tb testing.TB, id string) time.Duration {
 }
 
 // floorDrain drains w1 with the floor's one statement per 100 events on
-// workers connections of its own (twoTx: sdkfixture.FloorClaim, then
-// sdkfixture.FloorAccept in a transaction of its own), and returns how many
-// events it took.
-func (h *harness) floorDrain(tb testing.TB, generation string, workers int, twoTx bool) int64 {
+// workers connections of its own, and returns how many events it took.
+// With pub, each worker drains instead with sdkfixture.FloorClaim, then
+// publishes the batch's messages (event.AppendMessage, one Publish RPC of
+// pub to w1's topic), then accepts them with sdkfixture.FloorAccept in a
+// transaction of its own: the least that does the drain's whole work.
+func (h *harness) floorDrain(tb testing.TB, g sdkfixture.Generation, workers int, pub *publish.Publisher) int64 {
 	tb.Helper()
 	var taken atomic.Int64
 	var wg sync.WaitGroup
@@ -179,33 +183,38 @@ func (h *harness) floorDrain(tb testing.TB, generation string, workers int, twoT
 				return
 			}
 			defer conn.Release()
+			query := sdkfixture.FloorDrain
+			if pub != nil {
+				query = sdkfixture.FloorClaim
+			}
 			for {
-				query := sdkfixture.FloorDrain
-				if twoTx {
-					query = sdkfixture.FloorClaim
-				}
-				rows, err := conn.Query(h.ctx, query, generation)
+				rows, err := conn.Query(h.ctx, query, g.Generation)
 				if !assert.NoError(tb, err) {
 					return
 				}
 				var ids []string
-				for rows.Next() {
-					var id string
-					var event []byte
-					if !assert.NoError(tb, rows.Scan(&id, &event)) {
-						rows.Close()
-						return
-					}
+				var messages [][]byte
+				var id string
+				var raw []byte
+				_, err = pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
 					ids = append(ids, id)
-				}
-				rows.Close()
-				if !assert.NoError(tb, rows.Err()) || len(ids) == 0 {
+					if pub == nil {
+						return nil
+					}
+					js, _, err := event.AppendMessage(make([]byte, 0, len(raw)+128), raw, g.SourceID, id, g.Generation)
+					messages = append(messages, js)
+					return err
+				})
+				if !assert.NoError(tb, err) || len(ids) == 0 {
 					return
 				}
-				if twoTx {
+				if pub != nil {
+					if _, err := pub.Publish(h.ctx, "projects/p1/topics/events-w1", messages); !assert.NoError(tb, err) {
+						return
+					}
 					b := &pgx.Batch{}
 					b.Queue(sdkfixture.FloorLifecycleLock)
-					b.Queue(sdkfixture.FloorAccept, generation, ids)
+					b.Queue(sdkfixture.FloorAccept, g.Generation, ids)
 					if !assert.NoError(tb, conn.SendBatch(h.ctx, b).Close()) {
 						return
 					}
@@ -224,23 +233,27 @@ func (h *harness) floorDrain(tb testing.TB, generation string, workers int, twoT
 // in the database (floor: sdkfixture.FloorDrain on as many connections as
 // the job's drains; for the replay, sdkfixture.FloorReplayPage pages and
 // then the drain's floor), and the least that could publish between
-// reading and accepting (floor-2tx, for the drain: sdkfixture.FloorClaim,
-// then sdkfixture.FloorAccept, on one connection, as concurrent ones would
-// take the same events). It reports the server's CPU per 1,000 events, the
+// reading and accepting, publishing between (floor-publish, for the drain:
+// sdkfixture.FloorClaim, the batch published to the same emulator, then
+// sdkfixture.FloorAccept, on one connection, as concurrent ones would take
+// the same events). It reports the server's CPU per 1,000 events, the
 // rate, and the sessions the command opened as the server counts them
 // (pg_stat_database.sessions); the ratio of the command's CPU to the
 // floor's is its overhead in PostgreSQL.
 func BenchmarkJobCost(b *testing.B) {
 	const events = 20_000
 	for _, command := range []string{"drain", "replay"} {
-		for _, kind := range []string{"job", "floor", "floor-2tx"} {
-			if kind == "floor-2tx" && command == "replay" {
+		for _, kind := range []string{"job", "floor", "floor-publish"} {
+			if kind == "floor-publish" && command == "replay" {
 				continue // the drain's second floor only
 			}
 			b.Run(command+"/"+kind, func(b *testing.B) {
 				h := newHarness(b, &sdkfixture.V4Template)
 				s := h.spaces["w1"]
 				g := h.start("w1")
+				publisher, err := publish.New(h.ctx, publish.Config{EmulatorHost: h.pubsub.Addr})
+				require.NoError(b, err)
+				b.Cleanup(func() { _ = publisher.Close() })
 				require.NoError(b, sdkfixture.BulkCreate(h.ctx, s.pool, sdkfixture.Demo, "product", "title", events, 50_000))
 				require.NoError(b, sdkfixture.PadPayloads(h.ctx, s.pool, 800))
 				total := h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery")
@@ -288,14 +301,14 @@ func BenchmarkJobCost(b *testing.B) {
 						}
 						fallthrough
 					default:
-						workers := defaultPoolSize
-						if kind == "floor-2tx" {
+						workers, pub := defaultPoolSize, (*publish.Publisher)(nil)
+						if kind == "floor-publish" {
 							// Its claims end before the accept: concurrent
 							// workers would take the same events (33,702
 							// taken of 20,000 on 4 connections).
-							workers = 1
+							workers, pub = 1, publisher
 						}
-						require.EqualValues(b, total, h.floorDrain(b, g.Generation, workers, kind == "floor-2tx"))
+						require.EqualValues(b, total, h.floorDrain(b, g, workers, pub))
 					}
 					elapsed += time.Since(started)
 					b.StopTimer()
