@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -166,14 +165,28 @@ func (h *harness) serverCPU(tb testing.TB, id string) time.Duration {
 	return cpu
 }
 
-// floorDrain drains w1 with the floor's one statement per 100 events on
-// workers connections of its own, and returns how many events it took.
-// With pub, each worker drains instead with sdkfixture.FloorClaim, then
-// publishes the batch's messages (event.AppendMessage, one Publish RPC of
-// pub to w1's topic), then accepts them with sdkfixture.FloorAccept in a
-// transaction of its own: the least that does the drain's whole work.
+// floorDrain drains w1 with sdkfixture.DrainWithFloor on workers
+// connections of its own, and returns how many events it took: the floor's
+// one statement per 100 events, or, with pub, the two transactions with the
+// batch's messages (event.AppendMessage) published between as one Publish
+// RPC of pub to w1's topic, the least that does the drain's whole work.
 func (h *harness) floorDrain(tb testing.TB, g sdkfixture.Generation, workers int, pub *publish.Publisher) int64 {
 	tb.Helper()
+	var publishBatch func(ids []string, events [][]byte) error
+	if pub != nil {
+		publishBatch = func(ids []string, events [][]byte) error {
+			messages := make([][]byte, len(ids))
+			for i, raw := range events {
+				js, _, err := event.AppendMessage(make([]byte, 0, len(raw)+128), raw, g.SourceID, ids[i], g.Generation)
+				if err != nil {
+					return err
+				}
+				messages[i] = js
+			}
+			_, err := pub.Publish(h.ctx, "projects/p1/topics/events-w1", messages)
+			return err
+		}
+	}
 	var taken atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
@@ -183,44 +196,9 @@ func (h *harness) floorDrain(tb testing.TB, g sdkfixture.Generation, workers int
 				return
 			}
 			defer conn.Release()
-			query := sdkfixture.FloorDrain
-			if pub != nil {
-				query = sdkfixture.FloorClaim
-			}
-			for {
-				rows, err := conn.Query(h.ctx, query, g.Generation)
-				if !assert.NoError(tb, err) {
-					return
-				}
-				var ids []string
-				var messages [][]byte
-				var id string
-				var raw []byte
-				_, err = pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
-					ids = append(ids, id)
-					if pub == nil {
-						return nil
-					}
-					js, _, err := event.AppendMessage(make([]byte, 0, len(raw)+128), raw, g.SourceID, id, g.Generation)
-					messages = append(messages, js)
-					return err
-				})
-				if !assert.NoError(tb, err) || len(ids) == 0 {
-					return
-				}
-				if pub != nil {
-					if _, err := pub.Publish(h.ctx, "projects/p1/topics/events-w1", messages); !assert.NoError(tb, err) {
-						return
-					}
-					b := &pgx.Batch{}
-					b.Queue(sdkfixture.FloorLifecycleLock)
-					b.Queue(sdkfixture.FloorAccept, g.Generation, ids)
-					if !assert.NoError(tb, conn.SendBatch(h.ctx, b).Close()) {
-						return
-					}
-				}
-				taken.Add(int64(len(ids)))
-			}
+			n, err := sdkfixture.DrainWithFloor(h.ctx, conn.Conn(), g.Generation, publishBatch)
+			assert.NoError(tb, err)
+			taken.Add(n)
 		})
 	}
 	wg.Wait()

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -85,8 +84,8 @@ func BenchmarkClaimCost(b *testing.B) {
 				n += len(c.Events)
 			}
 		},
-		"floor":     func() int { return floorDrain(b, pool, g.Generation, false) },
-		"floor-2tx": func() int { return floorDrain(b, pool, g.Generation, true) },
+		"floor":     func() int { return floorDrain(b, pool, g.Generation, nil) },
+		"floor-2tx": func() int { return floorDrain(b, pool, g.Generation, func([]string, [][]byte) error { return nil }) },
 	}
 	kinds := []string{"store", "floor", "floor-2tx"}
 	cpu := map[string]time.Duration{}
@@ -124,39 +123,15 @@ func BenchmarkClaimCost(b *testing.B) {
 	b.ReportMetric(per1000("store")/per1000("floor-2tx"), "store/floor-2tx")
 }
 
-// floorDrain drains with sdkfixture.FloorDrain (twoTx: FloorClaim, then
-// FloorAccept in a transaction of its own) on one connection of pool, and
-// returns how many events it took.
-func floorDrain(tb testing.TB, pool *pgxpool.Pool, generation string, twoTx bool) int {
+// floorDrain drains with sdkfixture.DrainWithFloor on one connection of
+// pool (publish: see there), and returns how many events it took.
+func floorDrain(tb testing.TB, pool *pgxpool.Pool, generation string, publish func([]string, [][]byte) error) int {
 	tb.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	require.NoError(tb, err)
 	defer conn.Release()
-	query := sdkfixture.FloorDrain
-	if twoTx {
-		query = sdkfixture.FloorClaim
-	}
-	n := 0
-	for {
-		rows, err := conn.Query(ctx, query, generation)
-		require.NoError(tb, err)
-		ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
-			var id string
-			var event []byte
-			err := row.Scan(&id, &event)
-			return id, err
-		})
-		require.NoError(tb, err)
-		if len(ids) == 0 {
-			return n
-		}
-		if twoTx {
-			b := &pgx.Batch{}
-			b.Queue(sdkfixture.FloorLifecycleLock)
-			b.Queue(sdkfixture.FloorAccept, generation, ids)
-			require.NoError(tb, conn.SendBatch(ctx, b).Close())
-		}
-		n += len(ids)
-	}
+	n, err := sdkfixture.DrainWithFloor(ctx, conn.Conn(), generation, publish)
+	require.NoError(tb, err)
+	return int(n)
 }

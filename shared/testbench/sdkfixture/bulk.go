@@ -84,29 +84,79 @@ const FloorDrain = `WITH batch AS (
     INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at) SELECT $1::uuid, event_id, accepted_at FROM accepted
   ) SELECT id::text, replication FROM events`
 
-// FloorClaim and FloorAccept are the least SQL that can drain a batch of
-// the demo's products with a publish between reading and accepting: one
-// transaction that claims the next 100 pending events (FOR UPDATE SKIP
-// LOCKED, released at its commit) and reads them, and one, after the
-// publish, that takes the shared lifecycle lock and accepts them with the
-// seed's acknowledgement (the events' history ids in $2, a uuid[]), receipts
-// ON CONFLICT DO NOTHING. Nothing keeps two such drains from publishing
-// the same event, and nothing is held while the batch is published.
-// Benchmarks judge the drain's PostgreSQL cost against it beside FloorDrain.
-// $1 is the generation.
+// FloorClaim, FloorLifecycleLock and FloorAccept are the least SQL that can
+// drain a batch of the demo's products with a publish between reading and
+// accepting: one transaction that claims the next 100 pending events (FOR
+// UPDATE SKIP LOCKED, released at its commit) and reads them, and one,
+// after the publish, that takes the shared lifecycle lock and accepts them
+// with the seed's acknowledgement (the events' history ids in $2, a
+// uuid[]), receipts ON CONFLICT DO NOTHING. Nothing keeps two such drains
+// from publishing the same event, and nothing is held while the batch is
+// published. Benchmarks judge the drain's PostgreSQL cost against it beside
+// FloorDrain (see DrainWithFloor). $1 is the generation.
 const (
+	// FloorClaim claims and reads the next batch.
 	FloorClaim = `WITH batch AS (
     SELECT event_id FROM _ontology_replication_delivery WHERE generation = $1::uuid AND accepted_at IS NULL
      ORDER BY revision, event_id LIMIT 100 FOR UPDATE SKIP LOCKED
   ) SELECT h.id::text, h.replication FROM product_history h WHERE h.id = ANY (ARRAY(SELECT event_id FROM batch))`
+	// FloorLifecycleLock is the shared lifecycle lock, first in the
+	// acceptance's transaction.
 	FloorLifecycleLock = `SELECT pg_advisory_xact_lock_shared(hashtextextended('segmentstream.ontology.replication.lifecycle', 0))`
-	FloorAccept        = `WITH accepted AS (
+	// FloorAccept accepts the published batch.
+	FloorAccept = `WITH accepted AS (
     UPDATE _ontology_replication_delivery SET accepted_at = now(), next_verify_at = now()
      WHERE generation = $1::uuid AND accepted_at IS NULL AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[])))
      RETURNING event_id, accepted_at
   ) INSERT INTO _ontology_replication_receipts (generation, event_id, accepted_at)
     SELECT $1::uuid, event_id, accepted_at FROM accepted ON CONFLICT DO NOTHING`
 )
+
+// DrainWithFloor drains the generation's pending product events on conn
+// with a floor until none is left, and returns how many it took. With a nil
+// publish it runs FloorDrain; otherwise FloorClaim, then publish with the
+// batch's history ids and raw events, then FloorLifecycleLock and
+// FloorAccept in one transaction. The slices passed to publish are reused
+// by the next batch.
+func DrainWithFloor(ctx context.Context, conn *pgx.Conn, generation string, publish func(ids []string, events [][]byte) error) (int64, error) {
+	query := FloorDrain
+	if publish != nil {
+		query = FloorClaim
+	}
+	var taken int64
+	var ids []string
+	var events [][]byte
+	for {
+		rows, err := conn.Query(ctx, query, generation)
+		if err != nil {
+			return taken, fmt.Errorf("sdkfixture: floor read: %w", err)
+		}
+		ids, events = ids[:0], events[:0]
+		var id string
+		var raw []byte
+		if _, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
+			ids, events = append(ids, id), append(events, raw)
+			return nil
+		}); err != nil {
+			return taken, fmt.Errorf("sdkfixture: floor read: %w", err)
+		}
+		if len(ids) == 0 {
+			return taken, nil
+		}
+		if publish != nil {
+			if err := publish(ids, events); err != nil {
+				return taken, err
+			}
+			b := &pgx.Batch{}
+			b.Queue(FloorLifecycleLock)
+			b.Queue(FloorAccept, generation, ids)
+			if err := conn.SendBatch(ctx, b).Close(); err != nil {
+				return taken, fmt.Errorf("sdkfixture: floor accept: %w", err)
+			}
+		}
+		taken += int64(len(ids))
+	}
+}
 
 // FloorReplayPage is the least SQL that can reset a page of a replay: one
 // statement that sends the next 1,000 rows by event_id after $2 (NULL:
