@@ -210,11 +210,10 @@ func (h *harness) floorDrain(tb testing.TB, g sdkfixture.Generation, workers int
 // beside its floors in the same run: the least SQL that does the same work
 // in the database (floor: sdkfixture.FloorDrain on as many connections as
 // the job's drains; for the replay, sdkfixture.FloorReplayPage pages and
-// then the drain's floor), and the least that could publish between
-// reading and accepting, publishing between (floor-publish, for the drain:
-// sdkfixture.FloorClaim, the batch published to the same emulator, then
-// sdkfixture.FloorAccept, on one connection, as concurrent ones would take
-// the same events). It reports the server's CPU per 1,000 events, the
+// then the drain's floor), and, for the drain, the least that does its
+// whole work (floor-publish: sdkfixture.FloorClaim, the batch published to
+// the same emulator, then sdkfixture.FloorAccept, on one connection, as
+// concurrent ones would take the same events). It reports the server's CPU per 1,000 events, the
 // rate, and the sessions the command opened as the server counts them
 // (pg_stat_database.sessions); the ratio of the command's CPU to the
 // floor's is its overhead in PostgreSQL.
