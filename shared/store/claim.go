@@ -5,10 +5,12 @@ package store
 // and locks only: its events read is read.go, its end finish.go.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,31 +30,51 @@ import (
 // an SDK writer or a lifecycle operation can wait on, so that Pub/Sub's
 // latency never becomes the SDK's:
 //
-//   - The claim runs on one connection acquired from the pool and held,
-//     idle and outside any transaction, until the batch is finished or
-//     released. Its read takes a session-level advisory lock on each event
-//     it returns, with the two-key form pg_try_advisory_lock(class, key)
-//     (class: hashtext of ClaimLockClass; key: hashtext of the event id),
-//     which the SDK's one-key lifecycle lock can never conflict with.
-//     Another drain's read skips events whose lock it cannot take, so
-//     concurrent drains take disjoint batches without waiting on each other.
+//   - The claim runs on a connection held, idle and outside any
+//     transaction, until the batch is finished or released: a connection of
+//     its own (ClaimActive), or a drain's Session, which claims batch after
+//     batch on one connection. Its statement takes a session-level advisory
+//     lock on each event it returns, with the two-key form
+//     pg_try_advisory_lock(class, key) (class: hashtext of ClaimLockClass;
+//     key: hashtext of the event id), which the SDK's one-key lifecycle lock
+//     can never conflict with. Another drain's claim skips events whose lock
+//     it cannot take, so concurrent drains take disjoint batches without
+//     waiting on each other.
 //   - No table, row or lifecycle lock is held while the batch is published.
 //     The acknowledgement is the seed's short transaction, run after the
 //     publish (shared lifecycle lock, then the delivery rows), so
 //     accepted_at and next_verify_at are the time Pub/Sub had accepted the
-//     batch; its COMMIT is followed by pg_advisory_unlock_all(). A
-//     connection goes back to the pool only after that unlock succeeded;
-//     otherwise it is closed, which frees its locks.
+//     batch; the claim's locks are released after its COMMIT. A connection
+//     goes back to the pool only after that unlock succeeded; otherwise it
+//     is closed, which frees its locks.
+//   - Locks do not honour snapshots: a drain may take the lock of an event
+//     another drain acknowledged and unlocked after this drain's statement
+//     took its snapshot. So the candidates are read FOR NO KEY UPDATE SKIP
+//     LOCKED, and only then try-locked: a row whose acknowledgement
+//     committed after the snapshot is read again at its newest version,
+//     found accepted and left out (PostgreSQL's recheck of a locked row in
+//     READ COMMITTED), and a row whose acknowledgement is still running is
+//     skipped. The row locks last as long as the claim's statement; an
+//     acknowledgement or a replay page that wants the same rows waits that
+//     long at most, never across a publish. Duplicates stay limited to lost
+//     publish responses and crashes. (The store's first claims took the
+//     try-locks alone and read the claimed rows again in a second
+//     statement, a snapshot after the locks, to leave out those accepted
+//     meanwhile: a second round trip and a second primary-key lookup of
+//     every row, where the row lock costs one visit of a page the scan has
+//     just read.)
 //   - The try-locks run over a materialised list of candidates with no LIMIT
 //     above them, so every lock taken belongs to a returned row (a lock
 //     function in a WHERE under a LIMIT can lock rows the query then drops).
-//     Candidates whose lock another drain holds are skipped; the read goes on
-//     to the next candidates in revision order until it has a batch's worth.
-//   - Locks do not honour snapshots: a drain may take the lock of an event
-//     another drain acknowledged and unlocked after this drain's read began.
-//     So the events are read in a second statement (a snapshot taken after
-//     the locks) that also keeps only rows still pending: duplicates stay
-//     limited to lost publish responses and crashes.
+//     Candidates whose lock another drain holds are skipped; the claim goes
+//     on to the next candidates in revision order until it has a batch's
+//     worth.
+//   - The same statement reads the claimed events from the history tables
+//     the Store met in its recent claims (at most maxReadTables, and the
+//     baselines), one primary-key lookup each; the events of other tables
+//     are read in a second statement, as the first claims read every event
+//     (readEvents: a snapshot after the locks, rows still pending), and
+//     their tables join the list.
 //
 // A drain that dies mid-publish: if its process or connection ends, the
 // server frees its locks at once and the next drain takes its events. If it
@@ -96,30 +118,71 @@ const sqlClaimSession = `SELECT set_config('statement_timeout', $1, true), set_c
 // 30 s past last_checked_at, which is not one of them.
 var sqlClaimable = `NOT (next_verify_at > now() AND ` + setAsideMarked("$3") + `)`
 
+// maxReadTables bounds the history tables whose events a claim's statement
+// reads itself (see readTables); the baselines come on top.
+const maxReadTables = 4
+
 // sqlCandidates is the read of pendingReplicationEvents at protocol 4 (seed
 // 000): the oldest outstanding references in revision order, from the
 // partial index _ontology_delivery_pending, so that the read does not grow
-// with retained history. Each is try-locked (see above), and each comes with
-// its row's last set-aside backoff (next_verify_at − last_checked_at, in
-// microseconds). The page is ordered by the uuid (candidates.event_id), not
-// by the text the query returns under the same name, which would sort by
-// the database's collation (strcoll under en_US.UTF-8, Cloud SQL's
-// default). $1 is the generation (NULL: the active generation, when
-// replication is enabled); $2 is ClaimLockClass. %s bounds the page:
-// nothing on the first, sqlCandidatesAfter on the next ones, which walk the
-// index from the last candidate.
+// with retained history, each locked FOR NO KEY UPDATE SKIP LOCKED for the
+// statement and then try-locked for the claim (see above), with its row's
+// last set-aside backoff (next_verify_at − last_checked_at, in
+// microseconds) and its lock's key. The claims are put in order by the uuid
+// (candidates.event_id), not by the text the query returns under the same
+// name, which would sort by the database's collation (strcoll under
+// en_US.UTF-8, Cloud SQL's default). Each claimed row comes with its event
+// when it is a baseline or its history table is one of the read tables
+// ($4, bare names, in the order of the %[2]s branches: the seed's
+// per-table reads, sqlBaselineEvents and sqlHistoryEvents, one primary-key
+// lookup a row), and then, for an event that is NULL, whether its row
+// exists (its replication column is NULL) or is gone. $1 is the
+// generation (NULL: the active generation, when replication is enabled);
+// $2 is ClaimLockClass; $3 the store's
+// backoffs. %[1]s bounds the page: nothing on the first,
+// sqlCandidatesAfter on the next ones, which walk the index from the last
+// candidate. %[2]s and %[3]s are the read tables' branches
+// (readBranches).
 var sqlCandidates = `WITH candidates AS MATERIALIZED (
-    SELECT event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
+    SELECT generation, event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
      WHERE generation = coalesce($1::uuid, (SELECT active_generation FROM _ontology_replication WHERE id AND enabled))
-       AND accepted_at IS NULL %s AND ` + sqlClaimable + `
+       AND accepted_at IS NULL %[1]s AND ` + sqlClaimable + `
      ORDER BY revision, event_id LIMIT 100
+       FOR NO KEY UPDATE SKIP LOCKED
+  ), claims AS MATERIALIZED (
+    SELECT candidates.*, pg_try_advisory_lock(hashtext($2), hashtext(event_id::text)) AS claimed,
+           CASE WHEN history_table IS NULL THEN 0 ELSE array_position($4::text[], history_table) END AS source
+      FROM candidates ORDER BY candidates.revision, candidates.event_id
+  ), events AS (
+    SELECT claims.*, CASE WHEN claimed THEN CASE source
+             WHEN 0 THEN (SELECT b.event FROM _ontology_replication_baselines b WHERE b.generation = claims.generation AND b.id = claims.event_id)%[2]s
+           END END AS event
+      FROM claims OFFSET 0
   )
-  SELECT event_id::text, history_table, revision,
-         ` + sqlSetAsideInterval + `,
-         pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
-    FROM candidates ORDER BY candidates.revision, candidates.event_id`
+  SELECT event_id::text, history_table, revision, ` + sqlSetAsideInterval + `, claimed,
+         CASE WHEN claimed THEN hashtext(event_id::text) END, source IS NOT NULL, event,
+         CASE WHEN claimed AND event IS NULL THEN CASE source
+           WHEN 0 THEN EXISTS (SELECT FROM _ontology_replication_baselines b WHERE b.generation = events.generation AND b.id = events.event_id)%[3]s
+         END END
+    FROM events`
 
-const sqlCandidatesAfter = `AND (revision, event_id) > ($4::bigint, $5::uuid)`
+const sqlCandidatesAfter = `AND (revision, event_id) > ($5::bigint, $6::uuid)`
+
+// candidatesStatement returns sqlCandidates with the read tables' branches
+// (their quoted identifiers, checked against the capture-trigger tables),
+// for the first page or, with next, the following ones.
+func candidatesStatement(read []string, next bool) string {
+	var events, present strings.Builder
+	for i, ident := range read {
+		fmt.Fprintf(&events, "\n             WHEN %d THEN (SELECT h.replication FROM %s h WHERE h.id = claims.event_id)", i+1, ident)
+		fmt.Fprintf(&present, "\n           WHEN %d THEN EXISTS (SELECT FROM %s h WHERE h.id = events.event_id)", i+1, ident)
+	}
+	after := ""
+	if next {
+		after = sqlCandidatesAfter
+	}
+	return fmt.Sprintf(sqlCandidates, after, events.String(), present.String())
+}
 
 // sqlUnlockClaims releases every claim lock of the session.
 const sqlUnlockClaims = `SELECT pg_advisory_unlock_all()`
@@ -127,7 +190,7 @@ const sqlUnlockClaims = `SELECT pg_advisory_unlock_all()`
 // Claim is a claimed batch of pending events: they stay marked as taken
 // until Finish or Release, so concurrent drains take disjoint batches.
 // The caller must call one of them (a claim with no events and nothing
-// unpublishable has already let its session go; both are then no-ops).
+// unpublishable has already let its locks go; both are then no-ops).
 type Claim struct {
 	Batch
 	// Unpublishable are claimed events the store found it cannot publish:
@@ -137,8 +200,14 @@ type Claim struct {
 
 	store  *Store
 	target Target
-	conn   *pgxpool.Conn // the claim's session; nil on the legacy path
-	locked bool          // the session may hold claim locks
+	// conn is the claim's own session (ClaimActive); nil on the legacy path
+	// and for a Session's claims, which use the session's.
+	conn    *pgxpool.Conn
+	session *Session
+	out     bool    // a Session's claim, neither finished nor released
+	locked  bool    // the claim may hold claim locks
+	keys    []int32 // the keys of the claim locks it took (a Session's claims)
+	last    *candidate
 	// backoffs are the claimed rows' last set-aside backoffs, by history id
 	// (those set aside before only).
 	backoffs map[string]time.Duration
@@ -151,12 +220,16 @@ type candidate struct {
 	revision int64
 	backoff  time.Duration // its last set-aside backoff, if any
 	claimed  bool          // false: another drain holds it
+	key      int32         // its claim lock's key, when claimed
+	read     bool          // the statement read its event: event, present
+	event    []byte
+	present  bool
 }
 
 // ClaimActive reads the replication state and, when replication is enabled
-// and has an active target, claims the next batch of its pending events:
-// the state, the target and the first candidates in one round trip, the
-// events in a second. The claim is nil when there is nothing to drain
+// and has an active target, claims the next batch of its pending events
+// on a connection of its own: the state, the target and the claim in one
+// round trip. The claim is nil when there is nothing to drain
 // (replication disabled, or no active target: the error is
 // ErrNoActiveTarget). On a legacy database it reads the SDK's scan.
 func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) {
@@ -175,6 +248,12 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		}
 	}()
 	legacyHint := s.legacy.Load()
+	var read readTables
+	if !legacyHint {
+		if read, err = s.readTables(ctx, conn); err != nil {
+			return fail(err)
+		}
+	}
 	b := &pgx.Batch{}
 	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
 	if legacyHint {
@@ -186,7 +265,7 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 	if !legacyHint {
 		b.Queue(sqlActiveTargetV4)
 		c.locked = true
-		b.Queue(fmt.Sprintf(sqlCandidates, ""), nil, ClaimLockClass, s.backoffs)
+		s.queueCandidates(b, nil, read, nil)
 	}
 	results := conn.SendBatch(ctx, b)
 	state, t, cands, err := readClaimStart(results, !legacyHint, s.backoffs)
@@ -218,6 +297,11 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		err = nil
 	case errors.Is(err, pgx.ErrNoRows) && state.Version == ProtocolDelivery:
 		return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+	case undefinedTable(err) && state.Version == ProtocolDelivery:
+		// A read table has gone (renamed): look the tables up again next
+		// time. Its claims are released with the session.
+		s.forgetCaptureTables()
+		return fail(err)
 	default:
 		return fail(err)
 	}
@@ -284,7 +368,7 @@ func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State,
 	}
 	t, err := scanTarget(results.QueryRow())
 	if err != nil {
-		return state, Target{}, nil, err
+		return state, t, nil, err
 	}
 	rows, err := results.Query()
 	if err != nil {
@@ -294,20 +378,32 @@ func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State,
 	return state, t, cands, err
 }
 
-// candidates reads and try-locks the next page of candidates after the
-// given one (nil: from the start), in one round trip that also sets the
-// session's timeouts.
+// queueCandidates queues a page of candidates (sqlCandidates) of the
+// generation (nil: the active one) after the given candidate (nil: from the
+// start), reading the events of the read tables (see readTables).
+func (s *Store) queueCandidates(b *pgx.Batch, generation any, read readTables, after *candidate) {
+	if after == nil {
+		b.Queue(candidatesStatement(read.idents, false), generation, ClaimLockClass, s.backoffs, read.names)
+		return
+	}
+	b.Queue(candidatesStatement(read.idents, true), generation, ClaimLockClass, s.backoffs, read.names, after.revision, after.id)
+}
+
+// candidates reads and locks the next page of candidates after the given
+// one (nil: from the start) on the claim's session, in one round trip that
+// also sets the session's timeouts.
 func (c *Claim) candidates(ctx context.Context, generation string, after *candidate) ([]candidate, error) {
 	s := c.store
+	conn := c.db()
+	read, err := s.readTables(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
 	b := &pgx.Batch{}
 	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
-	if after == nil {
-		b.Queue(fmt.Sprintf(sqlCandidates, ""), generation, ClaimLockClass, s.backoffs)
-	} else {
-		b.Queue(fmt.Sprintf(sqlCandidates, sqlCandidatesAfter), generation, ClaimLockClass, s.backoffs, after.revision, after.id)
-	}
+	s.queueCandidates(b, generation, read, after)
 	c.locked = true
-	results := c.conn.SendBatch(ctx, b)
+	results := conn.SendBatch(ctx, b)
 	cands, err := func() ([]candidate, error) {
 		if _, err := results.Exec(); err != nil {
 			return nil, err
@@ -321,30 +417,59 @@ func (c *Claim) candidates(ctx context.Context, generation string, after *candid
 	if cerr := results.Close(); err == nil {
 		err = cerr
 	}
+	if undefinedTable(err) {
+		s.forgetCaptureTables() // a read table has gone: look them up again next time
+	}
 	return cands, err
 }
 
 // collectCandidates reads sqlCandidates: every candidate, with claimed
-// ones marked (the others are held by other drains), and the backoff of
-// those last set aside (an interval that is one of backoffs).
+// ones marked (the others are held by other drains) with their lock's key,
+// the backoff of those last set aside (an interval that is one of
+// backoffs), and the events the statement read; in queue order.
 func collectCandidates(rows pgx.Rows, backoffs []int64) ([]candidate, error) {
 	cands := make([]candidate, 0, claimPageSize)
 	var cd candidate
 	var interval *int64
-	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed}, func() error {
+	var key *int32
+	var present *bool
+	var raw []byte
+	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed, &key, &cd.read, &raw, &present}, func() error {
 		cd.backoff = 0
 		if interval != nil && slices.Contains(backoffs, *interval) {
 			cd.backoff = time.Duration(*interval) * time.Microsecond
 		}
+		cd.key = 0
+		if key != nil {
+			cd.key = *key
+		}
+		cd.event = nil
+		if raw != nil {
+			cd.event = append([]byte(nil), raw...)
+		}
+		cd.present = raw != nil || (present != nil && *present)
 		cands = append(cands, cd)
 		return nil
+	})
+	// In the order the claims were read: by revision, then by the uuid
+	// (which sorts as its text does).
+	slices.SortFunc(cands, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.revision, b.revision), strings.Compare(a.id, b.id))
 	})
 	return cands, err
 }
 
+// db is the connection the claim's statements run on.
+func (c *Claim) db() *pgxpool.Conn {
+	if c.session != nil {
+		return c.session.conn
+	}
+	return c.conn
+}
+
 // fill completes a claim from the first page of candidates: it reads more
-// pages while other drains hold most of them, keeps the rows still pending,
-// reads their events and bounds the batch.
+// pages while other drains hold most of them, reads the events the pages
+// did not and bounds the batch.
 func (c *Claim) fill(ctx context.Context, page []candidate) error {
 	s := c.store
 	var claimed []candidate
@@ -353,7 +478,11 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 		for _, cd := range page {
 			if cd.claimed {
 				claimed = append(claimed, cd)
+				c.keys = append(c.keys, cd.key)
 			}
+		}
+		if len(page) > 0 {
+			c.last = &page[len(page)-1]
 		}
 		full := len(page) == claimPageSize
 		if len(claimed) >= claimPageSize || !full {
@@ -364,9 +493,8 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 			more = true
 			break
 		}
-		last := page[len(page)-1]
 		var err error
-		if page, err = c.candidates(ctx, c.target.Generation, &last); err != nil {
+		if page, err = c.candidates(ctx, c.target.Generation, c.last); err != nil {
 			return err
 		}
 	}
@@ -377,9 +505,10 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 	if len(claimed) == 0 {
 		c.locked = false // no try-lock succeeded
 		c.More = more
-		c.Release(ctx) // nothing to finish: the session goes back at once
+		c.Release(ctx) // nothing to finish: the locks go at once
 		return nil
 	}
+	var unread []candidate
 	for _, cd := range claimed {
 		if cd.backoff > 0 {
 			if c.backoffs == nil {
@@ -387,10 +516,40 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 			}
 			c.backoffs[cd.id] = cd.backoff
 		}
+		if !cd.read {
+			unread = append(unread, cd)
+		}
 	}
-	items, aside, err := s.readEvents(ctx, c.conn, c.target, claimed)
-	if err != nil {
-		return err
+	items := make([]captured, 0, len(claimed))
+	var aside []SetAside
+	var others map[string]captured
+	if len(unread) > 0 {
+		// Events of tables the statement did not read: read them in a
+		// second statement, which keeps only rows still pending, and read
+		// their tables in the next claims' statement.
+		got, unknown, err := s.readEvents(ctx, c.db(), c.target, unread)
+		if err != nil {
+			return err
+		}
+		aside = unknown
+		others = make(map[string]captured, len(got))
+		for _, it := range got {
+			others[it.id] = it
+		}
+		s.learnReadTables(unread)
+	}
+	for _, cd := range claimed {
+		if !cd.read {
+			if it, ok := others[cd.id]; ok {
+				items = append(items, it)
+			}
+			continue
+		}
+		table := ""
+		if cd.table != nil {
+			table = *cd.table
+		}
+		items = append(items, captured{id: cd.id, table: table, raw: cd.event, present: cd.present, backoff: cd.backoff})
 	}
 	b, bad, err := bound(c.target, items, more)
 	if err != nil {
@@ -407,6 +566,10 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 // pending and other drains may take them at once. It is safe to call after
 // Finish, and more than once.
 func (c *Claim) Release(ctx context.Context) {
+	if c.session != nil {
+		c.session.release(ctx, c)
+		return
+	}
 	if c.conn == nil {
 		return
 	}
@@ -433,8 +596,62 @@ func (c *Claim) Release(ctx context.Context) {
 	conn.Release()
 }
 
+// readTables are the history tables whose events a claim's statement
+// reads itself: their bare names and quoted identifiers.
+type readTables struct{ names, idents []string }
+
+// readTables returns the tables met in recent claims that still carry the
+// capture trigger (the capture tables are loaded on first use).
+func (s *Store) readTables(ctx context.Context, q querier) (readTables, error) {
+	ct, err := s.captureTables(ctx, q, false)
+	if err != nil {
+		return readTables{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	read := readTables{names: []string{}}
+	for _, name := range s.reads {
+		if id, ok := ct.byTable[name]; ok {
+			read.names = append(read.names, name)
+			read.idents = append(read.idents, id.Sanitize())
+		}
+	}
+	return read, nil
+}
+
+// learnReadTables adds the capture tables of claimed rows whose events a
+// claim had to read apart to the tables claims read themselves, the oldest
+// dropped past maxReadTables.
+func (s *Store) learnReadTables(unread []candidate) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.capture == nil {
+		return
+	}
+	for _, cd := range unread {
+		if cd.table == nil || slices.Contains(s.reads, *cd.table) {
+			continue
+		}
+		if _, ok := s.capture.byTable[*cd.table]; !ok {
+			continue // no capture trigger: set aside, never read
+		}
+		s.reads = append(s.reads, *cd.table)
+		if len(s.reads) > maxReadTables {
+			s.reads = slices.Delete(s.reads, 0, 1)
+		}
+	}
+}
+
 // undefinedTable reports PostgreSQL's undefined_table (42P01).
 func undefinedTable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
+// Ended reports whether the claim has been finished or released.
+func (c *Claim) Ended() bool {
+	if c.session != nil {
+		return !c.out
+	}
+	return c.conn == nil
 }

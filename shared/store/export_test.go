@@ -52,4 +52,4 @@ var (
 var ClaimedHistoryRead = sqlPendingHistoryEvents
 
 // FirstCandidates is the claim's first page of candidates, for its plan.
-var FirstCandidates = fmt.Sprintf(sqlCandidates, "")
+var FirstCandidates = candidatesStatement(nil, false)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The end of a claim: its accepted events acknowledged and those that
@@ -26,6 +25,13 @@ const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_co
 // statement, in key order (sqlFinish); then it releases the claim. Events in neither list
 // stay pending. It returns the number of receipts written.
 func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
+	if c.session != nil {
+		if !c.out {
+			return 0, fmt.Errorf("store: acknowledge %d events of %s: the claim has ended", len(accepted), c.target.Generation)
+		}
+		n, _, _, err := c.session.Next(ctx, []Finishing{{Claim: c, Accepted: accepted, SetAside: setAside}}, false)
+		return n, err
+	}
 	if c.conn == nil {
 		return c.finishLegacy(ctx, accepted, setAside)
 	}
@@ -37,29 +43,15 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	fail := func(err error) (int64, error) {
 		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(accepted), t.Generation, err)
 	}
-	// One statement updates every row of the batch, so that its locks are
-	// taken in one key order (see sqlFinish).
-	var query string
-	var args []any
-	switch {
-	case len(setAside) == 0:
-		list, err := uuids(accepted)
-		if err != nil {
-			return fail(err)
-		}
-		query, args = sqlAcknowledge, []any{t.Generation, list}
-	case len(accepted) == 0:
-		ids, backoffs, err := c.backoffsFor(setAside)
-		if err != nil {
-			return fail(err)
-		}
-		query, args = sqlSetAside, []any{t.Generation, ids, backoffs}
-	default:
-		ids, backoffs, err := c.finishList(accepted, setAside)
-		if err != nil {
-			return fail(err)
-		}
-		query, args = sqlFinish, []any{t.Generation, ids, backoffs}
+	aside := make([]string, len(setAside))
+	backoffs := make([]int64, len(setAside))
+	for i, a := range setAside {
+		aside[i] = a.HistoryID
+		backoffs[i] = s.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
+	}
+	query, args, err := finishStatement(t.Generation, accepted, aside, backoffs)
+	if err != nil {
+		return fail(err)
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
@@ -69,7 +61,7 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	b.Queue(sqlUnlockClaims)
 	results := c.conn.SendBatch(ctx, b)
 	var acked int64
-	err := func() error {
+	err = func() error {
 		for i := range 5 {
 			tag, err := results.Exec()
 			if err != nil {
@@ -91,38 +83,26 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	return acked, nil
 }
 
-// backoffsFor returns the set-aside events' ids and their next backoffs:
-// the first is Config.SetAsideBackoff, each later one twice the last, up to
-// Config.SetAsideMaxBackoff. Every reason backs off the same way: the prior
-// backoff is the one the claim read on the event's row, whether the store
-// found the event unpublishable or Pub/Sub refused it.
-func (c *Claim) backoffsFor(setAside []SetAside) ([]pgtype.UUID, []int64, error) {
-	ids := make([]string, len(setAside))
-	backoffs := make([]int64, len(setAside))
-	for i, a := range setAside {
-		ids[i] = a.HistoryID
-		backoffs[i] = c.store.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
+// finishStatement returns the statement that acknowledges the accepted
+// events and sets aside the others (each with its next backoff, in
+// microseconds), updating every row of the batch in one statement, so that
+// its locks are taken in one key order (see sqlFinish): the seed-shaped
+// statement alone when the batch has one kind of row, as it is cheaper.
+func finishStatement(generation string, accepted, aside []string, backoffs []int64) (string, []any, error) {
+	switch {
+	case len(aside) == 0:
+		list, err := uuids(accepted)
+		return sqlAcknowledge, []any{generation, list}, err
+	case len(accepted) == 0:
+		list, err := uuids(aside)
+		return sqlSetAside, []any{generation, list, backoffs}, err
 	}
-	list, err := uuids(ids)
-	return list, backoffs, err
-}
-
-// finishList returns sqlFinish's lists: the accepted events with no
-// backoff, then the set-aside events with their next backoffs.
-func (c *Claim) finishList(accepted []string, setAside []SetAside) ([]pgtype.UUID, []*int64, error) {
-	ids := make([]string, 0, len(accepted)+len(setAside))
-	backoffs := make([]*int64, 0, cap(ids))
-	for _, id := range accepted {
-		ids = append(ids, id)
-		backoffs = append(backoffs, nil)
+	list, err := uuids(append(append(make([]string, 0, len(accepted)+len(aside)), accepted...), aside...))
+	all := make([]*int64, len(accepted), len(accepted)+len(aside))
+	for i := range backoffs {
+		all = append(all, &backoffs[i])
 	}
-	for _, a := range setAside {
-		us := c.store.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
-		ids = append(ids, a.HistoryID)
-		backoffs = append(backoffs, &us)
-	}
-	list, err := uuids(ids)
-	return list, backoffs, err
+	return sqlFinish, []any{generation, list, all}, err
 }
 
 // priorBackoff is the set-aside backoff the claim read on an event's row (0

@@ -119,6 +119,9 @@ type Store struct {
 
 	mu      sync.Mutex
 	capture *captureTables // cached; reloaded when a table is not found
+	// reads are the history tables whose events claims read in their own
+	// statement (bare names, at most maxReadTables; see sqlCandidates).
+	reads []string
 
 	// legacy remembers that the database was at protocol 3 when last read,
 	// so that a claim sends the statements of that protocol first.
