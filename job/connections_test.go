@@ -243,7 +243,8 @@ func TestVerifyExitCodes(t *testing.T) {
 
 // TestParallelBoundsWorkspacesInFlight: `--parallel 2` works on two
 // workspaces at a time, counted where the server shows it. Each
-// workspace's first acknowledgement waits for a row the test holds; when
+// workspace's first acknowledgement waits for the receipts table, which the
+// test holds in SHARE mode (a claim reads no receipt); when
 // two workspaces wait, the workspaces not yet begun have not opened a
 // single session, and only once the test lets those two go do the next
 // two begin.
@@ -259,8 +260,7 @@ func TestParallelBoundsWorkspacesInFlight(t *testing.T) {
 	for id, s := range h.spaces {
 		h.start(id)
 		h.products(id, 150)
-		blockers[id] = h.blocker(t, id, `SELECT 1 FROM _ontology_replication_delivery WHERE event_id =
-			(SELECT event_id FROM _ontology_replication_delivery ORDER BY revision, event_id LIMIT 1) FOR UPDATE`)
+		blockers[id] = h.blocker(t, id, `LOCK TABLE _ontology_replication_receipts IN SHARE MODE`)
 		u, err := url.Parse(s.url)
 		require.NoError(t, err)
 		dbs[strings.TrimPrefix(u.Path, "/")] = id

@@ -81,47 +81,18 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 		return res, nil
 	}
 	res.More = claim.More
-
-	aside := append([]store.SetAside(nil), claim.Unpublishable...)
-	// Events set aside before go in a request of their own, so that one
-	// still refused does not make the fresh events' request fail.
-	var fresh, retrying []store.Pending
-	for _, p := range claim.Events {
-		switch {
-		case len(p.JSON) > publish.MaxMessageBytes:
-			aside = append(aside, store.SetAside{HistoryID: p.HistoryID, HistoryTable: p.HistoryTable, EventID: p.EventID, Reason: store.ReasonTooLarge,
-				Cause: fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON))})
-		case p.Backoff > 0:
-			retrying = append(retrying, p)
-		default:
-			fresh = append(fresh, p)
-		}
-	}
-	out := &publishing{svc: s, topic: ws.PubSub.TopicName()}
-	var pubErr error
-	for _, group := range [][]store.Pending{fresh, retrying} {
-		if pubErr = out.publish(ctx, group); pubErr != nil {
-			break // Pub/Sub is unavailable: what it accepted is acknowledged, the rest stays pending
-		}
-	}
-	aside = append(aside, out.rejected...)
+	out := s.publishBatch(ctx, ws, claim)
 	res.Requests, res.PublishTime = out.requests, out.elapsed
-	ids := make([]string, len(out.accepted))
-	bytes := event.BatchOverhead
-	for i, p := range out.accepted {
-		ids[i] = p.HistoryID
-		bytes += event.MessageBytes(len(p.JSON))
-	}
-	_, ackErr := claim.Finish(ctx, ids, aside)
+	_, ackErr := claim.Finish(ctx, out.acceptedIDs(), out.aside)
 	if ackErr == nil {
-		res.Published, res.SetAside = len(out.accepted), len(aside)
+		res.Published, res.SetAside = len(out.accepted), len(out.aside)
 		if res.Published > 0 {
-			res.Bytes = bytes
+			res.Bytes = out.bytes()
 		}
-		s.logSetAside(ctx, ws, target, aside)
+		s.logSetAside(ctx, ws, target, out.aside)
 	}
-	if pubErr != nil {
-		return res, pubErr
+	if out.err != nil {
+		return res, out.err
 	}
 	if ackErr != nil {
 		// Published but not acknowledged: the events stay pending and are
@@ -131,12 +102,64 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	return res, nil
 }
 
+// publishBatch publishes a claimed batch: what Pub/Sub accepted, what is
+// to be set aside (the claim's unpublishable events, those too large for a
+// request, those Pub/Sub refuses), and err when Pub/Sub was unavailable
+// (what it accepted before is kept; the rest stays pending).
+func (s *Service) publishBatch(ctx context.Context, ws registry.Workspace, claim *store.Claim) *publishing {
+	out := &publishing{svc: s, topic: ws.PubSub.TopicName()}
+	out.aside = append(out.aside, claim.Unpublishable...)
+	// Events set aside before go in a request of their own, so that one
+	// still refused does not make the fresh events' request fail.
+	var fresh, retrying []store.Pending
+	for _, p := range claim.Events {
+		switch {
+		case len(p.JSON) > publish.MaxMessageBytes:
+			out.aside = append(out.aside, store.SetAside{HistoryID: p.HistoryID, HistoryTable: p.HistoryTable, EventID: p.EventID, Reason: store.ReasonTooLarge,
+				Cause: fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON))})
+		case p.Backoff > 0:
+			retrying = append(retrying, p)
+		default:
+			fresh = append(fresh, p)
+		}
+	}
+	for _, group := range [][]store.Pending{fresh, retrying} {
+		if out.err = out.publish(ctx, group); out.err != nil {
+			break // Pub/Sub is unavailable: what it accepted is acknowledged, the rest stays pending
+		}
+	}
+	out.aside = append(out.aside, out.rejected...)
+	return out
+}
+
+// acceptedIDs returns the history ids of the events Pub/Sub accepted.
+func (p *publishing) acceptedIDs() []string {
+	ids := make([]string, len(p.accepted))
+	for i, e := range p.accepted {
+		ids[i] = e.HistoryID
+	}
+	return ids
+}
+
+// bytes is the accepted events' size as the SDK counts a batch.
+func (p *publishing) bytes() int {
+	n := event.BatchOverhead
+	for _, e := range p.accepted {
+		n += event.MessageBytes(len(e.JSON))
+	}
+	return n
+}
+
 // publishing is one drain's publishing of its batch.
 type publishing struct {
 	svc      *Service
 	topic    string
 	accepted []store.Pending
 	rejected []store.SetAside
+	// aside is everything to set aside once the publishing has ended.
+	aside []store.SetAside
+	// err is the failure that ended the publishing (Pub/Sub unavailable).
+	err      error
 	requests int
 	elapsed  time.Duration
 	refusal  error // Pub/Sub's last refusal

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // Progress receives the progress of long work, to show it (a live line on a
@@ -45,11 +47,14 @@ func (noTracker) Done(error) {}
 
 // DrainAllOptions configures DrainAll.
 type DrainAllOptions struct {
-	// Drains is how many drains run at once. Default: 1. Claims are
-	// disjoint, as for concurrent wake-ups of the drain function; each drain
-	// holds one connection of the workspace's pool while its batch is out.
+	// Drains is how many batches are out at once: claimed and being
+	// published. Default: 1. The batches are claimed and acknowledged on
+	// one connection of the workspace's pool (a store.Session), whatever
+	// their number; on a legacy (protocol 3) database, Drains drains run
+	// as concurrent wake-ups of the drain function do, each on a connection.
 	Drains int
-	// StepTimeout bounds each batch. Default: 2m.
+	// StepTimeout bounds each step: a round trip of the session, a batch's
+	// publish. Default: 2m.
 	StepTimeout time.Duration
 	// Progress shows the drain's progress. Default: NoProgress.
 	Progress Progress
@@ -78,98 +83,337 @@ type DrainAllResult struct {
 // steps: what was done is committed.
 var ErrInterrupted = errors.New("interrupted")
 
-// DrainAll publishes a workspace's pending events with several drains at
-// once until nothing publishable is left (events set aside are counted, not
-// retried). Each batch is acknowledged only after Pub/Sub accepted it, by
-// the same code as the drain function. When ctx ends, the drains stop after
-// their current batch (each batch runs on a context detached from ctx,
-// bounded by StepTimeout) and the error wraps ErrInterrupted. While's error
-// comes first; a drain's error stops the other drains.
+// DrainAll publishes a workspace's pending events until nothing publishable
+// is left (events set aside are counted, not retried), with Drains batches
+// out at once. Each batch is acknowledged only after Pub/Sub accepted it.
+// At protocol 4 the batches are claimed and acknowledged on one session
+// (store.Session): one round trip acknowledges the batches whose publishes
+// have ended and claims the next, so that the drain holds one connection
+// and its batches never contend for the same events. When ctx ends, the
+// drain stops claiming, and the batches out are published and acknowledged
+// (each step runs on a context detached from ctx, bounded by StepTimeout);
+// the error then wraps ErrInterrupted. A transient fault ends the session:
+// what was acknowledged is kept, the rest stays pending, and a new session
+// carries on after a pause (see RetryPolicy). While's error comes first.
 func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAllOptions) (DrainAllResult, error) {
-	if _, err := s.Workspace(workspaceID); err != nil {
+	ws, err := s.Workspace(workspaceID)
+	if err != nil {
 		return DrainAllResult{}, err
 	}
-	drains := max(opts.Drains, 1)
-	step := cmpDuration(opts.StepTimeout, 2*time.Minute)
-	idle := cmpDuration(opts.Idle, 25*time.Millisecond)
+	d := &bulkDrain{svc: s, ws: ws, opts: opts, ctx: ctx}
+	d.drains = max(opts.Drains, 1)
+	d.step = cmpDuration(opts.StepTimeout, 2*time.Minute)
+	d.idle = cmpDuration(opts.Idle, 25*time.Millisecond)
 	progress := opts.Progress
 	if progress == nil {
 		progress = NoProgress{}
 	}
-	var (
-		res       DrainAllResult
-		mu        sync.Mutex
-		producing atomic.Bool
-		produced  = make(chan struct{})
-		paused    atomic.Bool
-	)
-	// The workspace's pool stays open for the whole drain: each batch takes
-	// a connection of it, and none is opened per batch.
+	// The workspace's pool stays open for the whole drain: its session and
+	// the pages of While take connections of it, and none is opened per
+	// batch.
 	held, err := s.hold(ctx, workspaceID)
 	if err != nil {
 		return DrainAllResult{}, err
 	}
 	defer held()
-	tracker := progress.Start("drain", workspaceID, "events", 0)
+	d.tracker = progress.Start("drain", workspaceID, "events", 0)
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
+	d.gctx = gctx
+	d.produced = make(chan struct{})
 	if opts.While != nil {
-		producing.Store(true)
+		d.producing.Store(true)
 		g.Go(func() error {
-			defer close(produced)
-			defer producing.Store(false)
+			defer close(d.produced)
+			defer d.producing.Store(false)
 			return opts.While(ctx)
 		})
 	} else {
-		close(produced)
+		close(d.produced)
 	}
-	for range drains {
+	g.Go(d.run)
+	err = g.Wait()
+	res := d.result()
+	if err == nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w after %d events", ErrInterrupted, res.Published)
+	}
+	d.tracker.Done(err)
+	return res, err
+}
+
+// bulkDrain is one DrainAll.
+type bulkDrain struct {
+	svc     *Service
+	ws      registry.Workspace
+	opts    DrainAllOptions
+	ctx     context.Context // the caller's: its end stops the claims
+	gctx    context.Context // ends when While failed
+	drains  int
+	step    time.Duration
+	idle    time.Duration
+	tracker Tracker
+
+	producing atomic.Bool
+	produced  chan struct{}
+
+	mu  sync.Mutex
+	res DrainAllResult
+}
+
+func (d *bulkDrain) result() DrainAllResult {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.res
+}
+
+// count adds what a batch's finish acknowledged and set aside.
+func (d *bulkDrain) count(published, setAside int) {
+	if published == 0 && setAside == 0 {
+		return
+	}
+	d.mu.Lock()
+	d.res.Published += published
+	d.res.SetAside += setAside
+	d.mu.Unlock()
+	d.tracker.Add(published)
+}
+
+// stopped reports that no more should be claimed: the command was
+// interrupted or While failed.
+func (d *bulkDrain) stopped() bool { return d.ctx.Err() != nil || d.gctx.Err() != nil }
+
+// run drains in sessions until nothing publishable is left: a transient
+// fault ends a session, and the next one starts after a pause (the
+// service's RetryPolicy, whose budget starts again once a session has
+// acknowledged something).
+func (d *bulkDrain) run() error {
+	s := d.svc
+	// Retries end with the command, or when While failed.
+	rctx, stop := context.WithCancel(d.gctx)
+	defer stop()
+	defer context.AfterFunc(d.ctx, stop)()
+	for {
+		var again error
+		err := s.retrying(rctx, "drain", d.ws.ID, func() error {
+			before := d.result()
+			err := d.session()
+			after := d.result()
+			if err != nil && Transient(err) && (after.Published > before.Published || after.SetAside > before.SetAside) {
+				again = err // progress before the fault: a new session with a new budget
+				return nil
+			}
+			return err
+		})
+		if errors.Is(err, errLegacy) {
+			return d.each()
+		}
+		if err != nil {
+			if d.ctx.Err() != nil && Transient(err) {
+				return nil // interrupted while waiting to retry
+			}
+			return fmt.Errorf("drain: %w", err)
+		}
+		if again == nil || d.stopped() {
+			return nil
+		}
+		s.log.WarnContext(d.ctx, "replication: a transient fault ended a drain session; starting another",
+			slog.String("operation", "drain"), slog.String("workspace", d.ws.ID), slog.String("cause", again.Error()))
+	}
+}
+
+// errLegacy: the database is at protocol 3, which has no delivery queue to
+// hold a session on (see bulkDrain.each).
+var errLegacy = errors.New("a legacy database")
+
+// published is a batch whose publish has ended.
+type published struct {
+	claim *store.Claim
+	out   *publishing
+}
+
+// session drains on one store session until nothing publishable is left,
+// replication pauses, the drain is stopped, or a fault: the batches out
+// are then published and finished, and the session closed.
+func (d *bulkDrain) session() error {
+	s, ws := d.svc, d.ws
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
+	lease, err := s.lease(bctx, ws)
+	if err != nil {
+		cancel()
+		return err
+	}
+	defer lease.Release()
+	state, target, ss, err := lease.store.OpenSession(bctx)
+	cancel()
+	switch {
+	case errors.Is(err, store.ErrNoActiveTarget):
+		d.pause(StateNoActiveTarget)
+		return nil
+	case err != nil:
+		return err
+	case ss == nil && !state.Enabled:
+		d.pause(StateDisabled)
+		return nil
+	case ss == nil:
+		return errLegacy
+	}
+	defer ss.Close(context.WithoutCancel(d.ctx))
+	d.setState(StateActive)
+
+	done := make(chan published, d.drains)
+	out := 0              // batches being published
+	var ended []published // batches published, to finish
+	exhausted := false    // the last claim reached the end of the queue: claim again, from its head, once none is out
+	var fault error       // the first fault: nothing more is claimed
+	paused := false
+	for {
+		mayClaim := func() bool {
+			return fault == nil && !paused && !d.stopped() && out < d.drains && !(exhausted && out > 0)
+		}
+		if len(ended) == 0 && !mayClaim() {
+			if out == 0 {
+				return fault
+			}
+			ended = append(ended, <-done)
+			out--
+		}
+		for more := true; more; {
+			select {
+			case p := <-done:
+				ended = append(ended, p)
+				out--
+			default:
+				more = false
+			}
+		}
+		finish := make([]store.Finishing, len(ended))
+		for i, p := range ended {
+			finish[i] = store.Finishing{Claim: p.claim, Accepted: p.out.acceptedIDs(), SetAside: p.out.aside}
+			if p.out.err != nil && fault == nil {
+				fault = p.out.err
+			}
+		}
+		claim := mayClaim()
+		wasProducing := d.producing.Load() // before the claim: pages done after it may have made more pending
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
+		_, state, c, err := ss.Next(ctx, finish, claim)
+		cancel()
+		for _, p := range ended {
+			if p.claim.Ended() {
+				d.count(len(p.out.accepted), len(p.out.aside))
+				s.logSetAside(d.ctx, ws, target, p.out.aside)
+			} else {
+				// Published but not acknowledged: the events stay pending
+				// and are published again later. Duplicates, never a loss.
+				p.claim.Release(context.WithoutCancel(d.ctx))
+			}
+		}
+		ended = nil
+		if err != nil {
+			if fault == nil {
+				fault = err
+			}
+			continue
+		}
+		if !claim {
+			continue
+		}
+		switch {
+		case !state.Enabled:
+			d.pause(StateDisabled)
+			paused = true
+		case state.ActiveGeneration != target.Generation:
+			d.pause(StateNoActiveTarget)
+			paused = true
+		case c == nil || (len(c.Events) == 0 && len(c.Unpublishable) == 0):
+			if out > 0 {
+				exhausted = true // nothing more after the batches out: finish them, then look from the head
+				continue
+			}
+			exhausted = false
+			if !wasProducing {
+				return fault // nothing publishable left, from the head of the queue
+			}
+			// Pages are still making events pending: the session's
+			// connection goes back to the pool while it waits, for the
+			// pages to take on a pool of one.
+			ss.Idle(context.WithoutCancel(d.ctx))
+			select {
+			case <-d.produced:
+			case <-d.gctx.Done():
+			case <-d.ctx.Done():
+			case <-time.After(d.idle):
+			}
+		default:
+			exhausted = !c.More
+			out++
+			go func(c *store.Claim) {
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
+				defer cancel()
+				done <- published{claim: c, out: s.publishBatch(ctx, ws, c)}
+			}(c)
+		}
+	}
+}
+
+// pause records that replication is not active: the drain stops.
+func (d *bulkDrain) pause(state string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.res.Paused, d.res.State = true, state
+}
+
+func (d *bulkDrain) setState(state string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.res.State = state
+}
+
+// each drains a legacy database as concurrent wake-ups of the drain
+// function do: Drains drains, each claiming, publishing and acknowledging
+// one batch at a time on a connection of its own (the SDK's legacy scan
+// locks nothing; see store.ClaimActive), until nothing publishable is
+// left. Each batch is retried on its own.
+func (d *bulkDrain) each() error {
+	s := d.svc
+	g, gctx := errgroup.WithContext(d.gctx)
+	var paused atomic.Bool
+	for range d.drains {
 		g.Go(func() error {
 			for {
-				if ctx.Err() != nil || gctx.Err() != nil || paused.Load() {
+				if d.ctx.Err() != nil || gctx.Err() != nil || paused.Load() {
 					return nil
 				}
-				wasProducing := producing.Load()
+				wasProducing := d.producing.Load()
 				var r DrainResult
-				// Retries end with the command, or when another drain failed.
 				rctx, stop := context.WithCancel(gctx)
-				unhook := context.AfterFunc(ctx, stop)
-				err := s.retrying(rctx, "drain", workspaceID, func() error {
-					bctx, cancel := context.WithTimeout(gctx, step)
+				unhook := context.AfterFunc(d.ctx, stop)
+				err := s.retrying(rctx, "drain", d.ws.ID, func() error {
+					bctx, cancel := context.WithTimeout(gctx, d.step)
 					defer cancel()
 					var err error
-					r, err = s.Drain(bctx, workspaceID)
-					if r.Published > 0 || r.SetAside > 0 {
-						// Acknowledged before the failure: counted once,
-						// never published again by the retry.
-						mu.Lock()
-						res.Published += r.Published
-						res.SetAside += r.SetAside
-						mu.Unlock()
-						tracker.Add(r.Published)
-						if err != nil {
-							r.Published, r.SetAside = 0, 0
-						}
+					r, err = s.Drain(bctx, d.ws.ID)
+					// Acknowledged before the failure: counted once, never
+					// published again by the retry.
+					d.count(r.Published, r.SetAside)
+					if err != nil {
+						r.Published, r.SetAside = 0, 0
 					}
 					return err
 				})
 				unhook()
 				stop()
 				if err != nil {
-					if ctx.Err() != nil && Transient(err) {
+					if d.ctx.Err() != nil && Transient(err) {
 						return nil // interrupted while waiting to retry
 					}
 					return fmt.Errorf("drain: %w", err)
 				}
 				if r.State != StateActive {
 					paused.Store(true)
-					mu.Lock()
-					res.State = r.State
-					mu.Unlock()
+					d.pause(r.State)
 					return nil
 				}
-				mu.Lock()
-				res.State = r.State
-				mu.Unlock()
+				d.setState(r.State)
 				if (r.Published > 0 || r.SetAside > 0) && r.More {
 					continue
 				}
@@ -177,21 +421,15 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 					return nil // nothing publishable left once the pages were done
 				}
 				select {
-				case <-produced:
+				case <-d.produced:
 				case <-gctx.Done():
-				case <-ctx.Done():
-				case <-time.After(idle):
+				case <-d.ctx.Done():
+				case <-time.After(d.idle):
 				}
 			}
 		})
 	}
-	err = g.Wait()
-	res.Paused = paused.Load()
-	if err == nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w after %d events", ErrInterrupted, res.Published)
-	}
-	tracker.Done(err)
-	return res, err
+	return g.Wait()
 }
 
 func cmpDuration(d, def time.Duration) time.Duration {
