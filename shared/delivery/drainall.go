@@ -58,13 +58,14 @@ type DrainAllOptions struct {
 	StepTimeout time.Duration
 	// Progress shows the drain's progress. Default: NoProgress.
 	Progress Progress
-	// While, when not nil, runs while the drains run (backfill or replay
-	// pages making events pending); the drains then wait for more work until
-	// it has returned, and end when nothing publishable is left.
-	While func(ctx context.Context) error
-	// Idle is how long a drain that found nothing waits before it looks
-	// again while While runs. Default: 25ms.
-	Idle time.Duration
+	// While, when not nil, runs beside the drain (backfill or replay pages
+	// making events pending) and takes turns with it: While calls drain
+	// to have the drain publish what is pending now, and drain returns once
+	// nothing publishable is left (or with the drain's failure). The drain
+	// claims nothing between those calls, so that the database never runs
+	// a page and a claim at once. When While has returned, the drain
+	// publishes what is left, and DrainAll ends.
+	While func(ctx context.Context, drain func(context.Context) error) error
 }
 
 // DrainAllResult is what DrainAll did.
@@ -100,10 +101,9 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 	if err != nil {
 		return DrainAllResult{}, err
 	}
-	d := &bulkDrain{svc: s, ws: ws, opts: opts, ctx: ctx}
+	d := &bulkDrain{svc: s, ws: ws, ctx: ctx, turns: make(chan chan error)}
 	d.drains = max(opts.Drains, 1)
 	d.step = cmpDuration(opts.StepTimeout, 2*time.Minute)
-	d.idle = cmpDuration(opts.Idle, 25*time.Millisecond)
 	progress := opts.Progress
 	if progress == nil {
 		progress = NoProgress{}
@@ -125,7 +125,7 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 		g.Go(func() error {
 			defer close(d.produced)
 			defer d.producing.Store(false)
-			return opts.While(ctx)
+			return opts.While(ctx, d.turn)
 		})
 	} else {
 		close(d.produced)
@@ -144,16 +144,21 @@ func (s *Service) DrainAll(ctx context.Context, workspaceID string, opts DrainAl
 type bulkDrain struct {
 	svc     *Service
 	ws      registry.Workspace
-	opts    DrainAllOptions
 	ctx     context.Context // the caller's: its end stops the claims
-	gctx    context.Context // ends when While failed
+	gctx    context.Context // ends when While or the drain failed
 	drains  int
 	step    time.Duration
-	idle    time.Duration
 	tracker Tracker
 
+	// producing: While runs; produced is closed when it has returned.
 	producing atomic.Bool
 	produced  chan struct{}
+	// turns carries While's requests for a turn of the drain; the drain
+	// answers on the request's channel once nothing publishable is left.
+	// current is the turn the drain is taking (nil between turns); only
+	// the drain's goroutine touches it.
+	turns   chan chan error
+	current chan error
 
 	mu  sync.Mutex
 	res DrainAllResult
@@ -178,8 +183,62 @@ func (d *bulkDrain) count(published, setAside int) {
 }
 
 // stopped reports that no more should be claimed: the command was
-// interrupted or While failed.
+// interrupted, or While or the drain failed.
 func (d *bulkDrain) stopped() bool { return d.ctx.Err() != nil || d.gctx.Err() != nil }
+
+// turn is the drain function While calls: the drain publishes what is
+// pending now, and turn returns once nothing publishable is left.
+func (d *bulkDrain) turn(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case d.turns <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.gctx.Done():
+		return errDrainEnded
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.gctx.Done():
+		return errDrainEnded
+	}
+}
+
+// errDrainEnded is what While's drain returns when the drain has failed:
+// DrainAll returns the drain's own error.
+var errDrainEnded = errors.New("the drain ended")
+
+// mayClaim reports whether the drain may claim now: While has returned,
+// or asked for a turn.
+func (d *bulkDrain) mayClaim() bool { return d.current != nil || !d.producing.Load() }
+
+// awaitTurn waits until the drain may claim; false when it must stop
+// instead.
+func (d *bulkDrain) awaitTurn() bool {
+	if d.mayClaim() {
+		return true
+	}
+	select {
+	case d.current = <-d.turns:
+		return true
+	case <-d.produced:
+		return true
+	case <-d.gctx.Done():
+	case <-d.ctx.Done():
+	}
+	return false
+}
+
+// endTurn answers While: nothing publishable is left now.
+func (d *bulkDrain) endTurn() {
+	if d.current != nil {
+		d.current <- nil
+		d.current = nil
+	}
+}
 
 // run drains in sessions until nothing publishable is left: a transient
 // fault ends a session, and the next one starts after a pause (the
@@ -266,8 +325,16 @@ func (d *bulkDrain) session() error {
 	var fault error       // the first fault: nothing more is claimed
 	paused := false
 	for {
+		if out == 0 && len(ended) == 0 && !d.mayClaim() {
+			// Between While's turns: the session's connection goes back
+			// to the pool, for the pages to take on a pool of one.
+			ss.Idle(context.WithoutCancel(d.ctx))
+			if !d.awaitTurn() {
+				return fault
+			}
+		}
 		mayClaim := func() bool {
-			return fault == nil && !paused && !d.stopped() && out < d.drains && !(exhausted && out > 0)
+			return fault == nil && !paused && !d.stopped() && d.mayClaim() && out < d.drains && !(exhausted && out > 0)
 		}
 		if len(ended) == 0 && !mayClaim() {
 			if out == 0 {
@@ -330,18 +397,9 @@ func (d *bulkDrain) session() error {
 				continue
 			}
 			exhausted = false
+			d.endTurn() // nothing publishable is left, from the head of the queue
 			if !wasProducing {
-				return fault // nothing publishable left, from the head of the queue
-			}
-			// Pages are still making events pending: the session's
-			// connection goes back to the pool while it waits, for the
-			// pages to take on a pool of one.
-			ss.Idle(context.WithoutCancel(d.ctx))
-			select {
-			case <-d.produced:
-			case <-d.gctx.Done():
-			case <-d.ctx.Done():
-			case <-time.After(d.idle):
+				return fault
 			}
 		default:
 			exhausted = !c.More
@@ -372,8 +430,27 @@ func (d *bulkDrain) setState(state string) {
 // function do: Drains drains, each claiming, publishing and acknowledging
 // one batch at a time on a connection of its own (the SDK's legacy scan
 // locks nothing; see store.ClaimActive), until nothing publishable is
-// left. Each batch is retried on its own.
+// left, in While's turns. Each batch is retried on its own.
 func (d *bulkDrain) each() error {
+	for {
+		if !d.awaitTurn() {
+			return nil
+		}
+		wasProducing := d.producing.Load()
+		paused, err := d.eachRound()
+		if err != nil {
+			return err
+		}
+		d.endTurn()
+		if paused || !wasProducing || d.stopped() {
+			return nil
+		}
+	}
+}
+
+// eachRound runs the legacy drains until none finds anything to publish;
+// it reports whether replication was paused.
+func (d *bulkDrain) eachRound() (bool, error) {
 	s := d.svc
 	g, gctx := errgroup.WithContext(d.gctx)
 	var paused atomic.Bool
@@ -383,7 +460,6 @@ func (d *bulkDrain) each() error {
 				if d.ctx.Err() != nil || gctx.Err() != nil || paused.Load() {
 					return nil
 				}
-				wasProducing := d.producing.Load()
 				var r DrainResult
 				rctx, stop := context.WithCancel(gctx)
 				unhook := context.AfterFunc(d.ctx, stop)
@@ -417,19 +493,12 @@ func (d *bulkDrain) each() error {
 				if (r.Published > 0 || r.SetAside > 0) && r.More {
 					continue
 				}
-				if !wasProducing {
-					return nil // nothing publishable left once the pages were done
-				}
-				select {
-				case <-d.produced:
-				case <-gctx.Done():
-				case <-d.ctx.Done():
-				case <-time.After(d.idle):
-				}
+				return nil // nothing publishable left for this drain
 			}
 		})
 	}
-	return g.Wait()
+	err := g.Wait()
+	return paused.Load(), err
 }
 
 func cmpDuration(d, def time.Duration) time.Duration {
