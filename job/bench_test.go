@@ -210,15 +210,25 @@ func (h *harness) floorDrain(tb testing.TB, g sdkfixture.Generation, workers int
 // events of 1 KB (PostgreSQL → the command → the Pub/Sub emulator), each
 // beside its floors on the same database, in every iteration, in an order
 // that turns with the iteration, so that the machine's drift falls on the
-// command and its floors alike: the least SQL that does the same work in
-// the database (floor: sdkfixture.FloorDrain on as many connections as the
-// job's drains; for the replay, sdkfixture.FloorReplayPage pages and then
-// the drain's floor), and, for the drain, the least that does its whole
-// work (floor-publish: sdkfixture.FloorClaim, the batch published to the
-// same emulator, then sdkfixture.FloorAccept, on one connection, as
-// concurrent ones would take the same events). It reports, for each, the
-// server's CPU per 1,000 events (pgtest.ServerCPU) and the rate; for the
-// command, the sessions it opened as the server counts them
+// command and its floors alike. The floors, for the replay after
+// sdkfixture.FloorReplayPage pages (one statement a page):
+//
+//   - floor: sdkfixture.FloorDrain, one statement per 100 events that
+//     claims, reads and accepts them, on the job's default pool of
+//     connections (4), as the job's drains ran when the issue set the bar;
+//   - floor-1: the same on one connection, the least CPU: no two of its
+//     statements ever contend;
+//   - floor-publish: the least that does a drain's whole work, on one
+//     connection: sdkfixture.FloorClaim, the batch encoded and published to
+//     the same emulator as one request, then sdkfixture.FloorAccept (on
+//     more connections its claims, which end before the publish, would
+//     take the same events: 33,702 taken of 20,000 on 4).
+//
+// FloorDrain publishes nothing between reading and accepting, so no drain
+// can match it; floor-publish cannot hold a batch's events against other
+// drains while it publishes them, as the product must. It reports, for
+// each, the server's CPU per 1,000 events (pgtest.ServerCPU) and the rate;
+// for the command, the sessions it opened as the server counts them
 // (pg_stat_database.sessions), and its ratios to each floor: the median of
 // the iterations' ratios of CPU, and the ratio of the rates. (ns/op is one
 // iteration: the command, its floors and the resets before each.)
@@ -226,10 +236,7 @@ func BenchmarkJobCost(b *testing.B) {
 	const events = 20_000
 	for _, command := range []string{"drain", "replay"} {
 		b.Run(command, func(b *testing.B) {
-			kinds := []string{"job", "floor", "floor-publish"}
-			if command == "replay" {
-				kinds = kinds[:2] // the drain's second floor only
-			}
+			kinds := []string{"job", "floor", "floor-1", "floor-publish"}
 			h := newHarness(b, &sdkfixture.V4Template)
 			s := h.spaces["w1"]
 			g := h.start("w1")
@@ -272,10 +279,10 @@ func BenchmarkJobCost(b *testing.B) {
 					fallthrough
 				default:
 					workers, pub := defaultPoolSize, (*publish.Publisher)(nil)
-					if kind == "floor-publish" {
-						// Its claims end before the accept: concurrent
-						// workers would take the same events (33,702
-						// taken of 20,000 on 4 connections).
+					switch kind {
+					case "floor-1":
+						workers = 1
+					case "floor-publish":
 						workers, pub = 1, publisher
 					}
 					require.EqualValues(b, total, h.floorDrain(b, g, workers, pub))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
@@ -136,17 +137,39 @@ func (r *rig) drainOnce(kind string) (int, error) {
 	return n, rows.Err()
 }
 
-// BenchmarkDrainRoundTrips counts the SQL round trips of one batch.
+// BenchmarkDrainRoundTrips counts the SQL round trips of a batch: the drain
+// function's (its claim, then its acknowledgement), and the bulk drain's
+// (DrainAll, four batches out: one round trip acknowledges the ended ones
+// and claims the next).
 func BenchmarkDrainRoundTrips(b *testing.B) {
-	r := newRig(b, 2)
-	r.payloadKB(b, 100*1000)
-	before := r.queries.n.Load()
-	for b.Loop() {
-		res, err := r.svc.Drain(r.ctx, "w1")
-		require.NoError(b, err)
-		require.Equal(b, 100, res.Published)
-	}
-	b.ReportMetric(float64(r.queries.n.Load()-before)/float64(b.N), "roundtrips/batch")
+	b.Run("function", func(b *testing.B) {
+		r := newRig(b, 2)
+		r.payloadKB(b, 100*1000)
+		before := r.queries.n.Load()
+		for b.Loop() {
+			res, err := r.svc.Drain(r.ctx, "w1")
+			require.NoError(b, err)
+			require.Equal(b, 100, res.Published)
+		}
+		b.ReportMetric(float64(r.queries.n.Load()-before)/float64(b.N), "roundtrips/batch")
+	})
+	b.Run("bulk", func(b *testing.B) {
+		r := newRig(b, 2)
+		r.payloadKB(b, 20_000)
+		var trips, batches int64
+		for b.Loop() {
+			b.StopTimer()
+			r.resetQueue(b)
+			before := r.queries.n.Load()
+			b.StartTimer()
+			res, err := r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{Drains: 4})
+			require.NoError(b, err)
+			require.Equal(b, 20_000, res.Published)
+			trips += r.queries.n.Load() - before
+			batches += 200
+		}
+		b.ReportMetric(float64(trips)/float64(batches), "roundtrips/batch")
+	})
 }
 
 // TestDrainHeapIsBoundedByTheBatch drains one batch from a backlog of

@@ -16,17 +16,19 @@ import (
 )
 
 // BenchmarkClaimCost drains 20,000 pending events of 1 KB through the store
-// alone, on one connection: ClaimActive, then Finish of the whole batch
-// (the drain's statements, with nothing published between). Beside it, on
-// the same connection, the floors: sdkfixture.FloorDrain (one statement per
-// 100 events) and sdkfixture.FloorClaim then sdkfixture.FloorAccept (the
-// least that could publish between reading and accepting). Each iteration
-// runs all three, in an order that turns with the iteration, so that the
-// machine's drift falls on them alike; it reports the server's CPU per
-// 1,000 events of each and the store's ratios to the floors. Without
-// Pub/Sub and the publish path the figure is the store's own cost in
-// PostgreSQL, with less noise than BenchmarkJobCost's. (ns/op is one
-// iteration: the three drains and the resets before them.)
+// alone, on one connection, two ways: store, the drain function's
+// (ClaimActive, then Finish of the whole batch: two round trips a batch),
+// and session, the job's (a Session whose every round trip finishes a batch
+// and claims the next), with nothing published between. Beside them, on
+// the same connection, the floors: sdkfixture.FloorDrain (one statement
+// per 100 events) and sdkfixture.FloorClaim then sdkfixture.FloorAccept
+// (the least that could publish between reading and accepting). Each
+// iteration runs all four, in an order that turns with the iteration, so
+// that the machine's drift falls on them alike; it reports the server's
+// CPU per 1,000 events of each and the store's ratios to the floors.
+// Without Pub/Sub and the publish path the figure is the store's own cost
+// in PostgreSQL, with less noise than BenchmarkJobCost's. (ns/op is one
+// iteration: the four drains and the resets before them.)
 // REPLICATION_BENCH_RETAINED=n puts n delivered and verified events before
 // the pending ones.
 func BenchmarkClaimCost(b *testing.B) {
@@ -84,10 +86,26 @@ func BenchmarkClaimCost(b *testing.B) {
 				n += len(c.Events)
 			}
 		},
+		"session": func() int {
+			_, _, ss, err := st.OpenSession(ctx)
+			require.NoError(b, err)
+			defer ss.Close(ctx)
+			n := 0
+			var finish []store.Finishing
+			for {
+				_, _, c, err := ss.Next(ctx, finish, true)
+				require.NoError(b, err)
+				if len(c.Events) == 0 {
+					return n
+				}
+				n += len(c.Events)
+				finish = []store.Finishing{{Claim: c, Accepted: c.IDs()}}
+			}
+		},
 		"floor":     func() int { return floorDrain(b, pool, g.Generation, nil) },
 		"floor-2tx": func() int { return floorDrain(b, pool, g.Generation, func([]string, [][]byte) error { return nil }) },
 	}
-	kinds := []string{"store", "floor", "floor-2tx"}
+	kinds := []string{"store", "session", "floor", "floor-2tx"}
 	cpu := map[string]time.Duration{}
 	i := 0
 	for b.Loop() {
@@ -119,8 +137,10 @@ func BenchmarkClaimCost(b *testing.B) {
 	for _, kind := range kinds {
 		b.ReportMetric(per1000(kind), kind+"-pg-cpu-ms/1000events")
 	}
-	b.ReportMetric(per1000("store")/per1000("floor"), "store/floor")
-	b.ReportMetric(per1000("store")/per1000("floor-2tx"), "store/floor-2tx")
+	for _, kind := range kinds[:2] {
+		b.ReportMetric(per1000(kind)/per1000("floor"), kind+"/floor")
+		b.ReportMetric(per1000(kind)/per1000("floor-2tx"), kind+"/floor-2tx")
+	}
 }
 
 // floorDrain drains with sdkfixture.DrainWithFloor on one connection of

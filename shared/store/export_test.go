@@ -53,3 +53,15 @@ var ClaimedHistoryRead = sqlPendingHistoryEvents
 
 // FirstCandidates is the claim's first page of candidates, for its plan.
 var FirstCandidates = candidatesStatement(nil, false)
+
+// ReadTables are the history tables a Store's claims read in their own
+// statement.
+func ReadTables(s *Store) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.reads...)
+}
+
+// CandidatesReading is the claim's first page of candidates reading the
+// events of the given tables (quoted identifiers), for its plan.
+func CandidatesReading(idents ...string) string { return candidatesStatement(idents, false) }
