@@ -232,7 +232,21 @@ type candidate struct {
 // round trip. The claim is nil when there is nothing to drain
 // (replication disabled, or no active target: the error is
 // ErrNoActiveTarget). On a legacy database it reads the SDK's scan.
+//
+// When a history table the claim's statement reads has gone (an entity
+// renamed: undefined_table), the statement never ran; the capture tables
+// are looked up again and the claim is made once more.
 func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) {
+	state, t, c, err := s.claimActive(ctx)
+	if undefinedTable(err) {
+		s.forgetCaptureTables()
+		state, t, c, err = s.claimActive(ctx)
+	}
+	return state, t, c, err
+}
+
+// claimActive is one attempt of ClaimActive.
+func (s *Store) claimActive(ctx context.Context) (State, Target, *Claim, error) {
 	fail := func(err error) (State, Target, *Claim, error) {
 		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
 	}
@@ -297,11 +311,6 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		err = nil
 	case errors.Is(err, pgx.ErrNoRows) && state.Version == ProtocolDelivery:
 		return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
-	case undefinedTable(err) && state.Version == ProtocolDelivery:
-		// A read table has gone (renamed): look the tables up again next
-		// time. Its claims are released with the session.
-		s.forgetCaptureTables()
-		return fail(err)
 	default:
 		return fail(err)
 	}
@@ -601,7 +610,8 @@ func (c *Claim) Release(ctx context.Context) {
 type readTables struct{ names, idents []string }
 
 // readTables returns the tables met in recent claims that still carry the
-// capture trigger (the capture tables are loaded on first use).
+// capture trigger (the capture tables are loaded on first use); those that
+// no longer do (renamed, dropped) are forgotten.
 func (s *Store) readTables(ctx context.Context, q querier) (readTables, error) {
 	ct, err := s.captureTables(ctx, q, false)
 	if err != nil {
@@ -609,12 +619,14 @@ func (s *Store) readTables(ctx context.Context, q querier) (readTables, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reads = slices.DeleteFunc(s.reads, func(name string) bool {
+		_, ok := ct.byTable[name]
+		return !ok
+	})
 	read := readTables{names: []string{}}
 	for _, name := range s.reads {
-		if id, ok := ct.byTable[name]; ok {
-			read.names = append(read.names, name)
-			read.idents = append(read.idents, id.Sanitize())
-		}
+		read.names = append(read.names, name)
+		read.idents = append(read.idents, ct.byTable[name].Sanitize())
 	}
 	return read, nil
 }

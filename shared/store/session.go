@@ -118,7 +118,29 @@ type Finishing struct {
 // claimable after the session's last claim while claims are out: finish
 // them and claim again, from the head of the queue. When the finish fails
 // its claims stay out, still claimed.
+//
+// When a history table the claim's statement reads has gone (an entity
+// renamed: undefined_table), the statement failed before it locked a row;
+// the capture tables are looked up again and the claims still out are
+// finished and the claim made once more.
 func (ss *Session) Next(ctx context.Context, finish []Finishing, claim bool) (int64, State, *Claim, error) {
+	receipts, state, c, err := ss.next(ctx, finish, claim)
+	if !claim || !undefinedTable(err) || ss.closed {
+		return receipts, state, c, err
+	}
+	ss.store.forgetCaptureTables()
+	var still []Finishing
+	for _, f := range finish {
+		if f.Claim.out {
+			still = append(still, f)
+		}
+	}
+	more, state, c, err := ss.next(ctx, still, claim)
+	return receipts + more, state, c, err
+}
+
+// next is one attempt of Next.
+func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (int64, State, *Claim, error) {
 	s, t := ss.store, ss.target
 	if ss.closed {
 		return 0, State{}, nil, ErrSessionClosed
@@ -240,9 +262,6 @@ func (ss *Session) Next(ctx context.Context, finish []Finishing, claim bool) (in
 	if err != nil {
 		if claiming {
 			ss.dirty = true
-		}
-		if undefinedTable(err) {
-			s.forgetCaptureTables() // a read table has gone: look them up again next time
 		}
 		if ss.conn.Conn().PgConn().TxStatus() != 'I' {
 			_, _ = ss.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
