@@ -49,20 +49,27 @@ import (
 //     is closed, which frees its locks.
 //   - Locks do not honour snapshots: a drain may take the lock of an event
 //     another drain acknowledged and unlocked after this drain's statement
-//     took its snapshot. So the candidates are read FOR NO KEY UPDATE SKIP
-//     LOCKED, and only then try-locked: a row whose acknowledgement
-//     committed after the snapshot is read again at its newest version,
-//     found accepted and left out (PostgreSQL's recheck of a locked row in
-//     READ COMMITTED), and a row whose acknowledgement is still running is
-//     skipped. The row locks last as long as the claim's statement; an
-//     acknowledgement or a replay page that wants the same rows waits that
-//     long at most, never across a publish. Duplicates stay limited to lost
-//     publish responses and crashes. (The store's first claims took the
-//     try-locks alone and read the claimed rows again in a second
-//     statement, a snapshot after the locks, to leave out those accepted
-//     meanwhile: a second round trip and a second primary-key lookup of
-//     every row, where the row lock costs one visit of a page the scan has
-//     just read.)
+//     took its snapshot. So, after its try-locks, the same statement finds
+//     each row it claimed again by the row version it read (ctid) and reads
+//     that version's xmax as it is then. A version no transaction has
+//     updated or locked (xmax 0, every row the SDK queued and nobody
+//     touched since) is the newest: still pending. Any other (an
+//     acknowledgement committed after the snapshot, or one still running,
+//     or a row lock or update left behind) is locked FOR NO KEY UPDATE SKIP
+//     LOCKED: PostgreSQL reads it again at its newest version and keeps it
+//     only if it is still pending (its recheck of a locked row in READ
+//     COMMITTED), and a row an acknowledgement is still updating (the
+//     SDK's own, which honours no claim) is skipped. An acknowledgement
+//     that ran before the try-lock has always written its xmax by then: it
+//     updated the row before it committed and unlocked. The row locks last
+//     as long as the claim's statement; an acknowledgement or a replay page
+//     that wants the same rows waits that long at most, never across a
+//     publish. Duplicates stay limited to lost publish responses and
+//     crashes. (The store's first claims read the claimed rows again in a
+//     second statement, a snapshot after the locks: a second round trip and
+//     a second primary-key lookup of every row. Row-locking every
+//     candidate, or every claimed row, cost more: a WAL record and a dirtied
+//     page a row, for rows the acknowledgement writes again moments later.)
 //   - The try-locks run over a materialised list of candidates with no LIMIT
 //     above them, so every lock taken belongs to a returned row (a lock
 //     function in a WHERE under a LIMIT can lock rows the query then drops).
@@ -125,10 +132,12 @@ const maxReadTables = 4
 // sqlCandidates is the read of pendingReplicationEvents at protocol 4 (seed
 // 000): the oldest outstanding references in revision order, from the
 // partial index _ontology_delivery_pending, so that the read does not grow
-// with retained history, each locked FOR NO KEY UPDATE SKIP LOCKED for the
-// statement and then try-locked for the claim (see above), with its row's
-// last set-aside backoff (next_verify_at − last_checked_at, in
-// microseconds) and its lock's key. The claims are put in order by the uuid
+// with retained history, each try-locked for the claim, the claimed ones
+// found again by version and, when another transaction touched them, locked
+// FOR NO KEY UPDATE SKIP LOCKED for the statement (see above), each with
+// whether it was claimed, its lock's key, whether it is still pending, and
+// its row's last set-aside backoff (next_verify_at −
+// last_checked_at, in microseconds). The claims are put in order by the uuid
 // (candidates.event_id), not by the text the query returns under the same
 // name, which would sort by the database's collation (strcoll under
 // en_US.UTF-8, Cloud SQL's default). Each claimed row comes with its event
@@ -144,24 +153,33 @@ const maxReadTables = 4
 // candidate. %[2]s and %[3]s are the read tables' branches
 // (readBranches).
 var sqlCandidates = `WITH candidates AS MATERIALIZED (
-    SELECT generation, event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
+    SELECT ctid AS at, generation, event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
      WHERE generation = coalesce($1::uuid, (SELECT active_generation FROM _ontology_replication WHERE id AND enabled))
        AND accepted_at IS NULL %[1]s AND ` + sqlClaimable + `
      ORDER BY revision, event_id LIMIT 100
-       FOR NO KEY UPDATE SKIP LOCKED
   ), claims AS MATERIALIZED (
     SELECT candidates.*, pg_try_advisory_lock(hashtext($2), hashtext(event_id::text)) AS claimed,
            CASE WHEN history_table IS NULL THEN 0 ELSE array_position($4::text[], history_table) END AS source
       FROM candidates ORDER BY candidates.revision, candidates.event_id
-  ), events AS (
-    SELECT claims.*, CASE WHEN claimed THEN CASE source
-             WHEN 0 THEN (SELECT b.event FROM _ontology_replication_baselines b WHERE b.generation = claims.generation AND b.id = claims.event_id)%[2]s
-           END END AS event
+  ), seen AS MATERIALIZED (
+    SELECT ctid AS at, event_id, xmax = '0'::xid AS newest FROM _ontology_replication_delivery
+     WHERE ctid = ANY (ARRAY(SELECT at FROM claims WHERE claimed))
+  ), held AS MATERIALIZED (
+    SELECT event_id FROM _ontology_replication_delivery
+     WHERE ctid = ANY (ARRAY(SELECT at FROM seen WHERE NOT newest)) AND accepted_at IS NULL AND ` + sqlClaimable + `
+       FOR NO KEY UPDATE SKIP LOCKED
+  ), still AS (
+    SELECT claims.*, claimed AND (event_id IN (SELECT event_id FROM seen WHERE newest) OR event_id IN (SELECT event_id FROM held)) AS pending
       FROM claims OFFSET 0
+  ), events AS (
+    SELECT still.*, CASE WHEN pending THEN CASE source
+             WHEN 0 THEN (SELECT b.event FROM _ontology_replication_baselines b WHERE b.generation = still.generation AND b.id = still.event_id)%[2]s
+           END END AS event
+      FROM still OFFSET 0
   )
   SELECT event_id::text, history_table, revision, ` + sqlSetAsideInterval + `, claimed,
-         CASE WHEN claimed THEN hashtext(event_id::text) END, source IS NOT NULL, event,
-         CASE WHEN claimed AND event IS NULL THEN CASE source
+         CASE WHEN claimed THEN hashtext(event_id::text) END, pending, source IS NOT NULL, event,
+         CASE WHEN pending AND event IS NULL THEN CASE source
            WHEN 0 THEN EXISTS (SELECT FROM _ontology_replication_baselines b WHERE b.generation = events.generation AND b.id = events.event_id)%[3]s
          END END
     FROM events`
@@ -174,7 +192,7 @@ const sqlCandidatesAfter = `AND (revision, event_id) > ($5::bigint, $6::uuid)`
 func candidatesStatement(read []string, next bool) string {
 	var events, present strings.Builder
 	for i, ident := range read {
-		fmt.Fprintf(&events, "\n             WHEN %d THEN (SELECT h.replication FROM %s h WHERE h.id = claims.event_id)", i+1, ident)
+		fmt.Fprintf(&events, "\n             WHEN %d THEN (SELECT h.replication FROM %s h WHERE h.id = still.event_id)", i+1, ident)
 		fmt.Fprintf(&present, "\n           WHEN %d THEN EXISTS (SELECT FROM %s h WHERE h.id = events.event_id)", i+1, ident)
 	}
 	after := ""
@@ -221,6 +239,7 @@ type candidate struct {
 	backoff  time.Duration // its last set-aside backoff, if any
 	claimed  bool          // false: another drain holds it
 	key      int32         // its claim lock's key, when claimed
+	pending  bool          // claimed and still pending when the statement locked it
 	read     bool          // the statement read its event: event, present
 	event    []byte
 	present  bool
@@ -443,7 +462,7 @@ func collectCandidates(rows pgx.Rows, backoffs []int64) ([]candidate, error) {
 	var key *int32
 	var present *bool
 	var raw []byte
-	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed, &key, &cd.read, &raw, &present}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed, &key, &cd.pending, &cd.read, &raw, &present}, func() error {
 		cd.backoff = 0
 		if interval != nil && slices.Contains(backoffs, *interval) {
 			cd.backoff = time.Duration(*interval) * time.Microsecond
@@ -486,8 +505,10 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 	for pages := 1; ; pages++ {
 		for _, cd := range page {
 			if cd.claimed {
-				claimed = append(claimed, cd)
 				c.keys = append(c.keys, cd.key)
+				if cd.pending {
+					claimed = append(claimed, cd)
+				}
 			}
 		}
 		if len(page) > 0 {

@@ -135,6 +135,45 @@ func TestClaimSkipsARowAnAcknowledgementHolds(t *testing.T) {
 	}
 }
 
+// TestClaimTakesRowsOthersTouchedAndLeft: a pending row whose version
+// another transaction touched and left (a row lock it committed, an
+// acknowledgement it rolled back) carries that transaction in its xmax; the
+// claim's statement locks such rows to read them at their newest version,
+// finds them still pending and takes them, on its own connection and in a
+// session.
+func TestClaimTakesRowsOthersTouchedAndLeft(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"own connection", "session"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, &sdkfixture.V4Template)
+			tg := e.start(t)
+			e.products(t, 5)
+			queue := e.queueOrder(t)
+			e.exec(t, `BEGIN; SELECT FROM _ontology_replication_delivery WHERE event_id = '`+queue[1]+`' FOR NO KEY UPDATE; COMMIT`)
+			tx, err := e.pool.Begin(e.ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(e.ctx, store.SeedStateUpdates[0], tg.Generation, `["`+queue[3]+`"]`)
+			require.NoError(t, err)
+			require.NoError(t, tx.Rollback(e.ctx))
+			require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL AND xmax <> '0'::xid`))
+
+			var c *store.Claim
+			if how == "session" {
+				_, _, c = next(t, e.openSession(t, e.store), true)
+			} else {
+				_, _, c, err = e.store.ClaimActive(e.ctx)
+				require.NoError(t, err)
+			}
+			defer c.Release(e.ctx)
+			require.Equal(t, queue, c.IDs())
+			_, err = c.Finish(e.ctx, c.IDs(), nil)
+			require.NoError(t, err)
+			requireConsistent(t, e)
+		})
+	}
+}
+
 // TestSessionIdleGivesItsConnectionBack: between turns a session's
 // connection goes back to the pool, so that other work takes it on a pool of
 // one; the next round trip takes one again.
@@ -262,9 +301,10 @@ func TestClaimReadsItsEventsAfterARename(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// TestClaimStatementLocksItsCandidates: the claim's statement locks its
-// candidates for the statement (LockRows, SKIP LOCKED) before it try-locks
-// them, and reads the events of the tables met before by primary key.
+// TestClaimStatementLocksItsCandidates: the claim's statement locks for
+// the statement the rows it claimed that another transaction touched
+// (LockRows, SKIP LOCKED), and reads the events of the tables met before by
+// primary key.
 func TestClaimStatementLocksItsCandidates(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
