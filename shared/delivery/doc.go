@@ -16,10 +16,15 @@
 // before, whose backoff has passed, go in a request of their own. Each
 // drain that sets events aside logs one error line naming them.
 //
-// DrainAll runs several drains of one workspace until nothing publishable
-// is left, optionally while backfill or replay pages run beside them;
-// Backfill and Replay are those page loops. ForEach walks many workspaces a
-// bounded number at a time, carrying on past failures.
+// DrainAll publishes a workspace's pending events until nothing
+// publishable is left, with several batches out at once, all claimed and
+// acknowledged on one store.Session: one round trip acknowledges the
+// batches whose publishes have ended and claims the next, so that a bulk
+// drain holds one connection and its batches never contend for the same
+// events. Backfill and Replay are page loops that take turns with their
+// drain (every DrainEveryPages pages, and at the end), so that the
+// database never runs a page and a claim at once. ForEach walks many
+// workspaces a bounded number at a time, carrying on past failures.
 //
 // # Verify
 //
@@ -42,8 +47,10 @@
 //
 // # Transient faults
 //
-// DrainAll, Backfill and Replay retry a batch or page that meets a
-// transient fault (Transient) under the Service's RetryPolicy, with backoff,
-// logging each retry at WARNING; acknowledged work is never re-run. The
+// DrainAll, Backfill and Replay retry a drain session or a page that meets
+// a transient fault (Transient) under the Service's RetryPolicy, with
+// backoff, logging each retry at WARNING; acknowledged work is never re-run
+// (a session's batches out are finished with what Pub/Sub accepted, the
+// rest released, and a new session claims what is still pending). The
 // drain function does not retry inside a request.
 package delivery

@@ -20,7 +20,11 @@
 // jsonb holds the event and, at protocol 4, a delivery row with accepted_at
 // NULL: the event is pending. A Claim takes the oldest pending events as a
 // byte-bounded batch; after Pub/Sub accepted them, Finish acknowledges them
-// (accepted, with receipts). DueUnverified lists accepted events to look up
+// (accepted, with receipts). ClaimActive claims one batch on a connection
+// of its own (a wake-up of the drain function); a Session claims batch
+// after batch on one connection, several out at once, its Next
+// acknowledging the ended ones and claiming the next in one round trip (a
+// bulk drain). DueUnverified lists accepted events to look up
 // in BigQuery; Verify marks those found, Retry schedules another look for
 // those absent and sends back to pending any accepted more than 15 minutes
 // ago. InitReplay and AdvanceReplay send a whole generation back to pending,
@@ -42,7 +46,7 @@
 // Where this package improves on the SDK it says so in the statement's
 // comment, and the tests run the seed's statement (seed_test.go) beside the
 // store's and compare what both leave: claims that hold no lock during the
-// publish and take disjoint batches (claim.go), events set aside instead of
+// publish and take disjoint batches (claim.go, session.go), events set aside instead of
 // failing the read (setaside.go), an event past the SDK's byte bound
 // published alone (batch.go), backfill and replay pages that walk the
 // primary key from the cursor (backfill.go, replay.go), id lists and state
