@@ -239,7 +239,7 @@ type candidate struct {
 	backoff  time.Duration // its last set-aside backoff, if any
 	claimed  bool          // false: another drain holds it
 	key      int32         // its claim lock's key, when claimed
-	pending  bool          // claimed and still pending when the statement locked it
+	pending  bool          // claimed and still pending when the statement looked again
 	read     bool          // the statement read its event: event, present
 	event    []byte
 	present  bool

@@ -46,11 +46,11 @@
 // Where this package improves on the SDK it says so in the statement's
 // comment, and the tests run the seed's statement (seed_test.go) beside the
 // store's and compare what both leave: claims that hold no lock during the
-// publish and take disjoint batches (claim.go, session.go), events set aside instead of
-// failing the read (setaside.go), an event past the SDK's byte bound
-// published alone (batch.go), backfill and replay pages that walk the
-// primary key from the cursor (backfill.go, replay.go), id lists and state
-// updates found by primary key (ids.go, acknowledge.go).
+// publish and take disjoint batches (claim.go, session.go), events set
+// aside instead of failing the read (setaside.go), an event past the SDK's
+// byte bound published alone (batch.go), backfill and replay pages that
+// walk the primary key from the cursor (backfill.go, replay.go), id lists
+// and state updates found by primary key (ids.go, acknowledge.go).
 //
 // # Finding rows by key
 //
