@@ -24,29 +24,11 @@ import (
 )
 
 // sessionsOpened returns a function that reports how many sessions the
-// server has opened on the workspace's database since it was called, as
-// PostgreSQL counts them (pg_stat_database.sessions), read from another
-// database so that the reading adds none. A new session's count reaches
-// the statistics when its first statement completes (a backend that has
-// never flushed its statistics flushes them at once), so the command's
-// sessions are all counted once it has returned; the harness's own pool
-// is not used meanwhile.
+// server has opened on the workspace's database since it was called
+// (pgtest.SessionsOpened); the harness's own pool is not used meanwhile.
 func (h *harness) sessionsOpened(t testing.TB, id string) func() int64 {
 	t.Helper()
-	u, err := url.Parse(h.spaces[id].url)
-	require.NoError(t, err)
-	dbname := strings.TrimPrefix(u.Path, "/")
-	u.Path = "/postgres"
-	monitor, err := pgx.Connect(h.ctx, u.String())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = monitor.Close(h.ctx) })
-	read := func() int64 {
-		var n int64
-		require.NoError(t, monitor.QueryRow(h.ctx, `SELECT sessions FROM pg_stat_database WHERE datname = $1`, dbname).Scan(&n))
-		return n
-	}
-	before := read()
-	return func() int64 { return read() - before }
+	return pgtest.SessionsOpened(h.ctx, t, h.spaces[id].url)
 }
 
 // TestCommandsHoldOnePoolPerWorkspace: a drain of tens of thousands of

@@ -2,36 +2,21 @@ package delivery_test
 
 import (
 	"context"
-	"net/url"
-	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 // sessionsOpened returns a function that reports how many sessions the
-// server opened on the rig's database since it was called, as PostgreSQL
-// counts them (pg_stat_database.sessions), read from another database.
+// server opened on the rig's database since it was called
+// (pgtest.SessionsOpened).
 func (r *rig) sessionsOpened(tb testing.TB) func() int64 {
 	tb.Helper()
-	u, err := url.Parse(r.url)
-	require.NoError(tb, err)
-	db := strings.TrimPrefix(u.Path, "/")
-	u.Path = "/postgres"
-	monitor, err := pgx.Connect(r.ctx, u.String())
-	require.NoError(tb, err)
-	tb.Cleanup(func() { _ = monitor.Close(context.Background()) })
-	read := func() int64 {
-		var n int64
-		require.NoError(tb, monitor.QueryRow(r.ctx, `SELECT sessions FROM pg_stat_database WHERE datname = $1`, db).Scan(&n))
-		return n
-	}
-	before := read()
-	return func() int64 { return read() - before }
+	return pgtest.SessionsOpened(r.ctx, tb, r.url)
 }
 
 // TestDrainAllTakesOneRoundTripABatch: a bulk drain of 30 batches with four

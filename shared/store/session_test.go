@@ -48,6 +48,22 @@ func (e *env) queueOrder(t testing.TB) []string {
 	return ids
 }
 
+// claimVia claims the next batch of the active target one of the drain's
+// two ways: "session" (a Session's first claim) or "own connection"
+// (ClaimActive).
+func (e *env) claimVia(ctx context.Context, t testing.TB, how string) *store.Claim {
+	t.Helper()
+	var c *store.Claim
+	var err error
+	if how == "session" {
+		_, _, c, err = e.openSession(t, e.store).Next(ctx, nil, true)
+	} else {
+		_, _, c, err = e.store.ClaimActive(ctx)
+	}
+	require.NoError(t, err)
+	return c
+}
+
 // TestSessionClaimsGoForwardAndNeverMeetTheirOwn: a session with claims out
 // takes disjoint batches in queue order, past the events another drain
 // holds; a claim made while others are out goes on after the last one,
@@ -117,13 +133,7 @@ func TestClaimSkipsARowAnAcknowledgementHolds(t *testing.T) {
 			// Well within the lock timeout: a claim that waited would fail.
 			ctx, cancel := context.WithTimeout(e.ctx, 4*time.Second)
 			defer cancel()
-			var c *store.Claim
-			if how == "session" {
-				_, _, c, err = e.openSession(t, e.store).Next(ctx, nil, true)
-			} else {
-				_, _, c, err = e.store.ClaimActive(ctx)
-			}
-			require.NoError(t, err)
+			c := e.claimVia(ctx, t, how)
 			defer c.Release(e.ctx)
 			require.Equal(t, queue[1:], c.IDs())
 			require.NoError(t, ack.Commit(e.ctx))
@@ -162,13 +172,7 @@ func TestClaimTakesRowsOthersTouchedAndLeft(t *testing.T) {
 			require.NoError(t, ack.Rollback(e.ctx))
 			require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL AND xmax <> '0'::xid`))
 
-			var c *store.Claim
-			if how == "session" {
-				_, _, c = next(t, e.openSession(t, e.store), true)
-			} else {
-				_, _, c, err = e.store.ClaimActive(e.ctx)
-				require.NoError(t, err)
-			}
+			c := e.claimVia(e.ctx, t, how)
 			defer c.Release(e.ctx)
 			require.Equal(t, queue, c.IDs())
 			_, err = c.Finish(e.ctx, c.IDs(), nil)

@@ -1,7 +1,9 @@
 package pgtest
 
 import (
+	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -9,7 +11,41 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
+
+// SessionsOpened returns a function that reports how many sessions the
+// server has opened on the database of databaseURL since SessionsOpened
+// was called, as PostgreSQL counts them (pg_stat_database.sessions), read
+// over a connection to the postgres database so that the reading adds
+// none. A new session's count reaches the statistics when its first
+// statement completes (a backend that has never flushed its statistics
+// flushes them at once), so a command's sessions are all counted once it
+// has returned, provided nothing else uses the database meanwhile.
+func SessionsOpened(ctx context.Context, tb testing.TB, databaseURL string) func() int64 {
+	tb.Helper()
+	u, err := url.Parse(databaseURL)
+	if err != nil {
+		tb.Fatalf("pgtest: parse the database URL: %v", err)
+	}
+	database := strings.TrimPrefix(u.Path, "/")
+	u.Path = "/postgres"
+	monitor, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		tb.Fatalf("pgtest: connect to count sessions: %v", err)
+	}
+	tb.Cleanup(func() { _ = monitor.Close(context.Background()) })
+	read := func() int64 {
+		var n int64
+		if err := monitor.QueryRow(ctx, `SELECT sessions FROM pg_stat_database WHERE datname = $1`, database).Scan(&n); err != nil {
+			tb.Fatalf("pgtest: read the sessions of %s: %v", database, err)
+		}
+		return n
+	}
+	before := read()
+	return func() int64 { return read() - before }
+}
 
 // ClientConnections counts this process's TCP connections to the cluster:
 // its sockets (/proc/self/fd) that /proc/net/tcp lists as established to the
