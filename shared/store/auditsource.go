@@ -63,9 +63,10 @@ const (
          entity_id text NOT NULL, kind text NOT NULL, key text NOT NULL,
          revision bigint NOT NULL, deleted boolean NOT NULL, id uuid NOT NULL)`
 	sqlAuditTableEmpty = `TRUNCATE pg_temp._ontology_replication_audit`
-	// sqlAuditSession keeps the session open while it waits for BigQuery:
-	// a claim leaves idle_session_timeout (60 s) on its session, which would
-	// end an audit's session, and its table, in an audit query's minutes.
+	// sqlAuditSession keeps the session open while it waits for BigQuery,
+	// whatever idle_session_timeout the role or database sets, which would
+	// end an audit's session, and its table, in an audit query's minutes;
+	// Close resets it.
 	sqlAuditSession   = `SELECT set_config('idle_session_timeout', '0', false)`
 	sqlAuditTableDrop = `DROP TABLE IF EXISTS pg_temp._ontology_replication_audit`
 
@@ -304,7 +305,7 @@ func (a *AuditSource) Now(ctx context.Context) (time.Time, error) {
 func (a *AuditSource) Close(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.store.cfg.StatementTimeout)
 	defer cancel()
-	if _, err := a.conn.Exec(ctx, sqlAuditTableDrop); err != nil {
+	if _, err := a.conn.Exec(ctx, sqlAuditTableDrop+"; "+sqlResetIdle); err != nil {
 		_ = a.conn.Conn().Close(ctx)
 		a.store.cfg.Logger.WarnContext(ctx, "store: could not drop an audit's session table; closed its connection",
 			slog.String("error", err.Error()))

@@ -86,8 +86,9 @@ import (
 // A drain that dies mid-publish: if its process or connection ends, the
 // server frees its locks at once and the next drain takes its events. If it
 // hangs with its connection open, the session's idle_session_timeout
-// (Config.ClaimIdleTimeout, 60 s by default, set by every claim) ends the
-// session once it has been idle that long, which frees them. Either way
+// (Config.ClaimIdleTimeout, 60 s by default, set by a claim's first lock and
+// reset when its locks are released) ends the session once it has been idle
+// that long, which frees them. Either way
 // the events stay pending and nothing is acknowledged that Pub/Sub did not
 // accept.
 //
@@ -109,14 +110,13 @@ const claimPageSize = event.MaxBatchEvents
 const maxClaimPages = 16
 
 // sqlClaimSession sets the timeouts of a claim's read (local to its
-// implicit transaction) and the session's idle timeout, which ends a
-// session that sits idle holding claims (see above), and takes the shared
+// implicit transaction) and takes the shared
 // lifecycle lock for the read only: a read of several tables in one
 // transaction then never holds one table's lock while a migration, which
 // takes the lifecycle lock exclusively first, holds another's. The read
 // commits within milliseconds, before anything is published.
 const sqlClaimSession = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true),
-  set_config('idle_session_timeout', $3, false), pg_advisory_xact_lock_shared(hashtextextended($4, 0))`
+  pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
 
 // sqlClaimable is what the store adds to the seed's pending predicate
 // (accepted_at IS NULL): a pending row that was set aside (see SetAside) is
@@ -148,7 +148,9 @@ const maxReadTables = 4
 // exists (its replication column is NULL) or is gone. $1 is the
 // generation (NULL: the active generation, when replication is enabled);
 // $2 is ClaimLockClass; $3 the store's
-// backoffs. %[1]s bounds the page: nothing on the first,
+// backoffs; $5 the session's idle_session_timeout while it holds claims
+// (Config.ClaimIdleTimeout), set with the first lock the statement takes,
+// so that a claim that took none leaves its session as it was. %[1]s bounds the page: nothing on the first,
 // sqlCandidatesAfter on the next ones, which walk the index from the last
 // candidate. %[2]s and %[3]s are the read tables' branches
 // (readBranches).
@@ -158,7 +160,8 @@ var sqlCandidates = `WITH candidates AS MATERIALIZED (
        AND accepted_at IS NULL %[1]s AND ` + sqlClaimable + `
      ORDER BY revision, event_id LIMIT 100
   ), claims AS MATERIALIZED (
-    SELECT candidates.*, pg_try_advisory_lock(hashtext($2), hashtext(event_id::text)) AS claimed,
+    SELECT candidates.*, pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
+             AND set_config('idle_session_timeout', $5, false) IS NOT NULL AS claimed,
            CASE WHEN history_table IS NULL THEN 0 ELSE array_position($4::text[], history_table) END AS source
       FROM candidates ORDER BY candidates.revision, candidates.event_id
   ), seen AS MATERIALIZED (
@@ -184,7 +187,7 @@ var sqlCandidates = `WITH candidates AS MATERIALIZED (
          END END
     FROM events`
 
-const sqlCandidatesAfter = `AND (revision, event_id) > ($5::bigint, $6::uuid)`
+const sqlCandidatesAfter = `AND (revision, event_id) > ($6::bigint, $7::uuid)`
 
 // candidatesStatement returns sqlCandidates with the read tables' branches
 // (their quoted identifiers, checked against the capture-trigger tables),
@@ -202,8 +205,17 @@ func candidatesStatement(read []string, next bool) string {
 	return fmt.Sprintf(sqlCandidates, after, events.String(), present.String())
 }
 
-// sqlUnlockClaims releases every claim lock of the session.
-const sqlUnlockClaims = `SELECT pg_advisory_unlock_all()`
+// sqlUnlockClaims releases every claim lock of the session and puts its
+// idle_session_timeout, which a claim that took a lock sets (see
+// sqlCandidates), back to the session's default: the setting lasts as long
+// as the claim, never into the connection's next use. Two statements, for
+// the simple protocol (Exec without arguments); in a pipeline they are
+// sqlUnlockAll and sqlResetIdle.
+const (
+	sqlUnlockClaims = sqlUnlockAll + "; " + sqlResetIdle
+	sqlUnlockAll    = `SELECT pg_advisory_unlock_all()`
+	sqlResetIdle    = `RESET idle_session_timeout`
+)
 
 // Claim is a claimed batch of pending events: they stay marked as taken
 // until Finish or Release, so concurrent drains take disjoint batches.
@@ -288,7 +300,7 @@ func (s *Store) claimActive(ctx context.Context) (State, Target, *Claim, error) 
 		}
 	}
 	b := &pgx.Batch{}
-	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
+	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	if legacyHint {
 		b.Queue(sqlSchemaPresent)
 	}
@@ -411,10 +423,10 @@ func readClaimStart(results pgx.BatchResults, v4 bool, backoffs []int64) (State,
 // start), reading the events of the read tables (see readTables).
 func (s *Store) queueCandidates(b *pgx.Batch, generation any, read readTables, after *candidate) {
 	if after == nil {
-		b.Queue(candidatesStatement(read.idents, false), generation, ClaimLockClass, s.backoffs, read.names)
+		b.Queue(candidatesStatement(read.idents, false), generation, ClaimLockClass, s.backoffs, read.names, ms(s.cfg.ClaimIdleTimeout))
 		return
 	}
-	b.Queue(candidatesStatement(read.idents, true), generation, ClaimLockClass, s.backoffs, read.names, after.revision, after.id)
+	b.Queue(candidatesStatement(read.idents, true), generation, ClaimLockClass, s.backoffs, read.names, ms(s.cfg.ClaimIdleTimeout), after.revision, after.id)
 }
 
 // candidates reads and locks the next page of candidates after the given
@@ -428,7 +440,7 @@ func (c *Claim) candidates(ctx context.Context, generation string, after *candid
 		return nil, err
 	}
 	b := &pgx.Batch{}
-	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
+	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	s.queueCandidates(b, generation, read, after)
 	c.locked = true
 	results := conn.SendBatch(ctx, b)
@@ -533,9 +545,12 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 		claimed = claimed[:claimPageSize] // the rest stay locked until the claim ends
 	}
 	if len(claimed) == 0 {
-		c.locked = false // no try-lock succeeded
+		// Nothing to publish. The claim may still hold the locks of rows it
+		// found no longer pending (acknowledged or reset since its
+		// snapshot): they go now, before the session is reused.
+		c.locked = len(c.keys) > 0
 		c.More = more
-		c.Release(ctx) // nothing to finish: the locks go at once
+		c.Release(ctx)
 		return nil
 	}
 	var unread []candidate

@@ -487,7 +487,7 @@ func TestCandidatesSortByUUID(t *testing.T) {
 	tg := e.start(t)
 	e.products(t, 3)
 	// EXPLAIN without ANALYZE: nothing runs, no lock is taken.
-	rows, err := e.pool.Query(e.ctx, "EXPLAIN (VERBOSE) "+store.FirstCandidates, tg.Generation, store.ClaimLockClass, store.Backoffs(e.store), []string{})
+	rows, err := e.pool.Query(e.ctx, "EXPLAIN (VERBOSE) "+store.FirstCandidates, tg.Generation, store.ClaimLockClass, store.Backoffs(e.store), []string{}, "60000ms")
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -58,11 +58,12 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	b.Queue(query, args...)
 	b.Queue("COMMIT")
-	b.Queue(sqlUnlockClaims)
+	b.Queue(sqlUnlockAll)
+	b.Queue(sqlResetIdle)
 	results := c.conn.SendBatch(ctx, b)
 	var acked int64
 	err = func() error {
-		for i := range 5 {
+		for i := range 6 {
 			tag, err := results.Exec()
 			if err != nil {
 				return err

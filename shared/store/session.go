@@ -31,7 +31,10 @@ type Session struct {
 	out   int // claims out: neither finished nor released
 	// dirty: a claim failed midway and the session may hold claim locks
 	// no claim knows; Close releases them all.
-	dirty  bool
+	dirty bool
+	// armed: a claim of the session took a lock, which set the session's
+	// idle_session_timeout; giveBack resets it.
+	armed  bool
 	closed bool
 }
 
@@ -188,7 +191,7 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 		if read, err = s.readTables(ctx, ss.conn); err != nil {
 			return 0, State{}, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
 		}
-		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), ms(s.cfg.ClaimIdleTimeout), LifecycleLock)
+		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 		b.Queue(sqlState)
 		after := ss.after
 		if ss.out == len(finish) {
@@ -247,8 +250,9 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 			return err
 		}
 		// The statement's try-locks are the session's from here on: when it
-		// fails, the session may hold some that no claim knows.
-		claiming = true
+		// fails, the session may hold some that no claim knows, and its
+		// idle_session_timeout may be set.
+		claiming, ss.armed = true, true
 		rows, err := results.Query()
 		if err != nil {
 			return err
@@ -351,7 +355,7 @@ func (ss *Session) giveBack(ctx context.Context) {
 	}
 	conn := ss.conn
 	ss.conn = nil
-	defer func() { ss.out, ss.dirty = 0, false }()
+	defer func() { ss.out, ss.dirty, ss.armed = 0, false, false }()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ss.store.cfg.StatementTimeout)
 	defer cancel()
 	err := func() error {
@@ -360,7 +364,7 @@ func (ss *Session) giveBack(ctx context.Context) {
 				return err
 			}
 		}
-		if ss.out > 0 || ss.dirty {
+		if ss.out > 0 || ss.dirty || ss.armed {
 			_, err := conn.Exec(ctx, sqlUnlockClaims)
 			return err
 		}

@@ -34,10 +34,11 @@ type Config struct {
 	// LockTimeout bounds every lock wait (SET LOCAL lock_timeout).
 	// Default: 5s, as the SDK's lifecycle code.
 	LockTimeout time.Duration
-	// ClaimIdleTimeout is the idle_session_timeout every claim sets on its
-	// session: a session that sits idle this long (a drain that hangs while
-	// it holds a claim) is ended by the server, which frees its claims. It
-	// must be longer than a publish may take. Default: 60s.
+	// ClaimIdleTimeout is the idle_session_timeout a claim sets on its
+	// session while it holds claim locks (reset to the session's default
+	// when they are released): a session that sits idle this long (a drain
+	// that hangs while it holds a claim) is ended by the server, which frees
+	// its claims. It must be longer than a publish may take. Default: 60s.
 	ClaimIdleTimeout time.Duration
 	// SetAsideBackoff is how long an event that cannot be published is first
 	// set aside; each later time doubles it. Default: 1m.
