@@ -67,7 +67,7 @@ type errNotAudited struct{ error }
 func (errNotAudited) ExitCode() int { return 3 }
 
 func (e *env) auditOptions() delivery.AuditOptions {
-	return delivery.AuditOptions{Entities: e.entities, Records: e.records, MaxListed: 100}
+	return delivery.AuditOptions{Entities: e.entities, Records: e.records, MaxListed: 100, RecheckAfter: e.recheck}
 }
 
 func runAudit(e *env) error {

@@ -27,7 +27,7 @@ type auditLine struct {
 // audit runs `job audit --json` with args and returns its report and error.
 func (h *harness) audit(args ...string) (delivery.AuditReport, error) {
 	h.t.Helper()
-	out, logs, err := h.run(h.ctx, append([]string{"audit", "--json", "--workspace", "w1"}, args...)...)
+	out, logs, err := h.run(h.ctx, append([]string{"audit", "--json", "--workspace", "w1", "--recheck-after", "50ms"}, args...)...)
 	var doc struct {
 		Workspaces []auditLine `json:"workspaces"`
 	}
@@ -164,7 +164,7 @@ func TestAuditFindsEachDamageAndRepairMendsIt(t *testing.T) {
 	})
 
 	before := len(h.pubsub.Messages())
-	out := h.mustRun("repair", "--workspace", "w1")
+	out := h.mustRun("repair", "--workspace", "w1", "--recheck-after", "50ms")
 	require.Contains(t, out, "4 events sent back to pending (4 had been verified)")
 	require.Equal(t, before+4, len(h.pubsub.Messages()), "the four latest events re-published, nothing else")
 	h.land()
@@ -176,7 +176,7 @@ func TestAuditFindsEachDamageAndRepairMendsIt(t *testing.T) {
 	require.EqualValues(t, 1, h.count("w1", `SELECT count(*) FROM _ontology_replication_targets WHERE verified_count = (
 	  SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL)`), "verified_count kept true")
 
-	out = h.mustRun("repair", "--workspace", "w1")
+	out = h.mustRun("repair", "--workspace", "w1", "--recheck-after", "50ms")
 	require.Contains(t, out, "0 events sent back to pending")
 	require.Equal(t, before+4, len(h.pubsub.Messages()), "a second repair publishes nothing")
 }
@@ -299,7 +299,7 @@ func TestAuditAndRepairAtProtocol3(t *testing.T) {
 	require.ErrorIs(t, err, errDiffers)
 	require.Equal(t, []string{"product " + delivery.DifferenceMissing + " " + d.products[3]}, found(rep))
 
-	out := h.mustRun("repair", "--workspace", "w1")
+	out := h.mustRun("repair", "--workspace", "w1", "--recheck-after", "50ms")
 	require.Contains(t, out, "1 events sent back to pending (1 had been verified)")
 	h.land()
 	h.mustRun("verify", "--workspace", "w1")

@@ -42,8 +42,8 @@ var commands = []command{
 	{"status", "per workspace: protocol, generation, completion, counts, lags, set-aside events", []string{"generation", "parallel", "json", "watch"}, runStatus},
 	{"views", "create or replace the BigQuery latest-state views of the active target", []string{"parallel", "json"}, runViews},
 	{"set-aside", "list the events set aside because they cannot be published; --retry tries them now", []string{"retry", "parallel", "json"}, runSetAside},
-	{"audit", "compare the warehouse's latest state with the source's, record by record at a bounded cost; exit 1 when they differ", []string{"entity", "records", "parallel", "json"}, runAudit},
-	{"repair", "re-deliver what an audit finds missing, stale or deleted at the source (or the chosen records), then drain", []string{"entity", "records", "parallel", "json"}, runRepair},
+	{"audit", "compare the warehouse's latest state with the source's, record by record at a bounded cost; exit 1 when they differ", []string{"entity", "records", "recheck-after", "parallel", "json"}, runAudit},
+	{"repair", "re-deliver what an audit finds missing, stale or deleted at the source (or the chosen records), then drain", []string{"entity", "records", "recheck-after", "parallel", "json"}, runRepair},
 	{"dead-letter", "list the dead-letter subscription's events; --republish publishes them again, --discard removes them", []string{"republish", "discard", "events", "max", "json"}, runDeadLetter},
 }
 
@@ -63,6 +63,7 @@ var flagHelp = map[string]string{
 	"watch":           "refresh every interval (for example 10s) until interrupted",
 	"entity":          "only these entities (names, comma-separated; an entity's relationships with it)",
 	"records":         "only these record keys (comma-separated)",
+	"recheck-after":   "judge the differences found again after this long, from a new read of both sides, and report only those confirmed (0: no recheck; default 30s)",
 	"since-revision":  "only the events of this revision or later",
 	"accepted-before": "only the events delivered before this time (RFC 3339; default: when the replay starts): resumes a stopped partial replay",
 }
@@ -111,6 +112,7 @@ type env struct {
 	watch      time.Duration
 	entities   []string
 	records    []string
+	recheck    time.Duration
 	since      int64
 	before     time.Time
 }
@@ -140,19 +142,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(io.Discard)
 	var workspace string
 	define := map[string]func(){
-		"generation":     func() { fs.StringVar(&e.generation, "generation", "", flagHelp["generation"]) },
-		"parallel":       func() { fs.IntVar(&e.parallel, "parallel", 4, flagHelp["parallel"]) },
-		"json":           func() { fs.BoolVar(&e.json, "json", false, flagHelp["json"]) },
-		"budget":         func() { fs.DurationVar(&e.budget, "budget", delivery.DefaultVerifyBudget, flagHelp["budget"]) },
-		"restart":        func() { fs.BoolVar(&e.restart, "restart", false, flagHelp["restart"]) },
-		"retry":          func() { fs.BoolVar(&e.retry, "retry", false, flagHelp["retry"]) },
-		"republish":      func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
-		"discard":        func() { fs.BoolVar(&e.discard, "discard", false, flagHelp["discard"]) },
-		"events":         func() { fs.Func("events", flagHelp["events"], listFlag(&e.events)) },
-		"max":            func() { fs.IntVar(&e.max, "max", 1000, flagHelp["max"]) },
-		"watch":          func() { fs.DurationVar(&e.watch, "watch", 0, flagHelp["watch"]) },
-		"entity":         func() { fs.Func("entity", flagHelp["entity"], listFlag(&e.entities)) },
-		"records":        func() { fs.Func("records", flagHelp["records"], listFlag(&e.records)) },
+		"generation": func() { fs.StringVar(&e.generation, "generation", "", flagHelp["generation"]) },
+		"parallel":   func() { fs.IntVar(&e.parallel, "parallel", 4, flagHelp["parallel"]) },
+		"json":       func() { fs.BoolVar(&e.json, "json", false, flagHelp["json"]) },
+		"budget":     func() { fs.DurationVar(&e.budget, "budget", delivery.DefaultVerifyBudget, flagHelp["budget"]) },
+		"restart":    func() { fs.BoolVar(&e.restart, "restart", false, flagHelp["restart"]) },
+		"retry":      func() { fs.BoolVar(&e.retry, "retry", false, flagHelp["retry"]) },
+		"republish":  func() { fs.BoolVar(&e.republish, "republish", false, flagHelp["republish"]) },
+		"discard":    func() { fs.BoolVar(&e.discard, "discard", false, flagHelp["discard"]) },
+		"events":     func() { fs.Func("events", flagHelp["events"], listFlag(&e.events)) },
+		"max":        func() { fs.IntVar(&e.max, "max", 1000, flagHelp["max"]) },
+		"watch":      func() { fs.DurationVar(&e.watch, "watch", 0, flagHelp["watch"]) },
+		"entity":     func() { fs.Func("entity", flagHelp["entity"], listFlag(&e.entities)) },
+		"records":    func() { fs.Func("records", flagHelp["records"], listFlag(&e.records)) },
+		"recheck-after": func() {
+			fs.DurationVar(&e.recheck, "recheck-after", delivery.DefaultAuditRecheck, flagHelp["recheck-after"])
+		},
 		"since-revision": func() { fs.Int64Var(&e.since, "since-revision", 0, flagHelp["since-revision"]) },
 		"accepted-before": func() {
 			fs.Func("accepted-before", flagHelp["accepted-before"], func(v string) (err error) {
@@ -194,6 +199,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return usagef("%s: --republish or --discard, not both", name)
 	case len(e.events) > 0 && !e.republish && !e.discard:
 		return usagef("%s: --events chooses what --republish or --discard acts on; give one of them", name)
+	case e.recheck < 0 || e.recheck > time.Hour:
+		return usagef("%s: --recheck-after %v: want 0 to 1h", name, e.recheck)
 	case e.since < 0:
 		return usagef("%s: --since-revision %d: want a revision (0 or more)", name, e.since)
 	case e.restart && e.selection().Partial():

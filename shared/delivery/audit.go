@@ -66,6 +66,11 @@ func repairable(kind string) bool {
 	return kind == DifferenceMissing || kind == DifferenceStale || kind == DifferenceDeleted
 }
 
+// DefaultAuditRecheck is `job audit`'s and `job repair`'s
+// AuditOptions.RecheckAfter: the verifier's 30 seconds between two looks
+// for an event.
+const DefaultAuditRecheck = 30 * time.Second
+
 // AuditOptions chooses what an audit compares.
 type AuditOptions struct {
 	// Entities are the entity names to audit (their relationships
@@ -76,6 +81,11 @@ type AuditOptions struct {
 	Records []string
 	// MaxListed bounds the differences listed per view. Default: 100.
 	MaxListed int
+	// RecheckAfter, when not zero, is how long the audit waits before it
+	// judges the differences it found again, from a new read of both sides
+	// for those records only; only the differences the second judgement
+	// confirms are reported (a record then in flight is counted in flight).
+	RecheckAfter time.Duration
 }
 
 // AuditReport is one workspace's audit.
@@ -92,6 +102,10 @@ type AuditReport struct {
 	Differences int64 `json:"differences"`
 	Repairable  int64 `json:"repairable"`
 	InFlight    int64 `json:"in_flight"`
+	// Rechecked counts the differences the first judgement found and the
+	// recheck judged again (AuditOptions.RecheckAfter); Differences are
+	// those it confirmed.
+	Rechecked int64 `json:"rechecked"`
 	// Buckets and DifferingBuckets count the buckets compared; Digits is
 	// how many hex digits of md5(record_key) made a bucket.
 	Buckets          int `json:"buckets"`
@@ -233,6 +247,15 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 			entities = append(entities, v.EntityID)
 		}
 	}
+	// What is read when: the watermark, fenced (every transaction that
+	// could still commit an event at or below it has ended, see
+	// store.AuditMark); the source's latest states up to it, in pages; the
+	// buckets of both sides; then, for the buckets that differ, the
+	// database's clock (readAt), the warehouse's records and the source's
+	// records with when each latest event was verified (read now). An event
+	// the warehouse holds was verified at or after it landed, so a record
+	// whose latest event at the source was verified before readAt is judged
+	// on both sides; any other is in flight.
 	mark, err := st.AuditMark(ctx, t)
 	if err != nil {
 		return rep, err
@@ -248,63 +271,16 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 	// Which buckets to look into: those whose figures differ or, for
 	// chosen records, theirs.
 	differing := map[bucketKey]bool{}
-	var keys []string
-	if opts.Records != nil {
-		keys = opts.Records
+	keys := opts.Records
+	if keys != nil {
 		q.Digits = store.AuditBucketDigits
 		for _, v := range views {
 			for _, k := range keys {
 				differing[bucketKey{viewKey{v.EntityID, v.RecordKind}, bucketOf(k, q.Digits)}] = true
 			}
 		}
-	} else {
-		var source []store.AuditBucket
-		var total int64
-		for _, id := range entities {
-			b, err := src.Buckets(ctx, id)
-			if err != nil {
-				return rep, err
-			}
-			for _, x := range b {
-				total += x.Records
-			}
-			source = append(source, b...)
-		}
-		q.Digits = bucketDigits(total)
-		target, err := s.cfg.Auditor.AuditBuckets(ctx, ws.BigQuery, q)
-		if err != nil {
-			return rep, err
-		}
-		type figures struct{ records, checksum int64 }
-		sides := map[bucketKey][2]*figures{}
-		for _, b := range store.MergeBuckets(source, q.Digits) {
-			k := bucketKey{viewKey{b.EntityID, b.Kind}, b.Bucket}
-			f := sides[k]
-			f[0] = &figures{b.Records, b.Checksum}
-			sides[k] = f
-			if v := byView[k.viewKey]; v != nil {
-				v.SourceRecords += b.Records
-			}
-		}
-		for _, b := range target {
-			k := bucketKey{viewKey{b.EntityID, b.Kind}, b.Bucket}
-			if byView[k.viewKey] == nil {
-				continue // a kind the target does not select: no view shows it
-			}
-			f := sides[k]
-			f[1] = &figures{b.Records, b.Checksum}
-			sides[k] = f
-			byView[k.viewKey].WarehouseRecords += b.Records
-		}
-		for k, f := range sides {
-			if byView[k.viewKey] == nil {
-				continue
-			}
-			rep.Buckets++
-			if f[0] == nil || f[1] == nil || *f[0] != *f[1] {
-				differing[k] = true
-			}
-		}
+	} else if differing, err = s.compareBuckets(ctx, ws, src, &q, entities, byView, &rep); err != nil {
+		return rep, err
 	}
 	rep.Digits = q.Digits
 	if opts.Records == nil {
@@ -315,6 +291,12 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 	}
 	if len(differing) > 0 {
 		if err := s.compareRecords(ctx, ws, src, q, differing, keys, byView, &rep); err != nil {
+			return rep, err
+		}
+	}
+	if rep.Differences > 0 && opts.RecheckAfter > 0 {
+		src.Close(ctx) // its connection back to the pool while the recheck waits
+		if err := s.recheck(ctx, ws, st, t, q, byView, &rep, opts.RecheckAfter); err != nil {
 			return rep, err
 		}
 	}
@@ -330,140 +312,60 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 	return rep, nil
 }
 
-// compareRecords reads the records of the differing buckets from both
-// sides and judges each. The warehouse is read first and the source after:
-// every event the warehouse holds was committed before the source is read,
-// so the source sees it; and an event verified before the warehouse was
-// read is there to be seen.
-func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, src *store.AuditSource, q warehouse.AuditQuery,
-	differing map[bucketKey]bool, keys []string, byView map[viewKey]*ViewAudit, rep *AuditReport) error {
-	prefixes := map[string][]string{} // entity → its differing buckets
-	var all []string
-	for k := range differing {
-		if !slices.Contains(prefixes[k.entity], k.bucket) {
-			prefixes[k.entity] = append(prefixes[k.entity], k.bucket)
-		}
-		if !slices.Contains(all, k.bucket) {
-			all = append(all, k.bucket)
-		}
-	}
-	slices.Sort(all)
-	readAt, err := src.Now(ctx)
-	if err != nil {
-		return err
-	}
-	target, err := s.cfg.Auditor.AuditRecords(ctx, ws.BigQuery, q, all, keys)
-	if err != nil {
-		return err
-	}
-	warehouseState := map[recordKey]warehouse.AuditRecord{}
-	for _, r := range target {
-		warehouseState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
-	}
-	sourceState := map[recordKey]store.AuditRecord{}
-	for entity, p := range prefixes {
-		slices.Sort(p)
-		records, err := src.Records(ctx, entity, p, keys)
+// compareBuckets sums both sides per bucket (the source's from the audit's
+// session, the warehouse's in one query) and returns the buckets whose
+// figures differ, setting q.Digits and the views' record counts.
+func (s *Service) compareBuckets(ctx context.Context, ws registry.Workspace, src *store.AuditSource, q *warehouse.AuditQuery,
+	entities []string, byView map[viewKey]*ViewAudit, rep *AuditReport) (map[bucketKey]bool, error) {
+	var source []store.AuditBucket
+	var total int64
+	for _, id := range entities {
+		b, err := src.Buckets(ctx, id)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		for _, r := range records {
-			sourceState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
+		for _, x := range b {
+			total += x.Records
+		}
+		source = append(source, b...)
+	}
+	q.Digits = bucketDigits(total)
+	target, err := s.cfg.Auditor.AuditBuckets(ctx, ws.BigQuery, *q)
+	if err != nil {
+		return nil, err
+	}
+	type figures struct{ records, checksum int64 }
+	sides := map[bucketKey][2]*figures{}
+	for _, b := range store.MergeBuckets(source, q.Digits) {
+		k := bucketKey{viewKey{b.EntityID, b.Kind}, b.Bucket}
+		f := sides[k]
+		f[0] = &figures{b.Records, b.Checksum}
+		sides[k] = f
+		if v := byView[k.viewKey]; v != nil {
+			v.SourceRecords += b.Records
 		}
 	}
-	seen := map[recordKey]bool{}
-	judgeOne := func(k recordKey) {
-		if seen[k] {
-			return
+	for _, b := range target {
+		k := bucketKey{viewKey{b.EntityID, b.Kind}, b.Bucket}
+		if byView[k.viewKey] == nil {
+			continue // a kind the target does not select: no view shows it
 		}
-		seen[k] = true
-		v := byView[k.viewKey]
-		if v == nil || !differing[bucketKey{k.viewKey, bucketOf(k.key, q.Digits)}] {
-			return
+		f := sides[k]
+		f[1] = &figures{b.Records, b.Checksum}
+		sides[k] = f
+		byView[k.viewKey].WarehouseRecords += b.Records
+	}
+	differing := map[bucketKey]bool{}
+	for k, f := range sides {
+		if byView[k.viewKey] == nil {
+			continue
 		}
-		src, inSource := sourceState[k]
-		dst, inWarehouse := warehouseState[k]
-		var sp *store.AuditRecord
-		var wp *warehouse.AuditRecord
-		if inSource {
-			sp = &src
-		}
-		if inWarehouse {
-			wp = &dst
-		}
-		kind, inFlight := judge(sp, wp, readAt)
-		if inFlight {
-			v.InFlight++
-			rep.InFlight++
-			return
-		}
-		if kind == "" {
-			return
-		}
-		d := Difference{RecordKey: k.key, Kind: kind}
-		if sp != nil {
-			d.SourceRevision, d.SourceDeleted = &sp.Revision, sp.Deleted
-		}
-		if wp != nil {
-			d.WarehouseRevision, d.WarehouseDeleted = &wp.Revision, wp.Deleted
-		}
-		if v.Counts == nil {
-			v.Counts = map[string]int64{}
-		}
-		v.Counts[kind]++
-		v.Differences = append(v.Differences, d)
-		rep.Differences++
-		if repairable(kind) {
-			rep.Repairable++
-			rep.repair = append(rep.repair, sp.HistoryID)
+		rep.Buckets++
+		if f[0] == nil || f[1] == nil || *f[0] != *f[1] {
+			differing[k] = true
 		}
 	}
-	for k := range sourceState {
-		judgeOne(k)
-	}
-	for k := range warehouseState {
-		judgeOne(k)
-	}
-	return nil
-}
-
-// judge compares a record's latest state at the source (nil: no event of
-// it up to the watermark) with the warehouse's (nil: no row of it), as the
-// views show them: a tombstone shows nothing. It returns the difference's
-// kind ("" when the views agree), or inFlight when the source's latest
-// event is not yet verified, or was verified at or after verifiedBefore
-// (when the warehouse was read): the drain and the verifier are on it.
-func judge(src *store.AuditRecord, dst *warehouse.AuditRecord, verifiedBefore time.Time) (kind string, inFlight bool) {
-	if src != nil && dst != nil && src.Revision == dst.Revision && src.Deleted == dst.Deleted {
-		return "", false
-	}
-	if src == nil {
-		if dst.Deleted {
-			return "", false // a tombstone of a record the source does not know: no view shows it
-		}
-		return DifferenceAbsent, false
-	}
-	if src.VerifiedAt == nil || !src.VerifiedAt.Before(verifiedBefore) {
-		return "", true
-	}
-	switch {
-	case dst == nil && src.Deleted:
-		return "", false // deleted at the source, never shown by the warehouse
-	case dst == nil:
-		return DifferenceMissing, false
-	case dst.Revision > src.Revision:
-		if dst.Deleted && src.Deleted {
-			return "", false
-		}
-		return DifferenceNewer, false
-	case src.Deleted && dst.Deleted:
-		return "", false // both show nothing
-	case src.Deleted:
-		return DifferenceDeleted, false
-	case dst.Deleted:
-		return DifferenceMissing, false
-	}
-	return DifferenceStale, false
+	return differing, nil
 }
 
 // auditedViews are the target's views an audit covers: every one, or those
@@ -506,78 +408,3 @@ func auditedViews(t store.Target, entities []string) ([]ViewAudit, error) {
 // ErrUnknownEntity: an entity named on the command line is not part of the
 // target's selection.
 var ErrUnknownEntity = errors.New("unknown entity")
-
-// RepairOptions chooses what a repair mends.
-type RepairOptions struct {
-	AuditOptions
-	// Drain configures the drain that publishes what the repair sent back
-	// to pending.
-	Drain DrainAllOptions
-}
-
-// RepairReport is what a repair did.
-type RepairReport struct {
-	// Audit is the audit the repair mended.
-	Audit AuditReport `json:"audit"`
-	// Reset counts the events sent back to pending, Verified how many of
-	// them had been verified.
-	Reset    int `json:"reset"`
-	Verified int `json:"reset_verified"`
-	// Drain is the drain that published them (and anything else pending).
-	Drain DrainAllResult `json:"drain"`
-}
-
-// Repair audits the workspace (or the chosen records) and re-delivers what
-// the warehouse lacks: the source's latest event of every record missing,
-// stale or deleted at the source, by sending its delivery row back to
-// pending (store.Redeliver, the replay page's reset over chosen rows of the
-// active generation only), then drains. It never deletes warehouse data:
-// records only the warehouse has are reported. A repair stopped at any
-// point is resumed by running it again (the events it reset are in flight,
-// and the drain publishes them); once they have landed and been verified,
-// a new repair finds nothing to re-deliver.
-func (s *Service) Repair(ctx context.Context, workspaceID string, opts RepairOptions) (RepairReport, error) {
-	var rep RepairReport
-	held, err := s.hold(ctx, workspaceID)
-	if err != nil {
-		return rep, err
-	}
-	defer held()
-	err = s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, st *store.Store, t store.Target) error {
-		audit, err := s.audit(ctx, ws, st, t, opts.AuditOptions)
-		rep.Audit = audit
-		if err != nil {
-			return err
-		}
-		progress := cmp.Or[Progress](opts.Drain.Progress, NoProgress{})
-		tracker := progress.Start("repair", workspaceID, "events", int64(len(audit.repair)))
-		defer func() { tracker.Done(err) }()
-		for start := 0; start < len(audit.repair); start += store.RedeliverPageSize {
-			if ctx.Err() != nil {
-				err = fmt.Errorf("%w: %w", ErrInterrupted, context.Cause(ctx))
-				return err
-			}
-			page := audit.repair[start:min(start+store.RedeliverPageSize, len(audit.repair))]
-			var done store.Redelivered
-			err = s.retrying(ctx, "repair", workspaceID, func() (err error) {
-				done, err = st.Redeliver(ctx, t, page)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			rep.Reset += done.Rows
-			rep.Verified += done.Verified
-			tracker.Add(len(page))
-		}
-		s.log.InfoContext(ctx, "replication: repair re-delivers",
-			"workspace", workspaceID, "generation", t.Generation, "differences", audit.Differences,
-			"repairable", audit.Repairable, "reset", rep.Reset, "reset_verified", rep.Verified)
-		return nil
-	})
-	if err != nil {
-		return rep, err
-	}
-	rep.Drain, err = s.DrainAll(ctx, workspaceID, opts.Drain)
-	return rep, err
-}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,11 +19,15 @@ import (
 // legacyEvents): its baselines and, in each selected entity's history
 // table, the captured rows of its source after its from_revision. Every
 // event carries its record's key, kind, revision and deleted flag; a
-// record's latest state is its event of the highest revision (revisions
-// come from one counter, so no two events share one; a tombstone wins a tie,
-// as the ranking of the views puts it first). The audit judges the state as
-// of a watermark, the revision counter's value when it starts (AuditMark):
-// events captured later are left out on both sides.
+// record's latest state is its event of the highest revision. Revisions
+// come from one counter, so two events of a record share a revision only
+// where a baseline restates a captured event; on such a tie the audit takes
+// the tombstone (the higher revision × 2 + deleted, below), while the views
+// keep the row of the higher event_id (ROW_NUMBER by revision, then
+// event_id): the two agree because the tied events are the same state.
+// The audit judges the state as of a watermark, the revision counter's
+// value when it starts (AuditMark, fenced): events captured later are left
+// out on both sides.
 //
 // Both sides write a latest state as one number, revision × 2 + deleted
 // (1 for a tombstone), and a record's hash as the first 15 hex digits of
@@ -87,20 +92,99 @@ const (
 	sqlAuditVerifiedV3 = `LEFT JOIN _ontology_replication_receipts v ON v.generation = $1::uuid AND v.event_id = l.id`
 )
 
-// AuditMark reads the watermark an audit of t judges at.
+// The watermark's fence. At protocol 4 a revision comes from a sequence,
+// and nextval is not transactional: a writer may hold a revision at or
+// below the watermark and commit after the audit's pages have read past
+// it, and its event would then be in the warehouse and missing from the
+// source's read, a difference that is not there. So after reading the
+// watermark the audit waits until every transaction that could still
+// commit such an event has ended, as CREATE INDEX CONCURRENTLY waits for
+// the transactions older than its snapshot: those that were open in this
+// database when the watermark was read and either hold the SDK's lifecycle
+// lock (every SDK write takes it shared first, beginReplicationWrite, seed
+// 000) or have a transaction id (any other writer of a history row).
+// Transactions that start later take later revisions. pg_locks and the
+// columns of pg_stat_activity read here are visible to every role. At
+// protocol 3 the singleton's counter is a row that its writer holds until
+// it commits, so the same wait is cheap and changes nothing.
+
+// sqlAuditFenceHolders lists the virtual transaction ids of those
+// transactions ($1: LifecycleLock).
+const sqlAuditFenceHolders = `SELECT coalesce(array_agg(DISTINCT v.virtualxid), '{}') FROM pg_locks v
+    JOIN pg_stat_activity a ON a.pid = v.pid
+   WHERE v.locktype = 'virtualxid' AND v.granted AND v.virtualxid = v.virtualtransaction
+     AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND a.pid <> pg_backend_pid()
+     AND (a.backend_xid IS NOT NULL OR EXISTS (
+           SELECT FROM pg_locks l WHERE l.pid = v.pid AND l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+              AND l.database = a.datid
+              AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+              AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid))`
+
+// sqlAuditFenceOpen counts those of them still open.
+const sqlAuditFenceOpen = `SELECT count(*), coalesce(array_agg(pid), '{}') FROM pg_locks
+   WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY ($1::text[]) AND virtualxid = virtualtransaction`
+
+// auditFencePoll is how often the fence looks whether the transactions it
+// waits for have ended (SQL has no way to wait on another transaction).
+const auditFencePoll = 10 * time.Millisecond
+
+// ErrAuditFence: transactions that were open when an audit's watermark was
+// read did not end within Config.AuditFenceTimeout.
+var ErrAuditFence = errors.New("transactions open when the audit's watermark was read are still open")
+
+// AuditMark reads the watermark an audit of t judges at, and returns once
+// every transaction that could still commit an event at or below it has
+// ended (see the fence above), or fails with ErrAuditFence after
+// Config.AuditFenceTimeout.
 func (s *Store) AuditMark(ctx context.Context, t Target) (AuditMark, error) {
 	var m AuditMark
+	var holders []string
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		q := sqlAuditMarkV3
 		if t.DatabaseAtDelivery() {
 			q = sqlAuditMarkV4
 		}
-		return tx.QueryRow(ctx, q).Scan(&m.Revision, &m.At)
+		if err := tx.QueryRow(ctx, q).Scan(&m.Revision, &m.At); err != nil {
+			return err
+		}
+		// A statement of its own, so that its view of the open
+		// transactions is taken after the mark was read.
+		return tx.QueryRow(ctx, sqlAuditFenceHolders, LifecycleLock).Scan(&holders)
 	})
 	if err != nil {
 		return AuditMark{}, fmt.Errorf("store: read the audit watermark: %w", err)
 	}
+	if err := s.awaitFence(ctx, holders); err != nil {
+		return AuditMark{}, fmt.Errorf("store: fence the audit watermark %d: %w", m.Revision, err)
+	}
 	return m, nil
+}
+
+// awaitFence waits until none of the virtual transactions is open.
+func (s *Store) awaitFence(ctx context.Context, vxids []string) error {
+	deadline := time.Now().Add(s.cfg.AuditFenceTimeout)
+	for len(vxids) > 0 {
+		var open int
+		var pids []int32
+		if err := s.inTx(ctx, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, sqlAuditFenceOpen, vxids).Scan(&open, &pids)
+		}); err != nil {
+			return err
+		}
+		if open == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %v (%d, backend pids %v): an audit cannot judge the events they may commit; end them, or run the audit again",
+				ErrAuditFence, s.cfg.AuditFenceTimeout, open, pids)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(auditFencePoll):
+		}
+	}
+	return nil
 }
 
 // Now reads the database's clock, the one verified_at is written with.

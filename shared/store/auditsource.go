@@ -33,12 +33,9 @@ import (
 // over the table, which holds no lock anyone else waits on.
 //
 // Every event the audit judges has a revision at or below the watermark,
-// so pages read at different moments see the same events, with one
-// exception, as with a single statement's snapshot: a transaction that took
-// its revision before the watermark and commits after the page that would
-// have read it. Its record then shows at the source as it was; if the new
-// event lands in the warehouse before the warehouse is read, the audit
-// reports it newer there, which the next audit does not confirm.
+// and the watermark is fenced (AuditMark: every transaction that could
+// still commit such an event has ended before the first page), so pages
+// read at different moments see the same events.
 //
 // The session needs the TEMPORARY privilege on the database, which
 // PostgreSQL grants to every role unless it was revoked.
@@ -302,7 +299,12 @@ func (a *AuditSource) Now(ctx context.Context) (time.Time, error) {
 
 // Close drops the session's table and gives the connection back to the
 // pool; a connection whose table could not be dropped is closed instead.
+// It is safe to call more than once.
 func (a *AuditSource) Close(ctx context.Context) {
+	if a.conn == nil {
+		return
+	}
+	defer func() { a.conn = nil }()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.store.cfg.StatementTimeout)
 	defer cancel()
 	if _, err := a.conn.Exec(ctx, sqlAuditTableDrop+"; "+sqlResetIdle); err != nil {

@@ -56,10 +56,15 @@ import (
 //     touched since) is the newest: still pending. Any other (an
 //     acknowledgement committed after the snapshot, or one still running,
 //     or a row lock or update left behind) is locked FOR NO KEY UPDATE SKIP
-//     LOCKED: PostgreSQL reads it again at its newest version and keeps it
-//     only if it is still pending (its recheck of a locked row in READ
-//     COMMITTED), and a row an acknowledgement is still updating (the
-//     SDK's own, which honours no claim) is skipped. An acknowledgement
+//     LOCKED by that version's ctid, with the pending predicate: a row an
+//     acknowledgement or a replay page is still updating (the SDK's own,
+//     which honour no claim) is skipped; a version that was only locked, or
+//     whose update rolled back, is still the newest and is kept when the
+//     predicate holds; a version another transaction updated and committed
+//     is left out, pending or not, because PostgreSQL's recheck of a locked
+//     row in READ COMMITTED evaluates the conditions on the newest version,
+//     whose ctid is another one. Such a row stays pending for the next
+//     claim (its lock is released with the claim's). An acknowledgement
 //     that ran before the try-lock has always written its xmax by then: it
 //     updated the row before it committed and unlocked. The row locks last
 //     as long as the claim's statement; an acknowledgement or a replay page

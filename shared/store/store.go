@@ -48,6 +48,9 @@ type Config struct {
 	// AuditPageEvents is how many events one page of an audit's source
 	// read takes (see AuditSource). Default: DefaultAuditPageEvents.
 	AuditPageEvents int
+	// AuditFenceTimeout bounds an audit's wait for the transactions that
+	// were open when its watermark was read (see AuditMark). Default: 1m.
+	AuditFenceTimeout time.Duration
 	// Logger receives the store's warnings: a failed VACUUM of the target
 	// table (see TargetVacuumEvery). Default: slog.Default().
 	Logger *slog.Logger
@@ -60,6 +63,7 @@ func (c Config) withDefaults() Config {
 	c.SetAsideBackoff = cmp.Or(c.SetAsideBackoff, time.Minute)
 	c.SetAsideMaxBackoff = cmp.Or(c.SetAsideMaxBackoff, time.Hour)
 	c.AuditPageEvents = cmp.Or(c.AuditPageEvents, DefaultAuditPageEvents)
+	c.AuditFenceTimeout = cmp.Or(c.AuditFenceTimeout, time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -85,6 +89,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("SetAsideMaxBackoff %v: must be at least SetAsideBackoff (%v)", c.SetAsideMaxBackoff, c.SetAsideBackoff)
 	case c.AuditPageEvents < 1:
 		return fmt.Errorf("AuditPageEvents %d: must be at least 1", c.AuditPageEvents)
+	case c.AuditFenceTimeout < time.Millisecond:
+		return fmt.Errorf("AuditFenceTimeout %v: must be at least 1ms", c.AuditFenceTimeout)
 	}
 	// A set-aside is told from the seed's own writes by its interval alone
 	// (sqlClaimable), so no backoff the store can write may equal one that a

@@ -11,8 +11,10 @@ import (
 )
 
 // The warehouse side of an audit: the latest state of a target's records in
-// the events table, as the views rank them (the highest revision per
-// record; a tombstone first on a tie), up to a watermark revision, written
+// the events table (the highest revision per record, as the views rank
+// them; on a tie, which only a baseline restating a captured event makes,
+// the tombstone, where the views take the higher event_id of the same
+// state), up to a watermark revision, written
 // as revision × 2 + deleted; buckets of records by the first hex digits of
 // MD5(record_key), each with its count and the XOR of its records' hashes
 // (the first 15 hex digits of MD5(record_key || ':' || latest state) read as

@@ -93,6 +93,9 @@ func (w *Writer) Unlink(ctx context.Context, entity, relationship, source, targe
 	return w.Commit(ctx, func(c *Change) error { return c.Unlink(entity, relationship, source, target) })
 }
 
+// Tx is the write's transaction, for a test that adds statements of its own.
+func (c *Change) Tx() pgx.Tx { return c.tx }
+
 func (c *Change) entity(name string) (Entity, error) {
 	e, ok := c.m.Entity(name)
 	if !ok {
