@@ -18,7 +18,10 @@ import (
 // the selected events instead of the next rows by event_id. Like that page
 // it locks the target row and then the delivery rows in key order, resets
 // accepted_at, verified_at and next_verify_at, drops the receipts, and
-// subtracts the rows it saw verified from verified_count.
+// subtracts the rows it saw verified from verified_count. Unlike it, a page
+// reads its selection first, without the target row lock, and takes that
+// lock only when it has rows to reset (the bound is checked again on each
+// row then); it writes the target row only when verified_count changes.
 //
 // Which events: the entity's events as replicationEventsSql has them (sqlEntityEvents:
 // its baselines and its history table's captured rows of the target's
@@ -110,26 +113,41 @@ const sqlPartialScan = `WITH scanned AS (
                 (SELECT count(*) FROM selected) AS selected
        )`
 
-// sqlPartialPage is the protocol-4 page, after the target row lock
-// (sqlLockTarget): the replay page's reset (sqlReplayPage) over the
-// selected events' delivery rows of the generation that were accepted
-// before $8, found by primary key. It returns the scan's figures, the rows
-// reset, how many had been verified, and their ids (whose receipts
-// sqlReplayReceipts then drops).
-const sqlPartialPage = sqlPartialScan + `, page AS (
-         SELECT event_id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
+// sqlPartialSelect is the protocol-4 page's read: the scan's figures and
+// the selected events' delivery rows of the generation that were accepted
+// before $8, found by primary key. It takes no lock beyond the share lock
+// any read takes: a scan of up to PartialScanRows events takes as long as
+// it takes without holding the target row, which the verifier and
+// acknowledgements of replayed rows wait on.
+const sqlPartialSelect = sqlPartialScan + `, page AS (
+         SELECT event_id FROM _ontology_replication_delivery
           WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT id FROM selected)) AND accepted_at < $8::timestamptz
+       )
+       SELECT scan.scanned, scan.last, scan.selected, coalesce((SELECT array_agg(event_id ORDER BY event_id) FROM page), '{}') FROM scan`
+
+// sqlPartialReset is the protocol-4 page's write, after the target row lock
+// (sqlLockTarget), in the page's transaction: the replay page's reset
+// (sqlReplayPage) over the rows the read selected ($2), the bound ($3)
+// checked again on each row's newest version, and verified_count less the
+// rows it saw verified, written only when that changes it (a page that
+// resets no verified row leaves the target row alone). It returns how many
+// of the reset rows had been verified, whether the target row was written,
+// and the ids it reset (whose receipts sqlReplayReceipts then drops).
+const sqlPartialReset = `WITH page AS (
+         SELECT event_id, verified_at IS NOT NULL AS verified FROM _ontology_replication_delivery
+          WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT unnest($2::uuid[]))) AND accepted_at < $3::timestamptz
        ), reset AS (
          UPDATE _ontology_replication_delivery SET accepted_at = NULL, verified_at = NULL, next_verify_at = now()
-          WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM page)) AND accepted_at < $8::timestamptz
+          WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT event_id FROM page)) AND accepted_at < $3::timestamptz
           RETURNING event_id
        ), summary AS (
          SELECT count(*) FILTER (WHERE verified) AS verified FROM page
+       ), target AS (
+         UPDATE _ontology_replication_targets t SET verified_count = t.verified_count - s.verified
+           FROM summary s WHERE t.generation = $1::uuid AND s.verified > 0
+         RETURNING 1
        )
-       UPDATE _ontology_replication_targets t SET verified_count = t.verified_count - s.verified
-         FROM summary s WHERE t.generation = $1::uuid
-       RETURNING (SELECT scanned FROM scan), (SELECT last FROM scan), (SELECT selected FROM scan),
-                 s.verified, (SELECT coalesce(array_agg(event_id), '{}') FROM reset)`
+       SELECT (SELECT verified FROM summary), EXISTS (SELECT FROM target), (SELECT coalesce(array_agg(event_id), '{}') FROM reset)`
 
 // sqlPartialPageLegacy is the protocol-3 page: the legacy replay's DELETE
 // of receipts (replayReplication, seed 001) over the selected events
@@ -158,6 +176,7 @@ func (s *Store) ReplayPartialPage(ctx context.Context, t Target, entityID string
 		cursor = &after
 	}
 	var page PartialPage
+	var wroteTarget bool
 	run := func(tx pgx.Tx) error {
 		events, err := s.entityEvents(ctx, tx, t, entityID)
 		if err != nil {
@@ -166,29 +185,17 @@ func (s *Store) ReplayPartialPage(ctx context.Context, t Target, entityID string
 		args := []any{t.Generation, t.SourceID, t.FromRevision, entityID, cursor, sel.SinceRevision, sel.Keys, sel.AcceptedBefore, PartialScanRows}
 		var scanned, selected, rows, verified int64
 		var last *string
+		wroteTarget = false
 		if !t.DatabaseAtDelivery() {
 			err := tx.QueryRow(ctx, fmt.Sprintf(sqlPartialPageLegacy, events), args...).Scan(&scanned, &last, &selected, &rows, &verified)
 			if err != nil {
 				return err
 			}
 		} else {
-			tag, err := tx.Exec(ctx, sqlLockTarget, t.Generation)
-			if err != nil {
+			scan := []any{&scanned, &last, &selected}
+			if rows, verified, wroteTarget, err = s.resetPartial(ctx, tx, t, fmt.Sprintf(sqlPartialSelect, events), args, scan); err != nil {
 				return err
 			}
-			if tag.RowsAffected() == 0 {
-				return fmt.Errorf("%w: %s", ErrUnknownGeneration, t.Generation)
-			}
-			var reset []pgtype.UUID
-			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlPartialPage, events), args...).Scan(&scanned, &last, &selected, &verified, &reset); err != nil {
-				return err
-			}
-			if len(reset) > 0 {
-				if _, err := tx.Exec(ctx, sqlReplayReceipts, t.Generation, reset); err != nil {
-					return err
-				}
-			}
-			rows = int64(len(reset))
 		}
 		page = PartialPage{Scanned: int(scanned), Selected: int(selected), Rows: int(rows), Verified: int(verified)}
 		if scanned == PartialScanRows && last != nil {
@@ -205,8 +212,41 @@ func (s *Store) ReplayPartialPage(ctx context.Context, t Target, entityID string
 	if err != nil {
 		return PartialPage{}, fmt.Errorf("store: partial replay of entity %s in %s: %w", entityID, t.Generation, err)
 	}
-	if page.Rows > 0 {
+	if wroteTarget { // the vacuum cadence counts the target row's versions
 		s.targetRowUpdated(ctx)
 	}
 	return page, nil
+}
+
+// resetPartial runs a protocol-4 page in tx: the read (sqlPartialSelect
+// with args, no target lock), whose scan figures go to scan, then, when it
+// selected rows to reset, the target row lock and the reset
+// (sqlPartialReset). It returns the rows reset, how many of them had been
+// verified, and whether the target row was written.
+func (s *Store) resetPartial(ctx context.Context, tx pgx.Tx, t Target, read string, args, scan []any) (rows, verified int64, wroteTarget bool, err error) {
+	var chosen []pgtype.UUID
+	if err := tx.QueryRow(ctx, read, args...).Scan(append(scan, &chosen)...); err != nil {
+		return 0, 0, false, err
+	}
+	if len(chosen) == 0 {
+		return 0, 0, false, nil
+	}
+	tag, err := tx.Exec(ctx, sqlLockTarget, t.Generation)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if tag.RowsAffected() == 0 {
+		return 0, 0, false, fmt.Errorf("%w: %s", ErrUnknownGeneration, t.Generation)
+	}
+	acceptedBefore := args[7]
+	var reset []pgtype.UUID
+	if err := tx.QueryRow(ctx, sqlPartialReset, t.Generation, chosen, acceptedBefore).Scan(&verified, &wroteTarget, &reset); err != nil {
+		return 0, 0, false, err
+	}
+	if len(reset) > 0 {
+		if _, err := tx.Exec(ctx, sqlReplayReceipts, t.Generation, reset); err != nil {
+			return 0, 0, false, err
+		}
+	}
+	return int64(len(reset)), verified, wroteTarget, nil
 }

@@ -202,7 +202,57 @@ func TestReplayPartialResetsExactlyTheSelection(t *testing.T) {
 		h, err := sdkfixture.HistoryID(e.ctx, e.pool, sdkfixture.Demo, "product", ids[1], "create")
 		require.NoError(t, err)
 		require.Zero(t, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts WHERE event_id = $1::uuid`, h))
+
+		// Published again after the bound: a rerun with the same bound
+		// leaves it (and the others) alone.
+		require.Equal(t, []string{h}, e.drainAll(t, tg))
+		rows, _ = replayPartial(t, e, tg, "ent_product", store.PartialSelection{Keys: ids[1:2], AcceptedBefore: now})
+		require.Zero(t, rows, "the same selection and bound again: nothing accepted before the bound is left")
+		require.EqualValues(t, 3, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts`))
 	})
+}
+
+// TestPartialPageLocksTheTargetOnlyToReset: a partial-replay page reads its
+// selection without the target row's lock, which the verifier takes: a
+// page that selects nothing to reset runs while another transaction holds
+// that row, and one that has rows to reset waits for it (here, past its
+// lock timeout). A page that resets no verified row leaves the target row
+// unwritten.
+func TestPartialPageLocksTheTargetOnlyToReset(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	keys := e.products(t, 20)
+	ids := e.drainAll(t, tg)
+	_, err := e.store.Verify(e.ctx, tg, ids[:10])
+	require.NoError(t, err)
+	now, err := e.store.Now(e.ctx)
+	require.NoError(t, err)
+	quick, err := store.New(e.pool, store.Config{LockTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+
+	verifier, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = verifier.Rollback(e.ctx) }()
+	_, err = verifier.Exec(e.ctx, `SELECT 1 FROM _ontology_replication_targets WHERE generation = $1::uuid FOR NO KEY UPDATE`, tg.Generation)
+	require.NoError(t, err)
+	page, err := quick.ReplayPartialPage(e.ctx, tg, "ent_product", store.PartialSelection{SinceRevision: 1 << 40, AcceptedBefore: now}, "")
+	require.NoError(t, err, "a page with nothing to reset takes no target lock")
+	require.Equal(t, 20, page.Scanned)
+	require.Zero(t, page.Rows)
+	_, err = quick.ReplayPartialPage(e.ctx, tg, "ent_product", store.PartialSelection{AcceptedBefore: now}, "")
+	require.ErrorContains(t, err, "lock timeout", "a page with rows to reset locks the target row first")
+	require.NoError(t, verifier.Rollback(e.ctx))
+
+	var before, after uint32
+	target := `SELECT xmin::text::bigint FROM _ontology_replication_targets WHERE generation = $1::uuid`
+	require.NoError(t, e.pool.QueryRow(e.ctx, target, tg.Generation).Scan(&before))
+	unverified := historyIDs(t, e, keys[15:16])
+	require.NotContains(t, ids[:10], unverified[0])
+	rows, _ := replayPartial(t, e, tg, "ent_product", store.PartialSelection{Keys: keys[15:16], AcceptedBefore: now})
+	require.Equal(t, 1, rows)
+	require.NoError(t, e.pool.QueryRow(e.ctx, target, tg.Generation).Scan(&after))
+	require.Equal(t, before, after, "no verified row reset: the target row is not written")
 }
 
 // historyIDs are the history ids of the records' events in the product
