@@ -57,6 +57,20 @@ type rigOption func(*rigConfig)
 type rigConfig struct {
 	reactors []pstest.ServerReactorOption
 	store    store.Config
+	// publisher wraps the rig's publisher (nil: as it is).
+	publisher func(delivery.Publisher) delivery.Publisher
+	// present answers BigQuery's lookups (nil: every id but r.missing).
+	present func(ids []string) []string
+}
+
+// withPublisher wraps the publisher every Service of the rig uses.
+func withPublisher(wrap func(delivery.Publisher) delivery.Publisher) rigOption {
+	return func(c *rigConfig) { c.publisher = wrap }
+}
+
+// withPresent makes BigQuery hold exactly the events present returns.
+func withPresent(present func(ids []string) []string) rigOption {
+	return func(c *rigConfig) { c.present = present }
 }
 
 // withPublishReactor sees every Publish request before pstest.
@@ -110,6 +124,9 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 	tb.Cleanup(func() { _ = pub.Close() })
 	r := &rig{ctx: ctx, url: url, pool: pool, srv: srv, gen: gen, w: sdkfixture.NewWriter(pool, sdkfixture.Demo)}
 	r.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+		if cfg.present != nil {
+			return bqserver.Strings("event_id", cfg.present(q.Params["ids"].Values)), nil
+		}
 		// Everything landed but the events the test says did not.
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -130,11 +147,15 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 	wh, err := warehouse.NewBigQuery(warehouse.Config{})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = wh.Close() })
+	var publisher delivery.Publisher = pub
+	if cfg.publisher != nil {
+		publisher = cfg.publisher(pub)
+	}
 	r.newService = func() *delivery.Service {
 		pools, err := database.New(database.Config{Tracer: r.queries})
 		require.NoError(tb, err)
 		tb.Cleanup(pools.Close)
-		svc, err := delivery.New(delivery.Config{Registry: reg, Pools: pools, Publisher: pub, Warehouse: wh, Store: cfg.store,
+		svc, err := delivery.New(delivery.Config{Registry: reg, Pools: pools, Publisher: publisher, Warehouse: wh, Store: cfg.store,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		require.NoError(tb, err)
 		return svc
