@@ -35,7 +35,8 @@ var drainPath = regexp.MustCompile(`/api/internal/v1/workspaces/([^/]+)/ontology
 const drainTimeout = 30 * time.Second
 
 // serveDrain is the Drain function: authenticate the runtime token, then
-// publish at most one batch of the workspace's pending events.
+// drain the workspace's pending events, coalesced with the other wake-ups
+// of the workspace (delivery.Service.Drain).
 func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	r = traced(r)
@@ -92,8 +93,14 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	out.fields = append(out.fields, slog.String("workspace", ws.ID))
 	res, err := s.svc.Drain(ctx, ws.ID)
 	out.fields = append(out.fields, slog.String("generation", res.Generation), slog.Int("count", res.Published),
-		slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State),
+		slog.Int("batches", res.Batches), slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State),
 		slog.Int64("publish_ms", res.PublishTime.Milliseconds()))
+	if res.Coalesced {
+		out.fields = append(out.fields, slog.String("coalesced", res.CoalescedBy))
+	}
+	if res.Waited > 0 {
+		out.fields = append(out.fields, slog.Int64("waited_ms", res.Waited.Milliseconds()))
+	}
 	if res.SetAside > 0 {
 		out.fields = append(out.fields, slog.Int("set_aside", res.SetAside))
 	}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,19 +37,43 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
 
-func TestDrainPublishesOneBatchOfTheOldestEvents(t *testing.T) {
+// requestSizes records the number of messages of every Publish request.
+type requestSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (r *requestSizes) React(req any) (bool, any, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sizes = append(r.sizes, len(req.(*pubsubpb.PublishRequest).Messages))
+	return false, nil, nil
+}
+
+func (r *requestSizes) get() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.sizes)
+}
+
+// TestDrainPublishesTheOldestEventsInBatches: a wake-up publishes the
+// pending events oldest first, one byte-bounded batch per Publish request,
+// each acknowledged after Pub/Sub took it, and goes on while more are
+// pending; its answer says what it did.
+func TestDrainPublishesTheOldestEventsInBatches(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	requests := &requestSizes{}
+	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: requests}))
 	ws := h.spaces["w1"]
 	cust, err := ws.w.Create(h.ctx, "customer", map[string]any{"name": "Ada", "age": 36})
 	require.NoError(t, err)
 	h.products("w1", 249)
 
-	// The oldest 100 pending events, read independently of the store.
+	// The pending events oldest first, read independently of the store.
 	rows, err := ws.pool.Query(h.ctx, `SELECT d.event_id::text, coalesce(c.replication, p.replication)
 		FROM _ontology_replication_delivery d
 		LEFT JOIN customer_history c ON c.id = d.event_id LEFT JOIN product_history p ON p.id = d.event_id
-		WHERE d.accepted_at IS NULL ORDER BY d.revision, d.event_id LIMIT 100`)
+		WHERE d.accepted_at IS NULL ORDER BY d.revision, d.event_id`)
 	require.NoError(t, err)
 	type want struct {
 		id  string
@@ -59,13 +84,15 @@ func TestDrainPublishesOneBatchOfTheOldestEvents(t *testing.T) {
 		return w, r.Scan(&w.id, &w.raw)
 	})
 	require.NoError(t, err)
+	require.Len(t, expected, 250)
 
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, map[string]any{"workspace": "w1", "generation": ws.gen.Generation, "state": "active",
-		"published": 100.0, "more": true, "bytes": body["bytes"]}, body)
+		"published": 250.0, "batches": 3.0, "more": false, "bytes": body["bytes"]}, body)
+	require.Equal(t, []int{100, 100, 50}, requests.get(), "one batch of at most 100 events per Publish request")
 	msgs := h.pubsub.Messages()
-	require.Len(t, msgs, 100)
+	require.Len(t, msgs, 250)
 	for i, m := range msgs {
 		var got map[string]any
 		require.NoError(t, json.Unmarshal(m.Data, &got))
@@ -77,29 +104,24 @@ func TestDrainPublishesOneBatchOfTheOldestEvents(t *testing.T) {
 		}
 	}
 	require.Equal(t, cust, h.published("w1")[0].RecordKey, "oldest first")
-	require.EqualValues(t, 100, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
-	require.EqualValues(t, 100, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
-	size := event.BatchOverhead
-	for _, m := range msgs {
+	require.EqualValues(t, 250, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
+	require.EqualValues(t, 250, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+	size := 0
+	for i, m := range msgs {
+		if i%100 == 0 {
+			size += event.BatchOverhead
+		}
 		size += event.MessageBytes(len(m.Data))
 	}
 	require.EqualValues(t, size, body["bytes"])
 
 	code, body = h.wake("w1")
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, true, body["more"])
-	code, body = h.wake("w1")
-	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, 50.0, body["published"])
-	require.Equal(t, false, body["more"])
-	code, body = h.wake("w1")
-	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, 0.0, body["published"])
 	require.Len(t, h.pubsub.Messages(), 250)
-	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 
 	logs := h.logs.String()
-	for _, field := range []string{`"workspace":"w1"`, `"count":100`, `"bytes":`, `"duration_ms":`, `"outcome":"ok"`} {
+	for _, field := range []string{`"workspace":"w1"`, `"count":250`, `"batches":3`, `"bytes":`, `"duration_ms":`, `"outcome":"ok"`} {
 		require.Contains(t, logs, field)
 	}
 }

@@ -36,6 +36,17 @@ const (
 	// EnvVerifyWorkers is how many workspaces the verifier verifies at
 	// once. Default: 16.
 	EnvVerifyWorkers = "VERIFY_WORKERS"
+	// EnvDrainGather is how long the drain that claims next waits before
+	// its claim while its workspace is busy, gathering the commits of the
+	// wake-ups coalesced into it, a Go duration from 0 (off) to 1s.
+	// Default: delivery.DefaultGather (25ms).
+	EnvDrainGather = "DRAIN_GATHER"
+	// EnvDrainQuietInterval is the mean time between one instance's
+	// wake-ups of a workspace at and above which the workspace is quiet and
+	// its wake-ups claim on their own instead of taking turns, a Go duration
+	// up to 1m; 0 makes every wake-up take turns. Default:
+	// delivery.DefaultQuietInterval (100ms).
+	EnvDrainQuietInterval = "DRAIN_QUIET_INTERVAL"
 )
 
 // FunctionNames are the functions this package registers, the values
@@ -43,7 +54,7 @@ const (
 var FunctionNames = []string{"Drain", "Verify"}
 
 // Env lists every environment variable the functions read.
-var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers,
+var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers, EnvDrainGather, EnvDrainQuietInterval,
 	EnvVerifyCaller, EnvVerifyAudience, EnvVerifyCallerCheck, "K_SERVICE")
 
 // defaultMaxOpenPools bounds the workspace pools an instance keeps open:
@@ -181,6 +192,26 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 		}
 		s.verifyWorkers = n
 	}
+	gather := delivery.DefaultGather
+	if raw := getenv(EnvDrainGather); raw != "" {
+		d, err := time.ParseDuration(raw)
+		if err != nil || d < 0 || d > time.Second {
+			return nil, fmt.Errorf("functions: %s: %q must be a duration from 0 (off) to 1s", EnvDrainGather, raw)
+		}
+		if gather = d; d == 0 {
+			gather = -1 // off
+		}
+	}
+	quiet := delivery.DefaultQuietInterval
+	if raw := getenv(EnvDrainQuietInterval); raw != "" {
+		d, err := time.ParseDuration(raw)
+		if err != nil || d < 0 || d > time.Minute {
+			return nil, fmt.Errorf("functions: %s: %q must be a duration from 0 (never quiet) to 1m", EnvDrainQuietInterval, raw)
+		}
+		if quiet = d; d == 0 {
+			quiet = -1 // never quiet
+		}
+	}
 	settings, err := config.Read(getenv, defaultPoolSize)
 	if err != nil {
 		return nil, fmt.Errorf("functions: %w", err)
@@ -213,6 +244,8 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 		Publisher:          deps.publisher,
 		Warehouse:          deps.warehouse,
 		Logger:             log,
+		Gather:             gather,
+		QuietInterval:      quiet,
 	})
 	if err != nil {
 		return nil, err

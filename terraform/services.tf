@@ -65,6 +65,10 @@ resource "google_cloud_run_v2_service" "drain" {
         value = tostring(local.server_max_conns["drain"])
       }
       env {
+        name  = "DRAIN_GATHER"
+        value = var.drain_gather
+      }
+      env {
         name  = "LOG_LEVEL"
         value = var.log_level
       }

@@ -104,11 +104,15 @@ func (l *local) close() {
 }
 
 // faultSwitch makes Pub/Sub's Publish fail while on: the injected outage.
-type faultSwitch struct{ on atomic.Bool }
+type faultSwitch struct {
+	on      atomic.Bool
+	refused atomic.Int64 // publishes refused so far
+}
 
 // React implements pstest.Reactor: it fails Publish while the switch is on.
 func (f *faultSwitch) React(any) (bool, any, error) {
 	if f.on.Load() {
+		f.refused.Add(1)
 		return true, nil, status.Error(codes.Unavailable, "injected Pub/Sub outage")
 	}
 	return false, nil, nil

@@ -213,7 +213,19 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 					outage.Do(func() {
 						outageActive.Store(true)
 						l.faults.on.Store(true)
-						time.AfterFunc(300*time.Millisecond, func() { l.faults.on.Store(false); outageActive.Store(false) })
+						// At least 300 ms, and until a publish was refused: on a
+						// busy machine 300 ms may pass before a drain publishes.
+						refused := l.faults.refused.Load()
+						var end func()
+						end = func() {
+							if l.faults.refused.Load() == refused && ctx.Err() == nil {
+								time.AfterFunc(50*time.Millisecond, end)
+								return
+							}
+							l.faults.on.Store(false)
+							outageActive.Store(false)
+						}
+						time.AfterFunc(300*time.Millisecond, end)
 					})
 				case done == total/2:
 					replayOnce.Do(func() {
@@ -244,7 +256,8 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 				changesMu.Lock()
 				sum.Changes[kind]++
 				changesMu.Unlock()
-				if code := l.wake(ctx, token); code == http.StatusServiceUnavailable && outageActive.Load() {
+				during := outageActive.Load()
+				if code := l.wake(ctx, token); code == http.StatusServiceUnavailable && (during || outageActive.Load()) {
 					outageRefusals.Add(1)
 				}
 			}

@@ -202,8 +202,9 @@ func TestDrainHeapIsBoundedByTheBatch(t *testing.T) {
 		}
 		return least
 	}
-	small := heap(newRig(t, 2), 1_000)
-	large := heap(newRig(t, 2), backlog)
+	oneBatch := withService(func(c *delivery.Config) { c.DrainFor = time.Nanosecond }) // a wake-up publishes one batch
+	small := heap(newRig(t, 2, oneBatch), 1_000)
+	large := heap(newRig(t, 2, oneBatch), backlog)
 	t.Logf("allocated per batch: %d B with 10^3 pending, %d B with %d pending", small, large, backlog)
 	require.Less(t, float64(large), 2*float64(small), "one batch's memory does not grow with the backlog")
 }

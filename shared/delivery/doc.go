@@ -3,10 +3,19 @@
 //
 // # Drain
 //
-// Drain publishes at most one batch of a workspace's pending events: it
-// claims the oldest pending events (disjoint from concurrent drains, holding
-// no lock the SDK waits on; see the store's claims), publishes them as one
-// Pub/Sub request and acknowledges them only after Pub/Sub accepted them. A
+// Drain is a wake-up of a workspace's drain, which the ontology service
+// sends after every commit. A workspace's wake-ups coalesce through its
+// database, whichever instance they reach (store.TakeTurn): one drain holds
+// the turn; one waits for it, holding the next turn; a wake-up that finds
+// both held leaves its commit to the waiting drain, which has not claimed
+// yet, and returns at once (Coalesced), after one statement or, when the
+// waiting drain is in the same process, none. On a busy workspace the drain
+// that claims next waits Config.Gather first, so that one batch takes the
+// commits of several wake-ups. A drain whose turn it is claims the oldest
+// pending events (disjoint from other claims, holding no lock the SDK
+// waits on; see the store's claims), publishes them as one Pub/Sub request
+// and acknowledges them only after Pub/Sub accepted them, and goes on while
+// more are pending, for up to Config.DrainFor. A
 // failed or timed-out publish acknowledges nothing; a lost response only
 // ever yields duplicates. Events that cannot be published are set aside
 // with a backoff, and the events behind them go on: those the store found

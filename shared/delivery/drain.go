@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/segmentstream/ontology-replication/shared/event"
-	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
@@ -24,11 +21,14 @@ const (
 type DrainResult struct {
 	Workspace  string `json:"workspace"`
 	Generation string `json:"generation,omitempty"`
-	// State is active, disabled or no_active_target.
-	State string `json:"state"`
-	// Published is how many events Pub/Sub accepted and were acknowledged.
+	// State is active, disabled or no_active_target; empty when the drain
+	// was coalesced (it read nothing).
+	State string `json:"state,omitempty"`
+	// Published is how many events Pub/Sub accepted and were acknowledged,
+	// in Batches batches (one Publish request each, bisection aside).
 	Published int `json:"published"`
-	// More reports that more pending events followed this batch.
+	Batches   int `json:"batches"`
+	// More reports that more pending events followed the last batch.
 	More bool `json:"more"`
 	// Bytes is the published events' size as the SDK counts a batch.
 	Bytes int `json:"bytes"`
@@ -36,19 +36,121 @@ type DrainResult struct {
 	// were set aside with a backoff (they stay pending; the error log and
 	// `job status` name them).
 	SetAside int `json:"set_aside,omitempty"`
+	// Coalesced reports that this wake-up left its events to a drain of
+	// the workspace that had not claimed yet (see Drain) and published
+	// nothing itself; CoalescedBy says where it met that drain: "instance"
+	// (this process, without a statement) or "database" (one statement).
+	Coalesced   bool   `json:"coalesced,omitempty"`
+	CoalescedBy string `json:"-"`
+	// Waited is how long the wake-up waited for the drain in progress
+	// before its own turn.
+	Waited time.Duration `json:"-"`
 	// Requests is how many Publish requests the drain sent.
 	Requests int `json:"-"`
 	// PublishTime is the time spent in Publish requests.
 	PublishTime time.Duration `json:"-"`
 }
 
-// Drain publishes at most one batch of a workspace's pending events: claim
-// the oldest pending events (disjoint from concurrent drains, holding no lock
-// the SDK waits on), publish them as one Pub/Sub request, acknowledge them
-// only after Pub/Sub accepted them. An event that cannot be published is
-// set aside and the others go on. When replication is disabled or has no
-// active target it publishes nothing and reports the state.
+// add counts a batch's drain into r.
+func (r *DrainResult) add(b DrainResult) {
+	r.Generation, r.State = b.Generation, b.State
+	r.Published += b.Published
+	r.SetAside += b.SetAside
+	r.Bytes += b.Bytes
+	r.More = b.More
+	r.Requests += b.Requests
+	r.PublishTime += b.PublishTime
+	if b.Published > 0 || b.SetAside > 0 {
+		r.Batches++
+	}
+}
+
+// Drain is a wake-up of a workspace's drain: the ontology service sends one
+// after every commit. On a quiet workspace (this process's wake-ups of it
+// come less often than one per Config.QuietInterval) a wake-up claims on
+// its own.
+// On a busy one the wake-ups of the workspace coalesce, across every
+// instance, through its database (store.TakeTurn): a wake-up that finds a
+// drain about to claim (one waiting for its turn) leaves its events to that
+// drain and publishes nothing (Coalesced), at the cost of one statement,
+// or of none when that drain is in this process; otherwise it takes the
+// turn, or waits for the drain in progress to end (at most
+// Config.TurnWait), and then claims. A drain with the turn publishes one
+// batch of the oldest pending events (disjoint from other claims, holding
+// no lock the SDK waits on) as one Pub/Sub request and acknowledges it only
+// after Pub/Sub accepted it; while more are pending it takes the turn again
+// and goes on, for up to Config.DrainFor. On a busy workspace the drain
+// that claims next gathers commits for Config.Gather first (see
+// awaitTurn), so that one batch takes the commits of several wake-ups. An event that cannot be published
+// is set aside and the others go on. When replication is disabled or has
+// no active target it publishes nothing and reports the state.
 func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, error) {
+	ws, err := s.Workspace(workspaceID)
+	if err != nil {
+		return DrainResult{Workspace: workspaceID}, err
+	}
+	res := DrainResult{Workspace: ws.ID}
+	local := s.turns.of(ws.ID)
+	local.arrived(time.Now())
+	waiting, next := local.state()
+	if waiting {
+		// A drain of this process waits for the turn: it has not claimed
+		// yet, and its claim takes this wake-up's events.
+		res.Coalesced, res.CoalescedBy = true, "instance"
+		return res, nil
+	}
+	st, err := s.lease(ctx, ws)
+	if err != nil {
+		return res, err
+	}
+	defer st.Release()
+	until := time.Now().Add(s.cfg.DrainFor)
+	// On a quiet workspace a wake-up claims on its own, as the drain did
+	// before its wake-ups coalesced: no turn to take, nothing to gather,
+	// and no drain counts on it (a wake-up is coalesced only into a drain
+	// that holds the next turn).
+	quiet := s.cfg.QuietInterval > 0 && local.interval() >= s.cfg.QuietInterval
+	for {
+		var state store.State
+		var target store.Target
+		var claim *store.Claim
+		if quiet {
+			state, target, claim, err = st.store.ClaimActive(ctx)
+		} else {
+			// A drain of this process that comes to wait for the turn while
+			// this one waits for a connection has not claimed either (next).
+			turn, err := st.store.TakeTurn(ctx, next)
+			if err != nil {
+				return res, err
+			}
+			next = nil // from its first turn on, a drain claims what others leave it
+			if turn.Role() == store.TurnCoalesced {
+				if res.Batches == 0 && res.State == "" {
+					res.Coalesced, res.CoalescedBy = true, "database"
+					if turn.Local() {
+						res.CoalescedBy = "instance"
+					}
+				}
+				return res, nil
+			}
+			if err := s.awaitTurn(ctx, turn, local, res.State == "", &res); err != nil {
+				return res, err
+			}
+			state, target, claim, err = turn.Claim(ctx)
+		}
+		batch, err := s.drainClaim(ctx, ws, state, target, claim, err)
+		res.add(batch)
+		if err != nil || !batch.More || batch.Published == 0 && batch.SetAside == 0 || !time.Now().Before(until) || ctx.Err() != nil {
+			return res, err
+		}
+	}
+}
+
+// drainOnce publishes at most one batch of a workspace's pending events,
+// on a claim of its own, outside the turns (the verifier's sweep and the
+// bulk drain of a legacy database, which drain what no wake-up will come
+// for, alongside the wake-ups' drains).
+func (s *Service) drainOnce(ctx context.Context, workspaceID string) (DrainResult, error) {
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
 		return DrainResult{Workspace: workspaceID}, err
@@ -59,6 +161,16 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 	}
 	defer st.Release()
 	state, target, claim, err := st.store.ClaimActive(ctx)
+	res, err := s.drainClaim(ctx, ws, state, target, claim, err)
+	if res.Published > 0 || res.SetAside > 0 {
+		res.Batches = 1
+	}
+	return res, err
+}
+
+// drainClaim publishes what a claim took (the result of ClaimActive or
+// Turn.Claim, err included) and reports the state.
+func (s *Service) drainClaim(ctx context.Context, ws registry.Workspace, state store.State, target store.Target, claim *store.Claim, err error) (DrainResult, error) {
 	res := DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}
 	switch {
 	case errors.Is(err, store.ErrNoActiveTarget):
@@ -100,181 +212,4 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 		return res, fmt.Errorf("acknowledge after publish (the events will be published again): %w", ackErr)
 	}
 	return res, nil
-}
-
-// publishBatch publishes a claimed batch: what Pub/Sub accepted, what is
-// to be set aside (the claim's unpublishable events, those too large for a
-// request, those Pub/Sub refuses), and err when Pub/Sub was unavailable
-// (what it accepted before is kept; the rest stays pending).
-func (s *Service) publishBatch(ctx context.Context, ws registry.Workspace, claim *store.Claim) *publishing {
-	out := &publishing{svc: s, topic: ws.PubSub.TopicName()}
-	out.aside = append(out.aside, claim.Unpublishable...)
-	// Events set aside before go in a request of their own, so that one
-	// still refused does not make the fresh events' request fail.
-	var fresh, retrying []store.Pending
-	for _, p := range claim.Events {
-		switch {
-		case len(p.JSON) > publish.MaxMessageBytes:
-			out.aside = append(out.aside, store.SetAside{HistoryID: p.HistoryID, HistoryTable: p.HistoryTable, EventID: p.EventID, Reason: store.ReasonTooLarge,
-				Cause: fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON))})
-		case p.Backoff > 0:
-			retrying = append(retrying, p)
-		default:
-			fresh = append(fresh, p)
-		}
-	}
-	for _, group := range [][]store.Pending{fresh, retrying} {
-		if out.err = out.publish(ctx, group); out.err != nil {
-			break // Pub/Sub is unavailable: what it accepted is acknowledged, the rest stays pending
-		}
-	}
-	out.aside = append(out.aside, out.rejected...)
-	return out
-}
-
-// acceptedIDs returns the history ids of the events Pub/Sub accepted.
-func (p *publishing) acceptedIDs() []string {
-	ids := make([]string, len(p.accepted))
-	for i, e := range p.accepted {
-		ids[i] = e.HistoryID
-	}
-	return ids
-}
-
-// bytes is the accepted events' size as the SDK counts a batch.
-func (p *publishing) bytes() int {
-	n := event.BatchOverhead
-	for _, e := range p.accepted {
-		n += event.MessageBytes(len(e.JSON))
-	}
-	return n
-}
-
-// publishing is one drain's publishing of its batch.
-type publishing struct {
-	svc      *Service
-	topic    string
-	accepted []store.Pending
-	rejected []store.SetAside
-	// aside is everything to set aside once the publishing has ended.
-	aside []store.SetAside
-	// err is the failure that ended the publishing (Pub/Sub unavailable).
-	err      error
-	requests int
-	elapsed  time.Duration
-	refusal  error // Pub/Sub's last refusal
-}
-
-// send sends events as one Publish request.
-func (p *publishing) send(ctx context.Context, events []store.Pending) error {
-	data := make([][]byte, len(events))
-	for i, e := range events {
-		data[i] = e.JSON
-	}
-	started := time.Now()
-	_, err := p.svc.cfg.Publisher.Publish(ctx, p.topic, data)
-	p.requests++
-	p.elapsed += time.Since(started)
-	if err == nil {
-		p.accepted = append(p.accepted, events...)
-	}
-	return err
-}
-
-// publish sends a group of events as one request. When Pub/Sub refuses the
-// request's content (INVALID_ARGUMENT), it finds the events it refuses:
-// first one of them, by sending the first half of the refused run (if
-// Pub/Sub takes it, the refusal is in the second half, otherwise in the
-// first), and then every run not yet tried, in one request. One refused
-// event among n costs at most 2 + ⌈log₂ n⌉ requests. If that request is
-// refused too, the rest is searched half by half (each half sent once, a
-// half known to hold a refusal not sent again): n events, however many are
-// refused, cost at most 2n + ⌈log₂ n⌉ + 2 requests. Any other failure ends
-// the publishing.
-func (p *publishing) publish(ctx context.Context, events []store.Pending) error {
-	if len(events) == 0 {
-		return nil
-	}
-	err := p.send(ctx, events)
-	if err == nil {
-		return nil
-	}
-	if !publish.Rejected(err) {
-		return fmt.Errorf("%w: %w", errPublish, err)
-	}
-	// events is refused: find one event it refuses.
-	var untried []store.Pending
-	refused := events
-	for len(refused) > 1 {
-		half := refused[:len(refused)/2]
-		switch herr := p.send(ctx, half); {
-		case herr == nil:
-			refused = refused[len(refused)/2:]
-		case publish.Rejected(herr):
-			untried = append(untried, refused[len(refused)/2:]...)
-			refused, err = half, herr
-		default:
-			return fmt.Errorf("%w: %w", errPublish, herr)
-		}
-	}
-	p.reject(refused[0], err)
-	p.refusal = err
-	if len(untried) == 0 {
-		return nil
-	}
-	return p.bisect(ctx, untried, false)
-}
-
-// bisect publishes events, sending them as one request unless known to be
-// refused, and searches a refused run half by half.
-func (p *publishing) bisect(ctx context.Context, events []store.Pending, knownRefused bool) error {
-	if !knownRefused {
-		err := p.send(ctx, events)
-		switch {
-		case err == nil:
-			return nil
-		case !publish.Rejected(err):
-			return fmt.Errorf("%w: %w", errPublish, err)
-		}
-		p.refusal = err
-	}
-	if len(events) == 1 {
-		p.reject(events[0], p.refusal)
-		return nil
-	}
-	before := len(p.rejected)
-	if err := p.bisect(ctx, events[:len(events)/2], false); err != nil {
-		return err
-	}
-	// A refused run whose first half Pub/Sub took entirely holds its
-	// refusal in the second half: that half is not sent as a whole.
-	return p.bisect(ctx, events[len(events)/2:], knownRefused && len(p.rejected) == before)
-}
-
-// reject records an event Pub/Sub refused.
-func (p *publishing) reject(e store.Pending, cause error) {
-	p.rejected = append(p.rejected, store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
-		Reason: store.ReasonRejected, Cause: cause})
-}
-
-// logSetAside names the events a drain set aside: one error line per drain,
-// and an event is set aside once per backoff period, whichever instance
-// finds it.
-func (s *Service) logSetAside(ctx context.Context, ws registry.Workspace, target store.Target, aside []store.SetAside) {
-	if len(aside) == 0 {
-		return
-	}
-	events := make([]map[string]string, len(aside))
-	for i, a := range aside {
-		events[i] = map[string]string{"history_id": a.HistoryID, "event_id": a.EventID, "reason": string(a.Reason)}
-		if a.HistoryTable != "" {
-			events[i]["history_table"] = a.HistoryTable
-		}
-		if a.Cause != nil {
-			events[i]["cause"] = a.Cause.Error()
-		}
-	}
-	s.log.ErrorContext(ctx, "replication events set aside: they cannot be published; the drain retries them after a backoff",
-		slog.String("workspace", ws.ID), slog.String("generation", target.Generation), slog.Int("count", len(aside)),
-		slog.Any("events", events))
 }

@@ -467,7 +467,7 @@ func (d *bulkDrain) eachRound() (bool, error) {
 					bctx, cancel := context.WithTimeout(gctx, d.step)
 					defer cancel()
 					var err error
-					r, err = s.Drain(bctx, d.ws.ID)
+					r, err = s.drainOnce(bctx, d.ws.ID)
 					// Acknowledged before the failure: counted once, never
 					// published again by the retry.
 					d.count(r.Published, r.SetAside)

@@ -61,6 +61,13 @@ type rigConfig struct {
 	publisher func(delivery.Publisher) delivery.Publisher
 	// present answers BigQuery's lookups (nil: every id but r.missing).
 	present func(ids []string) []string
+	// service changes each Service's config.
+	service func(*delivery.Config)
+}
+
+// withService changes the config of every Service of the rig.
+func withService(change func(*delivery.Config)) rigOption {
+	return func(c *rigConfig) { c.service = change }
 }
 
 // withPublisher wraps the publisher every Service of the rig uses.
@@ -155,8 +162,12 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 		pools, err := database.New(database.Config{Tracer: r.queries})
 		require.NoError(tb, err)
 		tb.Cleanup(pools.Close)
-		svc, err := delivery.New(delivery.Config{Registry: reg, Pools: pools, Publisher: publisher, Warehouse: wh, Store: cfg.store,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		scfg := delivery.Config{Registry: reg, Pools: pools, Publisher: publisher, Warehouse: wh, Store: cfg.store,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		if cfg.service != nil {
+			cfg.service(&scfg)
+		}
+		svc, err := delivery.New(scfg)
 		require.NoError(tb, err)
 		return svc
 	}

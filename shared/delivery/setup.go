@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/deadletter"
@@ -28,6 +29,9 @@ type OpenConfig struct {
 	Store store.Config
 	// Retry bounds the retries of transient faults inside a command.
 	Retry RetryPolicy
+	// Gather and QuietInterval are Config's (the drain's wait before a
+	// claim on a busy workspace; what a quiet workspace is).
+	Gather, QuietInterval time.Duration
 	// Publisher and Warehouse replace the production parts (tests and the
 	// local mode); nil builds them.
 	Publisher   Publisher
@@ -104,7 +108,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		o.close = append(o.close, func() { _ = r.Close() })
 		dead = r
 	}
-	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: o.Warehouse, Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry})
+	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: o.Warehouse, Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry, Gather: cfg.Gather, QuietInterval: cfg.QuietInterval})
 	if err != nil {
 		o.Close()
 		return nil, err

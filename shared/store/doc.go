@@ -21,7 +21,8 @@
 // NULL: the event is pending. A Claim takes the oldest pending events as a
 // byte-bounded batch; after Pub/Sub accepted them, Finish acknowledges them
 // (accepted, with receipts). ClaimActive claims one batch on a connection
-// of its own (a wake-up of the drain function); a Session claims batch
+// of its own, and Turn.Claim on the connection of a wake-up's drain turn
+// (TakeTurn: the wake-ups of a workspace coalesce; see turn.go); a Session claims batch
 // after batch on one connection, several out at once, its Next
 // acknowledging the ended ones and claiming the next in one round trip (a
 // bulk drain). DueUnverified lists accepted events to look up
@@ -51,6 +52,128 @@
 // byte bound published alone (batch.go), backfill and replay pages that
 // walk the primary key from the cursor (backfill.go, replay.go), id lists
 // and state updates found by primary key (ids.go, acknowledge.go).
+//
+// # Claims
+//
+// The seed's drain reads the next batch without locking anything
+// (pendingReplicationEvents) and, after Pub/Sub accepted it, acknowledges it
+// in a short transaction that takes the shared lifecycle lock
+// (acknowledgeReplicationV4). Concurrent drains then publish the same
+// events. A claim marks its events as taken without holding any lock that
+// an SDK writer or a lifecycle operation can wait on, so that Pub/Sub's
+// latency never becomes the SDK's:
+//
+//   - The claim runs on a connection held, idle and outside any
+//     transaction, until the batch is finished or released: a connection of
+//     its own (ClaimActive), or a drain's Session, which claims batch after
+//     batch on one connection. Its statement takes a session-level advisory
+//     lock on each event it returns, with the two-key form
+//     pg_try_advisory_lock(class, key) (class: hashtext of ClaimLockClass;
+//     key: hashtext of the event id), which the SDK's one-key lifecycle lock
+//     can never conflict with. Another drain's claim skips events whose lock
+//     it cannot take, so concurrent drains take disjoint batches without
+//     waiting on each other.
+//   - No table, row or lifecycle lock is held while the batch is published.
+//     The acknowledgement is the seed's short transaction, run after the
+//     publish (shared lifecycle lock, then the delivery rows), so
+//     accepted_at and next_verify_at are the time Pub/Sub had accepted the
+//     batch; the claim's locks are released after its COMMIT. A connection
+//     goes back to the pool only after that unlock succeeded; otherwise it
+//     is closed, which frees its locks.
+//   - Locks do not honour snapshots: a drain may take the lock of an event
+//     another drain acknowledged and unlocked after this drain's statement
+//     took its snapshot. So, after its try-locks, the same statement finds
+//     each row it claimed again by the row version it read (ctid) and reads
+//     that version's xmax as it is then. A version no transaction has
+//     updated or locked (xmax 0, every row the SDK queued and nobody
+//     touched since) is the newest: still pending. Any other (an
+//     acknowledgement committed after the snapshot, or one still running,
+//     or a row lock or update left behind) is locked FOR NO KEY UPDATE SKIP
+//     LOCKED by that version's ctid, with the pending predicate: a row an
+//     acknowledgement or a replay page is still updating (the SDK's own,
+//     which honour no claim) is skipped; a version that was only locked, or
+//     whose update rolled back, is still the newest and is kept when the
+//     predicate holds; a version another transaction updated and committed
+//     is left out, pending or not, because PostgreSQL's recheck of a locked
+//     row in READ COMMITTED evaluates the conditions on the newest version,
+//     whose ctid is another one. Such a row stays pending for the next
+//     claim (its lock is released with the claim's). An acknowledgement
+//     that ran before the try-lock has always written its xmax by then: it
+//     updated the row before it committed and unlocked. The row locks last
+//     as long as the claim's statement; an acknowledgement or a replay page
+//     that wants the same rows waits that long at most, never across a
+//     publish. Duplicates stay limited to lost publish responses and
+//     crashes. (The store's first claims read the claimed rows again in a
+//     second statement, a snapshot after the locks: a second round trip and
+//     a second primary-key lookup of every row. Row-locking every
+//     candidate, or every claimed row, cost more: a WAL record and a dirtied
+//     page a row, for rows the acknowledgement writes again moments later.)
+//   - The try-locks run over a materialised list of candidates with no LIMIT
+//     above them, so every lock taken belongs to a returned row (a lock
+//     function in a WHERE under a LIMIT can lock rows the query then drops).
+//     Candidates whose lock another drain holds are skipped; the claim goes
+//     on to the next candidates in revision order until it has a batch's
+//     worth.
+//   - The same statement reads the claimed events from the history tables
+//     the Store met in its recent claims (at most maxReadTables, and the
+//     baselines), one primary-key lookup each; the events of other tables
+//     are read in a second statement, as the first claims read every event
+//     (readEvents: a snapshot after the locks, rows still pending), and
+//     their tables join the list.
+//
+// A drain that dies mid-publish: if its process or connection ends, the
+// server frees its locks at once and the next drain takes its events. If it
+// hangs with its connection open, the session's idle_session_timeout
+// (Config.ClaimIdleTimeout, 60 s by default, set by a claim's first lock and
+// reset when its locks are released) ends the session once it has been idle
+// that long, which frees them. Either way
+// the events stay pending and nothing is acknowledged that Pub/Sub did not
+// accept.
+//
+// Session-level advisory locks and settings need a session of their own:
+// connect directly (Cloud SQL's connector or TCP) or through a pooler in
+// session mode. Behind a transaction-mode pooler (PgBouncer
+// pool_mode=transaction) the lock would stay with a server connection that
+// other clients then use, and concurrent drains would skip or duplicate
+// events; such a pooler is not supported.
+//
+// # Turns
+//
+// The ontology service wakes the drain after every commit, and a drain
+// that claimed per wake-up would cost the database a claim and an
+// acknowledgement per commit. Instead the drains of a workspace take turns,
+// met at the workspace's database (one database is one workspace, whichever
+// instance of the drain a wake-up reaches), with two session advisory
+// locks of the two-key form (class: hashtext of DrainTurnClass), which the
+// SDK's one-key lifecycle lock and the claims' own class never meet:
+//
+//   - the turn (key turnDrain): its holder claims, publishes and
+//     acknowledges; its claim and acknowledgement run on the turn's
+//     connection, and the acknowledgement's unlock of every lock the
+//     session holds ends the turn;
+//   - the next turn (key turnNext): held by the one drain that will claim
+//     next and has not claimed yet. It is taken with the turn when both are
+//     free (the drain may then gather commits for a moment before it
+//     claims), or alone while another drain holds the turn (the drain
+//     then waits for the turn, a lock wait in the server, bounded). Its
+//     holder lets it go in a statement of its own just before its claim's
+//     statements.
+//
+// A wake-up takes the turn if it is free, or else the next turn if that is
+// free, or else does nothing: one statement (sqlTakeTurn). No wake-up is
+// lost. A wake-up comes after its commit, so its events are visible to any
+// claim whose statement starts after its statement. If it took the turn or
+// the next turn it claims after that. If it did neither, another drain
+// held the next turn at that moment and so had not yet claimed: that
+// drain's claim starts after this wake-up's statement and takes its events,
+// up to the byte bound (events beyond it are pending and more is reported;
+// the drain function goes on while more are pending, see
+// delivery.Service.Drain). A drain that dies frees its locks with its
+// session; one that hangs holding the turn is ended by the claim's
+// idle_session_timeout like any claim, and the drain waiting for the turn
+// gives up after its bound (a 503: the next wake-up, or the verifier's
+// sweep, takes the events). An idle workspace costs nothing: no drain
+// runs, and no statement is sent, until a wake-up comes.
 //
 // # Finding rows by key
 //
@@ -87,7 +210,7 @@
 // statement_timeout and lock_timeout locally (30 s and 5 s by default, as
 // the SDK's lifecycle code); no lock an SDK writer or lifecycle operation
 // can wait on is held while a batch is published (a claim marks its events
-// with session advisory locks of its own, see claim.go); the lifecycle lock
+// with session advisory locks of its own, see Claims above); the lifecycle lock
 // is taken in the SDK's order (singleton row, then the advisory lock; the
 // shared lock before any delivery row or table); statements that update a
 // set of delivery rows lock them in key order, so that they wait for each

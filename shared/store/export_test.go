@@ -65,3 +65,7 @@ func ReadTables(s *Store) []string {
 // CandidatesReading is the claim's first page of candidates reading the
 // events of the given tables (quoted identifiers), for its plan.
 func CandidatesReading(idents ...string) string { return candidatesStatement(idents, false) }
+
+// BeforeRelease makes fn run before each claim of s on a connection of
+// its own releases its locks.
+func BeforeRelease(s *Store, fn func()) { s.beforeRelease = fn }

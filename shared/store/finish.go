@@ -58,12 +58,18 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	b.Queue(query, args...)
 	b.Queue("COMMIT")
-	b.Queue(sqlUnlockAll)
-	b.Queue(sqlResetIdle)
+	n := 5
+	if c.idlePrior != nil {
+		b.Queue(sqlUnlockRestore, *c.idlePrior)
+	} else {
+		b.Queue(sqlUnlockAll)
+		b.Queue(sqlResetIdle)
+		n++
+	}
 	results := c.conn.SendBatch(ctx, b)
 	var acked int64
 	err = func() error {
-		for i := range 6 {
+		for i := range n {
 			tag, err := results.Exec()
 			if err != nil {
 				return err

@@ -12,7 +12,7 @@ import (
 )
 
 // The claim's read of its events: a snapshot taken after the claim locks
-// (see claim.go), keeping only rows still pending and not set aside.
+// (see Claims in the package doc), keeping only rows still pending and not set aside.
 
 // sqlReadShared is sqlSetTimeouts with the shared lifecycle lock, for the
 // claim's second read (see sqlClaimSession).

@@ -33,9 +33,11 @@ type Session struct {
 	// no claim knows; Close releases them all.
 	dirty bool
 	// armed: a claim of the session took a lock, which set the session's
-	// idle_session_timeout; giveBack resets it.
-	armed  bool
-	closed bool
+	// idle_session_timeout; giveBack puts idlePrior back (what it was
+	// before the session's first claim).
+	armed     bool
+	idlePrior *string
+	closed    bool
 }
 
 // ErrSessionClosed is the error of a Session's methods after Close.
@@ -242,10 +244,13 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 			return nil
 		}
 		stage = "claim pending events of"
-		if _, err := results.Exec(); err != nil {
+		prior, err := readClaimSession(results, false)
+		if err != nil {
 			return err
 		}
-		var err error
+		if ss.idlePrior == nil {
+			ss.idlePrior = &prior
+		}
 		if state, err = readStateRow(results.QueryRow()); err != nil {
 			return err
 		}
@@ -365,8 +370,7 @@ func (ss *Session) giveBack(ctx context.Context) {
 			}
 		}
 		if ss.out > 0 || ss.dirty || ss.armed {
-			_, err := conn.Exec(ctx, sqlUnlockClaims)
-			return err
+			return unlock(ctx, conn, ss.idlePrior)
 		}
 		return nil
 	}()

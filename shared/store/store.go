@@ -141,6 +141,10 @@ type Store struct {
 	targetUpdates atomic.Int64
 	// mayVacuum caches whether this role may VACUUM the target table.
 	mayVacuum atomic.Pointer[bool]
+
+	// beforeRelease, set by tests only, runs before a claim on a
+	// connection of its own releases its locks.
+	beforeRelease func()
 }
 
 // New returns a Store over db.

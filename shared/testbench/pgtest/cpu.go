@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ServerCPU is the CPU time the local PostgreSQL server behind db has used
@@ -58,4 +60,97 @@ func ServerCPU(ctx context.Context, backendPID func(ctx context.Context) (int, e
 		}
 	}
 	return time.Duration(total) * 10 * time.Millisecond, nil // USER_HZ is 100
+}
+
+// BackendCPU samples the CPU time of a local server's backends by the
+// application_name their sessions report, from /proc, while it runs:
+// the fairest figure for what each client costs the server when several
+// share it. A backend's time is read at every sample and kept once it
+// ends, so a session that closes between samples loses at most one
+// sample's worth. Stop ends the sampling and returns the CPU each
+// application used since Start.
+type BackendCPU struct {
+	stop chan struct{}
+	done chan map[string]time.Duration
+}
+
+// SampleBackendCPU starts sampling the backends of the server behind
+// admin (a superuser's pool, which sees every session) every interval.
+func SampleBackendCPU(ctx context.Context, admin interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, interval time.Duration) (*BackendCPU, error) {
+	type backend struct {
+		app          string
+		first, ticks int64
+	}
+	seen := map[int]*backend{}
+	sample := func() error {
+		rows, err := admin.Query(ctx, `SELECT pid, application_name FROM pg_stat_activity WHERE backend_type = 'client backend'`)
+		if err != nil {
+			return err
+		}
+		var pid int
+		var app string
+		_, err = pgx.ForEachRow(rows, []any{&pid, &app}, func() error {
+			ticks, ok := processTicks(pid)
+			if !ok {
+				return nil
+			}
+			b := seen[pid]
+			if b == nil || b.app != app {
+				b = &backend{app: app, first: ticks}
+				seen[pid] = b
+			}
+			b.ticks = ticks
+			return nil
+		})
+		return err
+	}
+	if err := sample(); err != nil {
+		return nil, fmt.Errorf("pgtest: sample the backends: %w", err)
+	}
+	c := &BackendCPU{stop: make(chan struct{}), done: make(chan map[string]time.Duration, 1)}
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				_ = sample()
+				continue
+			case <-c.stop:
+			}
+			_ = sample()
+			out := map[string]time.Duration{}
+			for _, b := range seen {
+				out[b.app] += time.Duration(b.ticks - b.first)
+			}
+			c.done <- out
+			return
+		}
+	}()
+	return c, nil
+}
+
+// Stop ends the sampling and returns the CPU by application_name.
+func (c *BackendCPU) Stop() map[string]time.Duration {
+	close(c.stop)
+	return <-c.done
+}
+
+// processTicks reads the time a process has run on a CPU, in
+// nanoseconds: /proc/<pid>/schedstat's first field, which the scheduler
+// keeps to the nanosecond (stat's utime and stime count 10 ms ticks, too
+// coarse for a backend that runs a few milliseconds a second).
+func processTicks(pid int) (int64, bool) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		return 0, false
+	}
+	fields := strings.Fields(string(raw))
+	if len(fields) == 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(fields[0], 10, 64)
+	return n, err == nil
 }

@@ -1,0 +1,79 @@
+package functions
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/stretchr/testify/require"
+)
+
+// publishGate holds every Publish request until opened; held receives a
+// value as each one arrives.
+type publishGate struct {
+	held chan struct{}
+	open chan struct{}
+	once sync.Once
+}
+
+func newPublishGate() *publishGate {
+	return &publishGate{held: make(chan struct{}, 16), open: make(chan struct{})}
+}
+
+func (g *publishGate) React(any) (bool, any, error) {
+	select {
+	case <-g.open:
+	default:
+		g.held <- struct{}{}
+		<-g.open
+	}
+	return false, nil, nil
+}
+
+func (g *publishGate) release() { g.once.Do(func() { close(g.open) }) }
+
+// TestCoalescedWakeUpAnswers: while a drain's batch is out and another
+// wake-up waits for its turn, a wake-up on another instance answers 200 at
+// once with coalesced and nothing published, and its log line says where
+// it met the drain; the waiting one then publishes the commits.
+func TestCoalescedWakeUpAnswers(t *testing.T) {
+	t.Parallel()
+	gate := newPublishGate()
+	// Every wake-up takes turns, as on a busy workspace.
+	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: gate}), withEnv(EnvDrainQuietInterval, "0"))
+	defer gate.release()
+	other := h.instance()
+	h.products("w1", 1)
+	type answer struct {
+		code int
+		body map[string]any
+	}
+	first, second := make(chan answer, 1), make(chan answer, 1)
+	go func() { c, b := h.wake("w1"); first <- answer{c, b} }()
+	<-gate.held // the first drain's batch is out
+	h.products("w1", 2)
+	go func() { c, b := h.wake("w1"); second <- answer{c, b} }() // it waits for the turn
+	// The second wake-up holds the next turn and waits for the turn.
+	for h.count("w1", `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) == 0 {
+		select {
+		case a := <-second:
+			t.Fatalf("the second wake-up did not wait for the turn: %d %v", a.code, a.body)
+		case <-time.After(5 * time.Millisecond): // the server's lock table is the signal
+		}
+	}
+	code, body := h.wakeOn(other, "w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "published": 0.0, "batches": 0.0, "more": false, "bytes": 0.0, "coalesced": true}, body)
+	require.Contains(t, h.logs.String(), `"coalesced":"database"`)
+	gate.release()
+	a := <-first
+	require.Equal(t, http.StatusOK, a.code)
+	require.Equal(t, 1.0, a.body["published"])
+	b := <-second
+	require.Equal(t, http.StatusOK, b.code)
+	require.Contains(t, h.logs.String(), `"waited_ms"`)
+	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+}

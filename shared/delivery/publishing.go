@@ -1,0 +1,190 @@
+package delivery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/publish"
+	"github.com/segmentstream/ontology-replication/shared/registry"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// publishBatch publishes a claimed batch: what Pub/Sub accepted, what is
+// to be set aside (the claim's unpublishable events, those too large for a
+// request, those Pub/Sub refuses), and err when Pub/Sub was unavailable
+// (what it accepted before is kept; the rest stays pending).
+func (s *Service) publishBatch(ctx context.Context, ws registry.Workspace, claim *store.Claim) *publishing {
+	out := &publishing{svc: s, topic: ws.PubSub.TopicName()}
+	out.aside = append(out.aside, claim.Unpublishable...)
+	// Events set aside before go in a request of their own, so that one
+	// still refused does not make the fresh events' request fail.
+	var fresh, retrying []store.Pending
+	for _, p := range claim.Events {
+		switch {
+		case len(p.JSON) > publish.MaxMessageBytes:
+			out.aside = append(out.aside, store.SetAside{HistoryID: p.HistoryID, HistoryTable: p.HistoryTable, EventID: p.EventID, Reason: store.ReasonTooLarge,
+				Cause: fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON))})
+		case p.Backoff > 0:
+			retrying = append(retrying, p)
+		default:
+			fresh = append(fresh, p)
+		}
+	}
+	for _, group := range [][]store.Pending{fresh, retrying} {
+		if out.err = out.publish(ctx, group); out.err != nil {
+			break // Pub/Sub is unavailable: what it accepted is acknowledged, the rest stays pending
+		}
+	}
+	out.aside = append(out.aside, out.rejected...)
+	return out
+}
+
+// acceptedIDs returns the history ids of the events Pub/Sub accepted.
+func (p *publishing) acceptedIDs() []string {
+	ids := make([]string, len(p.accepted))
+	for i, e := range p.accepted {
+		ids[i] = e.HistoryID
+	}
+	return ids
+}
+
+// bytes is the accepted events' size as the SDK counts a batch.
+func (p *publishing) bytes() int {
+	n := event.BatchOverhead
+	for _, e := range p.accepted {
+		n += event.MessageBytes(len(e.JSON))
+	}
+	return n
+}
+
+// publishing is one drain's publishing of its batch.
+type publishing struct {
+	svc      *Service
+	topic    string
+	accepted []store.Pending
+	rejected []store.SetAside
+	// aside is everything to set aside once the publishing has ended.
+	aside []store.SetAside
+	// err is the failure that ended the publishing (Pub/Sub unavailable).
+	err      error
+	requests int
+	elapsed  time.Duration
+	refusal  error // Pub/Sub's last refusal
+}
+
+// send sends events as one Publish request.
+func (p *publishing) send(ctx context.Context, events []store.Pending) error {
+	data := make([][]byte, len(events))
+	for i, e := range events {
+		data[i] = e.JSON
+	}
+	started := time.Now()
+	_, err := p.svc.cfg.Publisher.Publish(ctx, p.topic, data)
+	p.requests++
+	p.elapsed += time.Since(started)
+	if err == nil {
+		p.accepted = append(p.accepted, events...)
+	}
+	return err
+}
+
+// publish sends a group of events as one request. When Pub/Sub refuses the
+// request's content (INVALID_ARGUMENT), it finds the events it refuses:
+// first one of them, by sending the first half of the refused run (if
+// Pub/Sub takes it, the refusal is in the second half, otherwise in the
+// first), and then every run not yet tried, in one request. One refused
+// event among n costs at most 2 + ⌈log₂ n⌉ requests. If that request is
+// refused too, the rest is searched half by half (each half sent once, a
+// half known to hold a refusal not sent again): n events, however many are
+// refused, cost at most 2n + ⌈log₂ n⌉ + 2 requests. Any other failure ends
+// the publishing.
+func (p *publishing) publish(ctx context.Context, events []store.Pending) error {
+	if len(events) == 0 {
+		return nil
+	}
+	err := p.send(ctx, events)
+	if err == nil {
+		return nil
+	}
+	if !publish.Rejected(err) {
+		return fmt.Errorf("%w: %w", errPublish, err)
+	}
+	// events is refused: find one event it refuses.
+	var untried []store.Pending
+	refused := events
+	for len(refused) > 1 {
+		half := refused[:len(refused)/2]
+		switch herr := p.send(ctx, half); {
+		case herr == nil:
+			refused = refused[len(refused)/2:]
+		case publish.Rejected(herr):
+			untried = append(untried, refused[len(refused)/2:]...)
+			refused, err = half, herr
+		default:
+			return fmt.Errorf("%w: %w", errPublish, herr)
+		}
+	}
+	p.reject(refused[0], err)
+	p.refusal = err
+	if len(untried) == 0 {
+		return nil
+	}
+	return p.bisect(ctx, untried, false)
+}
+
+// bisect publishes events, sending them as one request unless known to be
+// refused, and searches a refused run half by half.
+func (p *publishing) bisect(ctx context.Context, events []store.Pending, knownRefused bool) error {
+	if !knownRefused {
+		err := p.send(ctx, events)
+		switch {
+		case err == nil:
+			return nil
+		case !publish.Rejected(err):
+			return fmt.Errorf("%w: %w", errPublish, err)
+		}
+		p.refusal = err
+	}
+	if len(events) == 1 {
+		p.reject(events[0], p.refusal)
+		return nil
+	}
+	before := len(p.rejected)
+	if err := p.bisect(ctx, events[:len(events)/2], false); err != nil {
+		return err
+	}
+	// A refused run whose first half Pub/Sub took entirely holds its
+	// refusal in the second half: that half is not sent as a whole.
+	return p.bisect(ctx, events[len(events)/2:], knownRefused && len(p.rejected) == before)
+}
+
+// reject records an event Pub/Sub refused.
+func (p *publishing) reject(e store.Pending, cause error) {
+	p.rejected = append(p.rejected, store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
+		Reason: store.ReasonRejected, Cause: cause})
+}
+
+// logSetAside names the events a drain set aside: one error line per drain,
+// and an event is set aside once per backoff period, whichever instance
+// finds it.
+func (s *Service) logSetAside(ctx context.Context, ws registry.Workspace, target store.Target, aside []store.SetAside) {
+	if len(aside) == 0 {
+		return
+	}
+	events := make([]map[string]string, len(aside))
+	for i, a := range aside {
+		events[i] = map[string]string{"history_id": a.HistoryID, "event_id": a.EventID, "reason": string(a.Reason)}
+		if a.HistoryTable != "" {
+			events[i]["history_table"] = a.HistoryTable
+		}
+		if a.Cause != nil {
+			events[i]["cause"] = a.Cause.Error()
+		}
+	}
+	s.log.ErrorContext(ctx, "replication events set aside: they cannot be published; the drain retries them after a backoff",
+		slog.String("workspace", ws.ID), slog.String("generation", target.Generation), slog.Int("count", len(aside)),
+		slog.Any("events", events))
+}

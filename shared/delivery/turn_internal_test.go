@@ -1,0 +1,32 @@
+package delivery
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestLocalTurnTellsBusyFromQuiet: a workspace whose wake-ups reach this
+// process once a second is quiet; a burst of one every 10 ms makes it busy
+// within a dozen wake-ups, and a pause of a second or more makes it quiet
+// again at once.
+func TestLocalTurnTellsBusyFromQuiet(t *testing.T) {
+	l := &localTurn{next: make(chan struct{})}
+	require.GreaterOrEqual(t, l.interval(), DefaultQuietInterval, "no wake-up yet: quiet")
+	at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	for range 5 {
+		at = at.Add(time.Second)
+		l.arrived(at)
+	}
+	require.GreaterOrEqual(t, l.interval(), DefaultQuietInterval, "a wake-up a second: quiet")
+	n := 0
+	for l.interval() >= DefaultQuietInterval {
+		at = at.Add(10 * time.Millisecond)
+		l.arrived(at)
+		n++
+	}
+	require.LessOrEqual(t, n, 12, "a burst is busy within a dozen wake-ups")
+	l.arrived(at.Add(10 * time.Second))
+	require.GreaterOrEqual(t, l.interval(), DefaultQuietInterval, "quiet again after a pause")
+}
