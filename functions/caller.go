@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/api/idtoken"
@@ -42,7 +43,16 @@ type callerCheck struct {
 	validator *idtoken.Validator
 	audience  string
 	email     string
+	// keysDownUntil: Google's keys could not be fetched; until then a
+	// call is answered 503 without another fetch (so that a flood of
+	// well-formed forged tokens does not become a flood of fetches).
+	keysDownUntil atomic.Pointer[time.Time]
 }
+
+// keysDownFor is how long a failed fetch of Google's keys is remembered:
+// the scheduler calls once a minute, so it loses at most the pass a failed
+// fetch already cost it.
+const keysDownFor = 10 * time.Second
 
 // Errors of a refused call: the first answers 401, the second 403, the
 // third 503.
@@ -89,12 +99,17 @@ func (c *callerCheck) check(ctx context.Context, r *http.Request) error {
 	if !ok || raw == "" {
 		return fmt.Errorf("%w: no bearer token in Authorization", errNoCallerToken)
 	}
+	if until := c.keysDownUntil.Load(); until != nil && time.Now().Before(*until) {
+		return fmt.Errorf("%w: a fetch failed within the last %v", errCallerKeysNotFound, keysDownFor)
+	}
 	ctx, cancel := context.WithTimeout(ctx, callerCheckTimeout)
 	defer cancel()
 	payload, err := c.validator.Validate(ctx, raw, c.audience)
 	if err != nil {
 		var urlErr *url.Error
 		if errors.As(err, &urlErr) || strings.Contains(err.Error(), "unable to retrieve cert") {
+			until := time.Now().Add(keysDownFor)
+			c.keysDownUntil.Store(&until)
 			return fmt.Errorf("%w: %w", errCallerKeysNotFound, err)
 		}
 		return fmt.Errorf("%w: %w", errNoCallerToken, err)

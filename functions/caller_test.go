@@ -179,3 +179,29 @@ func TestVerifierCallerConfiguration(t *testing.T) {
 	require.Contains(t, h.logs.String(), EnvVerifyCaller)
 	require.ErrorContains(t, h.srv.callerErr, EnvVerifyCaller, "kept for Check")
 }
+
+// TestVerifierRemembersThatGooglesKeysAreDown: while Google's keys cannot
+// be fetched, a flood of well-formed forged tokens makes one fetch, not
+// one each, and every refusal is a 503 logged with cause keys_unavailable.
+func TestVerifierRemembersThatGooglesKeysAreDown(t *testing.T) {
+	t.Parallel()
+	google, err := tokenissuer.New("https://accounts.google.com", "g1")
+	require.NoError(t, err)
+	forger, err := tokenissuer.New("https://accounts.google.com", "g1")
+	require.NoError(t, err)
+	var down atomic.Bool
+	down.Store(true)
+	client, fetches := googleKeys(t, google, &down)
+	h := newHarness(t, withCallerCheck(schedulerEmail, verifierURL, client))
+	first := fetches.Load()
+	for range 20 {
+		req := httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}"))
+		req.Header.Set("Authorization", "Bearer "+googleToken(t, forger, nil))
+		rec := httptest.NewRecorder()
+		h.handler.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	}
+	require.LessOrEqual(t, fetches.Load()-first, int64(2), "one fetch (its retry at most), not one a token")
+	require.Equal(t, 20, strings.Count(h.logs.String(), `"cause":"keys_unavailable"`))
+	require.NotContains(t, h.logs.String(), `"cause":"internal"`)
+}

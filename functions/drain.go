@@ -1,9 +1,7 @@
 package functions
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -40,7 +38,7 @@ const drainTimeout = 30 * time.Second
 func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	r = traced(r)
-	out := outcome{ctx: r.Context(), log: s.log, message: LogDrain}
+	out := outcome{ctx: r.Context(), log: s.log, message: LogDrain, refusals: &s.refused}
 	defer func() { out.write(w, started) }()
 	if s.err != nil {
 		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", s.err)
@@ -72,6 +70,7 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	claims, err := s.verifier.Verify(ctx, r.Header.Get(headerIdentity))
 	if errors.Is(err, identity.ErrKeysUnavailable) {
 		out.fail(http.StatusServiceUnavailable, "unavailable", "temporarily unavailable", err)
+		out.cause = delivery.CauseKeysUnavailable
 		return
 	}
 	if err != nil {
@@ -137,59 +136,4 @@ func traced(r *http.Request) *http.Request {
 		return r.WithContext(logging.WithTrace(r.Context(), t))
 	}
 	return r
-}
-
-// outcome collects one invocation's answer and writes it with one log line.
-type outcome struct {
-	ctx     context.Context
-	log     *slog.Logger
-	message string
-	fields  []any
-	status  int
-	name    string
-	body    any
-	err     error
-	// cause overrides delivery.Cause(err) on a 5xx line.
-	cause string
-}
-
-func (o *outcome) fail(status int, name, message string, err error) {
-	o.status, o.name, o.err = status, name, err
-	o.body = map[string]string{"error": message}
-}
-
-func (o *outcome) ok(body any) {
-	o.status, o.name, o.body = http.StatusOK, "ok", body
-}
-
-// write writes the invocation's line and its answer. A 503 (a later call
-// may succeed) is a WARNING, a 500 an ERROR, each with a cause (see
-// delivery.Cause) that alerts and Error Reporting group by; a 4xx is a
-// WARNING.
-func (o *outcome) write(w http.ResponseWriter, started time.Time) {
-	fields := append(o.fields, slog.String("outcome", o.name), slog.Int("status", o.status),
-		slog.Int64("duration_ms", time.Since(started).Milliseconds()))
-	level := slog.LevelInfo
-	switch {
-	case o.status == http.StatusServiceUnavailable:
-		level = slog.LevelWarn
-	case o.status >= 500:
-		level = slog.LevelError
-	case o.status >= 400:
-		level = slog.LevelWarn
-	}
-	if o.status >= 500 {
-		fields = append(fields, slog.String("cause", cmp.Or(o.cause, delivery.Cause(o.err), delivery.CauseInternal)))
-	}
-	if o.err != nil {
-		fields = append(fields, slog.String("error", o.err.Error()))
-	}
-	ctx := o.ctx
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	o.log.Log(ctx, level, o.message, fields...)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(o.status)
-	_ = json.NewEncoder(w).Encode(o.body)
 }

@@ -727,3 +727,42 @@ func TestDrainTelemetryBoundedAgainstOutsiders(t *testing.T) {
 	require.Equal(t, 202, lines)
 	require.Equal(t, map[string]bool{"unauthorized": true}, outcomes, "one label value, whatever the paths")
 }
+
+// TestRefusedRequestsAreSampled: a flood of unauthenticated wake-ups
+// writes each at DEBUG and at most one WARNING a second per cause, which
+// carries how many refusals it stands for; the count is kept, not lost.
+func TestRefusedRequestsAreSampled(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	started := time.Now()
+	const calls = 1000
+	for range calls {
+		code, _ := h.call(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", "", "")
+		require.Equal(t, http.StatusUnauthorized, code)
+	}
+	elapsed := time.Since(started)
+	warnings, debug, counted := 0, 0, 0
+	for _, raw := range strings.Split(strings.TrimSpace(h.logs.String()), "\n") {
+		var l map[string]any
+		require.NoError(t, json.Unmarshal([]byte(raw), &l))
+		if l["message"] != LogDrain {
+			continue
+		}
+		require.Equal(t, "unauthorized", l["outcome"])
+		switch l["severity"] {
+		case "WARNING":
+			warnings++
+			counted += int(l["refused"].(float64))
+		case "DEBUG":
+			debug++
+			require.NotContains(t, l, "refused")
+		default:
+			t.Fatalf("a refused request's line at %v", l["severity"])
+		}
+	}
+	require.Equal(t, calls, warnings+debug, "a line for each")
+	require.LessOrEqual(t, warnings, 1+int(elapsed/time.Second), "at most one WARNING a second (%v)", elapsed)
+	require.Positive(t, warnings)
+	require.LessOrEqual(t, counted, calls)
+	require.GreaterOrEqual(t, counted, warnings)
+}

@@ -156,6 +156,8 @@ type server struct {
 	verifyBudget  time.Duration
 	sweepBatches  int
 	verifyWorkers int
+	// refused samples the log lines of refused requests.
+	refused refusals
 	// close releases the server's pools and clients (tests; a deployed
 	// instance keeps them until it ends).
 	close func()

@@ -66,7 +66,7 @@ func parseVerifyRequest(body []byte) (verifyRequest, error) {
 func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	r = traced(r)
-	out := outcome{ctx: r.Context(), log: s.log, message: LogVerify}
+	out := outcome{ctx: r.Context(), log: s.log, message: LogVerify, refusals: &s.refused}
 	defer func() { out.write(w, started) }()
 	if err := cmp.Or(s.err, s.callerErr); err != nil {
 		out.fail(http.StatusInternalServerError, "misconfigured", "the replication service is misconfigured", err)
@@ -83,6 +83,7 @@ func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 			switch {
 			case errors.Is(err, errCallerKeysNotFound):
 				out.fail(http.StatusServiceUnavailable, "keys_unavailable", "the caller could not be checked now", err)
+				out.cause = delivery.CauseKeysUnavailable
 			case errors.Is(err, errWrongCaller):
 				out.fail(http.StatusForbidden, "forbidden", "forbidden", err)
 			default:

@@ -141,6 +141,9 @@ func (r setAsideResult) text() []string {
 	for _, ev := range r.SetAside.Events {
 		lines = append(lines, fmt.Sprintf("  %s  event %s  %s  %s  since %s, next attempt %s, attempts %d", ev.HistoryID, ev.EventID,
 			cmpOr(ev.HistoryTable, "(baseline)"), ev.Reason, ev.Since.UTC().Format(time.RFC3339), ev.NextAttempt.UTC().Format(time.RFC3339), ev.Attempts))
+		if ev.Detail != "" {
+			lines = append(lines, "    "+ev.Detail)
+		}
 	}
 	if r.Retried > 0 {
 		lines = append(lines, fmt.Sprintf("retried: %d events will be tried by the next drain", r.Retried))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -52,7 +53,10 @@ type workspaceStatus struct {
 	// counted.
 	delivery.DeadLetterBacklog
 	DeadLetterError string `json:"dead_letter_error,omitempty"`
-	Error           string `json:"error,omitempty"`
+	// LifecycleHeld is a session holding the SDK's lifecycle lock
+	// exclusively, which every SDK write waits for.
+	LifecycleHeld *delivery.LifecycleHold `json:"lifecycle_held,omitempty"`
+	Error         string                  `json:"error,omitempty"`
 }
 
 // deadLetterPeek is how many dead-lettered messages `job status` counts at
@@ -99,6 +103,7 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 		out.OldestUnverifiedAgeSeconds = &age
 	}
 	out.SetAside = st.SetAside
+	out.LifecycleHeld = st.LifecycleHeld
 	backlog, dlErr := e.svc.DeadLetterBacklog(ctx, ws.ID, deadLetterPeek, deadLetterPeekTime)
 	out.DeadLetterBacklog = backlog
 	if dlErr != nil {
@@ -176,6 +181,16 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		if s.SetAside.NotShared {
 			fmt.Fprintf(e.stdout, "\n%s: set aside: %s\n", s.Workspace, s.SetAside.Note)
 			break
+		}
+	}
+	for _, s := range all {
+		if h := s.LifecycleHeld; h != nil {
+			holders := make([]string, len(h.Holders))
+			for i, b := range h.Holders {
+				holders[i] = fmt.Sprintf("pid %d (%s)", b.PID, cmpOr(b.Application, "no application_name"))
+			}
+			fmt.Fprintf(e.stdout, "\n%s: the SDK's lifecycle lock is held exclusively by %s; %d sessions wait for it, the first for %s (SDK writes wait behind it; pg_terminate_backend ends a stray holder)\n",
+				s.Workspace, strings.Join(holders, ", "), h.Waiting, time.Duration(h.LongestWaitSeconds*float64(time.Second)).Round(time.Millisecond))
 		}
 	}
 	for _, s := range all {

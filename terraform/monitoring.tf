@@ -35,7 +35,7 @@ locals {
   # alerts and the SLO read (an INT64 point costs a tenth of a
   # distribution's).
   log_counters = {
-    "replication/drain_invocations"   = { line = "drain", labels = ["workspace", "outcome", "cause"], description = "Drain invocations, by workspace (empty until the caller is authenticated for it), outcome (ok, unavailable, failed, unauthorized, …) and the cause of a 503 or 500." }
+    "replication/drain_invocations"   = { line = "drain", labels = ["workspace", "outcome", "cause"], description = "Drain invocations, by workspace (empty until the caller is authenticated for it), outcome (ok, unavailable, failed, unauthorized, …) and the cause of a 503 or 500; refused calls are sampled (replication/drain_refused counts them)." }
     "replication/verifier_workspaces" = { line = "verify_workspace", labels = ["workspace", "outcome", "cause", "delivery_lag_band", "verification_lag_band", "outstanding_band"], description = "Workspaces in verifier passes, by outcome (verified, partial, not_reached, inactive, failed), the cause of a failure, and lag bands (unknown when a failed workspace's figures could not be read)." }
     "replication/verifier_passes"     = { line = "verify_pass", labels = ["outcome"], description = "Verifier passes, by outcome (ok, partial_failure, …)." }
     "replication/audit_results"       = { line = "audit", labels = ["workspace", "outcome"], description = "Workspaces audited by `job audit`, by outcome (equal, differs, failed)." }
@@ -57,6 +57,7 @@ locals {
     "replication/drain_published_bytes" = { line = "drain", field = "bytes", unit = "By", by_workspace = false, description = "Bytes a drain invocation published." }
     "replication/drain_duration"        = { line = "drain", field = "duration_ms", unit = "ms", by_workspace = false, description = "Drain invocation duration." }
     "replication/drain_publish_latency" = { line = "drain", field = "publish_ms", unit = "ms", by_workspace = false, description = "Time a drain invocation spent in Pub/Sub's Publish." }
+    "replication/drain_refused"         = { line = "drain", field = "refused", unit = "1", by_workspace = false, description = "Refused calls (unauthorized, unknown workspace, bad path or method) a sampled WARNING line stands for: at most one line a second per cause and instance (sum: refused calls)." }
   }
 
   metric_prefix = "logging.googleapis.com/user/"

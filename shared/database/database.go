@@ -100,7 +100,9 @@ type Pools struct {
 	mu      sync.Mutex
 	pools   map[string]*entry  // by workspace id
 	servers map[string]*server // by server key
-	changed chan struct{}      // closed and replaced when a lease ends
+	// hosts caches what database hosts resolve to (see serverKey).
+	hosts   hostCache
+	changed chan struct{} // closed and replaced when a lease ends
 	dialer  *cloudsqlconn.Dialer
 	closed  bool
 	stop    chan struct{}
@@ -159,6 +161,7 @@ var ErrClosed = errors.New("database: the pools are closed")
 // the next call, never remembered). With MaxOpen pools open and held, it
 // waits until one is released or ctx ends.
 func (p *Pools) Acquire(ctx context.Context, ws registry.Workspace) (*Lease, error) {
+	p.resolveHosts(ctx, ws)
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -205,6 +208,7 @@ func (p *Pools) Acquire(ctx context.Context, ws registry.Workspace) (*Lease, err
 // on one another; one that got none takes its pools one at a time with
 // Acquire.
 func (p *Pools) TryAcquireAll(ctx context.Context, wss []registry.Workspace) []*Lease {
+	p.resolveHosts(ctx, wss...)
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -367,7 +371,7 @@ func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, 
 	if err != nil {
 		return nil, fmt.Errorf("database: workspace %s (%s): %w", ws.ID, ws.Database.Redacted(), err)
 	}
-	srv := p.serverLocked(serverKey(ws.Database, cfg))
+	srv := p.serverLocked(p.serverKey(ws.Database, cfg))
 	p.budget(cfg, srv)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -7,10 +7,12 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/segmentstream/ontology-replication/shared/registry"
@@ -37,12 +39,93 @@ import (
 var ErrServerBusy = errors.New("database: every connection this process may open to the server is in use")
 
 // serverKey names the PostgreSQL server a workspace's database lives on: its
-// Cloud SQL instance, or its host and port.
-func serverKey(db registry.Database, cfg *pgxpool.Config) string {
+// Cloud SQL instance, or the address its host resolves to (the least of
+// them, as resolveHosts cached it) and its port, so that two spellings of
+// one server (localhost and 127.0.0.1, a name and its address) share one
+// budget. A Unix socket is keyed by its directory.
+func (p *Pools) serverKey(db registry.Database, cfg *pgxpool.Config) string {
 	if db.Instance != "" {
 		return "cloudsql:" + db.Instance
 	}
-	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	host, port := cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))
+	if strings.HasPrefix(host, "/") {
+		return "unix:" + net.JoinHostPort(host, port)
+	}
+	return net.JoinHostPort(p.hosts.address(host), port)
+}
+
+// hostCache keeps the address each database host resolved to, for a
+// minute: pools are opened under the Pools' lock, which no lookup may be
+// made under, so Acquire resolves first (resolveHosts).
+type hostCache struct {
+	mu sync.Mutex
+	m  map[string]resolvedHost
+}
+
+type resolvedHost struct {
+	addr  string
+	until time.Time
+}
+
+// resolveTimeout bounds one host lookup; a host that does not resolve in
+// time is keyed by its name.
+const resolveTimeout = 2 * time.Second
+
+// resolveHosts looks up the hosts of the workspaces' URL databases that
+// are not cached, outside any lock.
+func (p *Pools) resolveHosts(ctx context.Context, wss ...registry.Workspace) {
+	for _, ws := range wss {
+		if ws.Database.URL == "" {
+			continue
+		}
+		cfg, err := pgconn.ParseConfig(ws.Database.URL)
+		if err != nil || strings.HasPrefix(cfg.Host, "/") {
+			continue
+		}
+		p.hosts.resolve(ctx, cfg.Host)
+	}
+}
+
+// resolve looks a host up, unless cached, and caches the least of its
+// addresses (the host itself when it is an address or does not resolve).
+func (h *hostCache) resolve(ctx context.Context, host string) {
+	h.mu.Lock()
+	r, ok := h.m[host]
+	h.mu.Unlock()
+	if ok && time.Now().Before(r.until) {
+		return
+	}
+	addr := host
+	if net.ParseIP(host) == nil {
+		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+		defer cancel()
+		if addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host); err == nil && len(addrs) > 0 {
+			ips := make([]string, len(addrs))
+			for i, a := range addrs {
+				ips[i] = a.IP.String()
+			}
+			addr = slices.Min(ips)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = map[string]resolvedHost{}
+	}
+	h.m[host] = resolvedHost{addr: addr, until: time.Now().Add(time.Minute)}
+}
+
+// address is the cached address of host (host itself when not cached).
+func (h *hostCache) address(host string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r, ok := h.m[host]; ok {
+		return r.addr
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.String()
+	}
+	return host
 }
 
 func (p *Pools) serverLocked(key string) *server {

@@ -114,3 +114,33 @@ func TestTryAcquireAll(t *testing.T) {
 	}
 	require.Zero(t, pools.Open())
 }
+
+// TestServerBudgetIsPerServerNotPerSpelling: two workspaces whose URLs
+// name one server differently (127.0.0.1 and localhost) share its budget.
+func TestServerBudgetIsPerServerNotPerSpelling(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pools, err := database.New(database.Config{ApplicationName: "server-spelling-test", MaxConns: 2, ServerMaxConns: 2})
+	require.NoError(t, err)
+	defer pools.Close()
+	byAddress := pgtest.NewDatabase(t, nil)
+	require.Contains(t, byAddress, "@127.0.0.1:")
+	byName := strings.Replace(pgtest.NewDatabase(t, nil), "@127.0.0.1:", "@localhost:", 1)
+	byName += map[bool]string{true: "&", false: "?"}[strings.Contains(byName, "?")] + "connect_timeout=1"
+	a, err := pools.Acquire(ctx, registry.Workspace{ID: "a", Database: registry.Database{URL: byAddress}})
+	require.NoError(t, err)
+	defer a.Release()
+	b, err := pools.Acquire(ctx, registry.Workspace{ID: "b", Database: registry.Database{URL: byName}})
+	require.NoError(t, err)
+	defer b.Release()
+	require.Len(t, pools.ServerConns(), 1, "one server, whatever its spelling")
+
+	a1, err := a.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer a1.Release()
+	a2, err := a.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer a2.Release()
+	var one int
+	require.ErrorIs(t, b.Pool.QueryRow(ctx, "SELECT 1").Scan(&one), database.ErrServerBusy, "the budget is spent by the other spelling")
+}

@@ -216,9 +216,11 @@ type recordKey struct {
 // runs, and no transaction while the warehouse is asked.
 func (s *Service) Audit(ctx context.Context, workspaceID string, opts AuditOptions) (AuditReport, error) {
 	var rep AuditReport
-	err := s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, st *store.Store, t store.Target) (err error) {
-		rep, err = s.audit(ctx, ws, st, t, opts)
-		return err
+	err := s.retrying(ctx, "audit", workspaceID, func() error {
+		return s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, st *store.Store, t store.Target) (err error) {
+			rep, err = s.audit(ctx, ws, st, t, opts)
+			return err
+		})
 	})
 	return rep, err
 }

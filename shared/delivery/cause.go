@@ -10,7 +10,6 @@ import (
 	"google.golang.org/api/googleapi"
 
 	"github.com/segmentstream/ontology-replication/shared/database"
-	"github.com/segmentstream/ontology-replication/shared/identity"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
@@ -49,8 +48,6 @@ func Cause(err error) string {
 		return CausePubSubMisconfigured
 	case errors.Is(err, errPublish):
 		return CausePubSubUnavailable
-	case errors.Is(err, identity.ErrKeysUnavailable):
-		return CauseKeysUnavailable
 	case errors.Is(err, database.ErrServerBusy):
 		return CauseDatabaseBusy
 	case errors.Is(err, store.ErrUnsupportedProtocol):

@@ -108,6 +108,9 @@ type Service struct {
 	// turns counts this process's drains waiting for their workspace's
 	// turn (see Drain).
 	turns turns
+	// suspects are the events whose publish may fail for a reason of
+	// their own (see suspects).
+	suspects suspects
 	// lastDone is when each workspace's verification last came to an end
 	// (verified, inactive or failed) in a pass of this Service.
 	lastDone map[string]time.Time

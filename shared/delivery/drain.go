@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/registry"
@@ -182,12 +183,14 @@ func (s *Service) drainClaim(ctx context.Context, ws registry.Workspace, state s
 		res.State = StateDisabled
 		return res, nil
 	}
-	return s.publishClaim(ctx, ws, target, claim, res)
+	return s.publishClaim(ctx, ws, target, claim, res, true)
 }
 
 // publishClaim publishes a claimed batch, acknowledges what Pub/Sub accepted
 // and sets aside what can never be published.
-func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim, res DrainResult) (DrainResult, error) {
+// When its lone event failed alone and more are pending, it drains the
+// next batch beside it (probe) before it lets the event go.
+func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim, res DrainResult, mayProbe bool) (DrainResult, error) {
 	defer claim.Release(ctx)
 	if len(claim.Events) == 0 && len(claim.Unpublishable) == 0 {
 		return res, nil
@@ -195,11 +198,23 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	res.More = claim.More
 	out := s.publishBatch(ctx, ws, claim)
 	res.Requests, res.PublishTime = out.requests, out.elapsed
+	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More {
+		beside, err := DrainResult{}, claim.Narrow(ctx)
+		if err == nil {
+			beside, err = s.probe(ctx, ws)
+		}
+		res.Published, res.SetAside, res.Bytes = beside.Published, beside.SetAside, beside.Bytes
+		res.Requests, res.PublishTime = res.Requests+beside.Requests, res.PublishTime+beside.PublishTime
+		if err != nil {
+			s.log.WarnContext(ctx, "replication drain: the batch beside an event that failed alone was not drained",
+				slog.String("workspace", ws.ID), slog.String("error", err.Error()))
+		}
+	}
 	_, ackErr := claim.Finish(ctx, out.acceptedIDs(), out.aside)
 	if ackErr == nil {
-		res.Published, res.SetAside = len(out.accepted), len(out.aside)
-		if res.Published > 0 {
-			res.Bytes = out.bytes()
+		res.Published, res.SetAside = res.Published+len(out.accepted), res.SetAside+len(out.aside)
+		if len(out.accepted) > 0 {
+			res.Bytes += out.bytes()
 		}
 		s.logSetAside(ctx, ws, target, out.aside)
 	}
@@ -212,4 +227,21 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 		return res, fmt.Errorf("acknowledge after publish (the events will be published again): %w", ackErr)
 	}
 	return res, nil
+}
+
+// probe drains one batch beside a claim whose lone event failed alone: that
+// claim still holds the event, so this claim takes the events behind it,
+// which so flow, and whose publishing tells whether Pub/Sub works (see
+// suspects). It is a claim of its own outside the turns, as drainOnce's.
+func (s *Service) probe(ctx context.Context, ws registry.Workspace) (DrainResult, error) {
+	st, err := s.lease(ctx, ws)
+	if err != nil {
+		return DrainResult{}, err
+	}
+	defer st.Release()
+	state, target, claim, err := st.store.ClaimActive(ctx)
+	if err != nil || !state.Enabled {
+		return DrainResult{}, err
+	}
+	return s.publishClaim(ctx, ws, target, claim, DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}, false)
 }

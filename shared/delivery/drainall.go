@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -255,6 +256,15 @@ func (d *bulkDrain) run() error {
 		err := s.retrying(rctx, "drain", d.ws.ID, func() error {
 			before := d.result()
 			err := d.session()
+			if errors.Is(err, errFailedAlone) {
+				// An event failed alone at the head of the queue: a wake-up's
+				// drain takes it again and drains the next batch beside it
+				// (probe), so that it is set aside or goes, and the events
+				// behind it flow.
+				once, onceErr := s.drainOnce(d.ctx, d.ws.ID)
+				d.count(once.Published, once.SetAside)
+				err = cmp.Or(onceErr, err)
+			}
 			after := d.result()
 			if err != nil && Transient(err) && (after.Published > before.Published || after.SetAside > before.SetAside) {
 				again = err // progress before the fault: a new session with a new budget

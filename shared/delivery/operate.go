@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
+	"google.golang.org/grpc/codes"
 )
 
 // What an operator's commands read and change (`job status`, `job
@@ -61,6 +63,27 @@ type WorkspaceStatus struct {
 	FiguresCapped bool
 	// SetAside are the events set aside because they cannot be published.
 	SetAside SetAsideReport
+	// LifecycleHeld is a session holding the SDK's lifecycle lock
+	// exclusively, which every SDK write waits for (nil: none).
+	LifecycleHeld *LifecycleHold
+}
+
+// LifecycleHold is an exclusive hold of the SDK's lifecycle lock: any
+// role that can connect may take it (advisory locks need no privilege),
+// and while it lasts every SDK write waits.
+type LifecycleHold struct {
+	// Holders are the backends holding it, by pid and application_name.
+	Holders []LifecycleHolder `json:"holders"`
+	// Waiting counts the sessions waiting for it; LongestWaitSeconds is
+	// how long the first of them has waited.
+	Waiting            int     `json:"waiting"`
+	LongestWaitSeconds float64 `json:"longest_wait_seconds"`
+}
+
+// LifecycleHolder is one backend holding the lifecycle lock exclusively.
+type LifecycleHolder struct {
+	PID         int32  `json:"pid"`
+	Application string `json:"application"`
 }
 
 // SetAsideReport is a target's set-aside events.
@@ -86,7 +109,8 @@ type SetAsideEvent struct {
 	EventID      string `json:"event_id"`
 	HistoryTable string `json:"history_table,omitempty"`
 	// Reason is why it cannot be published (missing_history,
-	// unknown_table, malformed, too_large, rejected); Detail says more.
+	// not_captured, unknown_table, malformed, too_large, rejected,
+	// publish_failed); Detail says more.
 	Reason string `json:"reason"`
 	Detail string `json:"detail,omitempty"`
 	// Since is when it was last set aside, NextAttempt when claims take it
@@ -102,8 +126,12 @@ func setAsideReport(r store.SetAsideReport) SetAsideReport {
 		out.Note = NoteSetAsideNotShared
 	}
 	for _, e := range r.Events {
+		detail := e.Detail
+		if e.Reason == store.ReasonPublishFailed {
+			detail = fmt.Sprintf("every publish of it alone failed with %s while Pub/Sub took other events (the drain's error log has the error)", codes.Code(e.Code))
+		}
 		out.Events = append(out.Events, SetAsideEvent{HistoryID: e.HistoryID, EventID: e.EventID, HistoryTable: e.HistoryTable,
-			Reason: string(e.Reason), Detail: e.Detail, Since: e.Since, NextAttempt: e.NextAttempt, Attempts: e.Attempts})
+			Reason: string(e.Reason), Detail: detail, Since: e.Since, NextAttempt: e.NextAttempt, Attempts: e.Attempts})
 	}
 	return out
 }
@@ -112,6 +140,16 @@ func setAsideReport(r store.SetAsideReport) SetAsideReport {
 // when generation is empty. It lists up to setAsideLimit set-aside events.
 // On an error it returns what it had read (the protocol, at least).
 func (s *Service) Status(ctx context.Context, workspaceID, generation string, setAsideLimit int) (WorkspaceStatus, error) {
+	var out WorkspaceStatus
+	err := s.retrying(ctx, "status", workspaceID, func() (err error) {
+		out, err = s.status(ctx, workspaceID, generation, setAsideLimit)
+		return err
+	})
+	return out, err
+}
+
+// status is one attempt of Status.
+func (s *Service) status(ctx context.Context, workspaceID, generation string, setAsideLimit int) (WorkspaceStatus, error) {
 	var out WorkspaceStatus
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
@@ -132,6 +170,16 @@ func (s *Service) Status(ctx context.Context, workspaceID, generation string, se
 		return out, err
 	}
 	out.Generation = t.Generation
+	hold, err := st.LifecycleHold(ctx)
+	if err != nil {
+		return out, err
+	}
+	if hold != nil {
+		out.LifecycleHeld = &LifecycleHold{Waiting: hold.Waiting, LongestWaitSeconds: hold.LongestWait.Seconds()}
+		for _, h := range hold.Holders {
+			out.LifecycleHeld.Holders = append(out.LifecycleHeld.Holders, LifecycleHolder{PID: h.PID, Application: h.Application})
+		}
+	}
 	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = t.BaselineComplete, t.BackfillComplete, t.ReplayComplete
 	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = t.BaselineCursor, t.BackfillCursor, t.ReplayCursor
 	counts, err := st.Status(ctx, t)
@@ -166,17 +214,19 @@ type SetAsideResult struct {
 // with retry, ends their backoff so that the next drain tries them.
 func (s *Service) SetAside(ctx context.Context, workspaceID string, limit int, retry bool) (SetAsideResult, error) {
 	var res SetAsideResult
-	err := s.onActiveTarget(ctx, workspaceID, func(_ registry.Workspace, st *store.Store, t store.Target) error {
-		res.Generation = t.Generation
-		rep, err := st.SetAside(ctx, t, limit, publish.MaxMessageBytes)
-		if err != nil {
+	err := s.retrying(ctx, "set-aside", workspaceID, func() error {
+		return s.onActiveTarget(ctx, workspaceID, func(_ registry.Workspace, st *store.Store, t store.Target) error {
+			res.Generation = t.Generation
+			rep, err := st.SetAside(ctx, t, limit, publish.MaxMessageBytes)
+			if err != nil {
+				return err
+			}
+			res.SetAside = setAsideReport(rep)
+			if retry {
+				res.Retried, err = st.RetrySetAside(ctx, t)
+			}
 			return err
-		}
-		res.SetAside = setAsideReport(rep)
-		if retry {
-			res.Retried, err = st.RetrySetAside(ctx, t)
-		}
-		return err
+		})
 	})
 	return res, err
 }
@@ -194,9 +244,11 @@ func (s *Service) CreateViews(ctx context.Context, workspaceID string) ([]string
 		return nil, errors.New("delivery: no warehouse configured for views")
 	}
 	var names []string
-	err := s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, _ *store.Store, t store.Target) (err error) {
-		names, err = s.cfg.Views.CreateViews(ctx, ws, ViewsTarget(t))
-		return err
+	err := s.retrying(ctx, "views", workspaceID, func() error {
+		return s.onActiveTarget(ctx, workspaceID, func(ws registry.Workspace, _ *store.Store, t store.Target) (err error) {
+			names, err = s.cfg.Views.CreateViews(ctx, ws, ViewsTarget(t))
+			return err
+		})
 	})
 	return names, err
 }

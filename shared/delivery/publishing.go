@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -17,30 +18,79 @@ import (
 // request, those Pub/Sub refuses), and err when Pub/Sub was unavailable
 // (what it accepted before is kept; the rest stays pending).
 func (s *Service) publishBatch(ctx context.Context, ws registry.Workspace, claim *store.Claim) *publishing {
-	out := &publishing{svc: s, topic: ws.PubSub.TopicName()}
+	out := &publishing{svc: s, topic: ws.PubSub.TopicName(), generation: claim.Target().Generation}
 	out.aside = append(out.aside, claim.Unpublishable...)
 	// Events set aside before go in a request of their own, so that one
-	// still refused does not make the fresh events' request fail.
+	// still refused does not make the fresh events' request fail; a
+	// suspected event (see suspects) goes alone, first.
 	var fresh, retrying []store.Pending
-	for _, p := range claim.Events {
+	var alone *store.Pending
+	for i, p := range claim.Events {
 		switch {
 		case len(p.JSON) > publish.MaxMessageBytes:
 			out.aside = append(out.aside, store.SetAside{HistoryID: p.HistoryID, HistoryTable: p.HistoryTable, EventID: p.EventID, Reason: store.ReasonTooLarge,
 				Cause: fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON))})
+		case alone == nil && (len(claim.Events) == 1 || s.suspects.isSuspect(out.generation, p.HistoryID)):
+			alone = &claim.Events[i]
 		case p.Backoff > 0:
 			retrying = append(retrying, p)
 		default:
 			fresh = append(fresh, p)
 		}
 	}
+	if alone != nil {
+		out.err = out.publishAlone(ctx, *alone)
+		if out.err != nil && !out.failedAlone {
+			return out.end() // Pub/Sub is unavailable or misconfigured: the rest stays pending
+		}
+	}
 	for _, group := range [][]store.Pending{fresh, retrying} {
-		if out.err = out.publish(ctx, group); out.err != nil {
+		if err := out.publish(ctx, group); err != nil {
+			out.err, out.othersFailed = err, true
 			break // Pub/Sub is unavailable: what it accepted is acknowledged, the rest stays pending
 		}
 	}
-	out.aside = append(out.aside, out.rejected...)
-	return out
+	return out.end()
 }
+
+// end adds the refused events to those to set aside.
+func (p *publishing) end() *publishing {
+	p.aside = append(p.aside, p.rejected...)
+	return p
+}
+
+// publishAlone publishes one event in a request of its own. A failure
+// other than a refusal or a misconfiguration counts against the event
+// (suspects.failedAlone) and, at the count, sets it aside; the publishing
+// then goes on with the other events.
+func (p *publishing) publishAlone(ctx context.Context, e store.Pending) error {
+	err := p.send(ctx, []store.Pending{e})
+	switch {
+	case err == nil:
+		p.svc.suspects.forget(p.generation, e.HistoryID)
+		return nil
+	case publish.Rejected(err):
+		p.svc.suspects.forget(p.generation, e.HistoryID)
+		p.reject(e, err)
+		p.refusal = err
+		return nil
+	case publish.Misconfigured(err) || ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", errPublish, err)
+	}
+	p.failedAlone = true
+	code := publish.Code(err)
+	if p.svc.suspects.failedAlone(p.generation, e.HistoryID, code, p.failure) {
+		p.aside = append(p.aside, store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
+			Reason: store.ReasonPublishFailed, Code: int(code),
+			Cause: fmt.Errorf("%d publishes of it alone in a row failed with %s while Pub/Sub took other events: %w", suspectFailures, code, err)})
+		return nil
+	}
+	return fmt.Errorf("%w: %w: %w", errPublish, errFailedAlone, err)
+}
+
+// errFailedAlone marks the failure of an event published alone (see
+// suspects).
+var errFailedAlone = errors.New("an event failed alone")
 
 // acceptedIDs returns the history ids of the events Pub/Sub accepted.
 func (p *publishing) acceptedIDs() []string {
@@ -62,10 +112,11 @@ func (p *publishing) bytes() int {
 
 // publishing is one drain's publishing of its batch.
 type publishing struct {
-	svc      *Service
-	topic    string
-	accepted []store.Pending
-	rejected []store.SetAside
+	svc        *Service
+	topic      string
+	generation string
+	accepted   []store.Pending
+	rejected   []store.SetAside
 	// aside is everything to set aside once the publishing has ended.
 	aside []store.SetAside
 	// err is the failure that ended the publishing (Pub/Sub unavailable).
@@ -73,6 +124,10 @@ type publishing struct {
 	requests int
 	elapsed  time.Duration
 	refusal  error // Pub/Sub's last refusal
+	// failedAlone: an event published alone failed (and stays pending, or
+	// was set aside); othersFailed: a request of the others failed too.
+	failedAlone, othersFailed bool
+	failure                   failure // the last failed request's
 }
 
 // send sends events as one Publish request.
@@ -85,8 +140,13 @@ func (p *publishing) send(ctx context.Context, events []store.Pending) error {
 	_, err := p.svc.cfg.Publisher.Publish(ctx, p.topic, data)
 	p.requests++
 	p.elapsed += time.Since(started)
-	if err == nil {
+	switch {
+	case err == nil:
 		p.accepted = append(p.accepted, events...)
+		p.svc.suspects.published.Add(1)
+	case !publish.Rejected(err) && !publish.Misconfigured(err):
+		p.failure = p.svc.suspects.noteFailure()
+		p.svc.suspects.mark(p.generation, events)
 	}
 	return err
 }

@@ -148,3 +148,12 @@ func unwrapStatus(err error) error {
 	}
 	return err
 }
+
+// Code is the gRPC status code of a publish error: DeadlineExceeded for a
+// time-out, Unknown for an error that carries no status.
+func Code(err error) codes.Code {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return codes.DeadlineExceeded
+	}
+	return status.Code(unwrapStatus(err))
+}

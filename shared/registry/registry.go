@@ -1,19 +1,16 @@
 package registry
 
-// This file is long because it is one thing: the registry's shape, the
-// interface its JSON field names are, and the validation of each field
-// with a message that names it.
+// The registry's shape, the interface its JSON field names are, and how it
+// is read; validate.go checks each field with a message that names it.
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
+	"io"
 	"net/url"
 	"os"
-	"regexp"
-	"strings"
 )
 
 // Environment variables the registry is read from.
@@ -166,13 +163,16 @@ func Load(getenv func(string) string) (*Registry, error) {
 	case inline != "" && file != "":
 		return nil, fmt.Errorf("registry: set %s or %s, not both", EnvInline, EnvFile)
 	case inline != "":
+		if len(inline) > MaxBytes {
+			return nil, fmt.Errorf("registry: %s: %d bytes, more than the %d a registry may have", EnvInline, len(inline), MaxBytes)
+		}
 		r, err := Parse([]byte(inline))
 		if err != nil {
 			return nil, fmt.Errorf("registry: %s: %w", EnvInline, err)
 		}
 		return r, nil
 	case file != "":
-		raw, err := os.ReadFile(file)
+		raw, err := readBounded(file)
 		if err != nil {
 			return nil, fmt.Errorf("registry: %s: %w", EnvFile, err)
 		}
@@ -185,9 +185,39 @@ func Load(getenv func(string) string) (*Registry, error) {
 	return nil, fmt.Errorf("registry: no workspace registry: set %s (JSON) or %s (a file)", EnvInline, EnvFile)
 }
 
+// MaxBytes bounds a registry: 16 MiB, room for tens of thousands of
+// workspaces (Secret Manager, where terraform keeps it, takes 64 KiB a
+// version), and a bound on what a wrong path (a device, a log file) can
+// make the process read.
+const MaxBytes = 16 << 20
+
+// readBounded reads a registry file of at most MaxBytes.
+func readBounded(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, MaxBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > MaxBytes {
+		return nil, fmt.Errorf("more than the %d bytes a registry may have", MaxBytes)
+	}
+	return raw, nil
+}
+
 // Parse decodes and validates a registry. Unknown fields are errors, so a
-// misspelt field is caught at start-up.
+// misspelt field is caught at start-up, and so is a field given twice in
+// one object (JSON decoders differ on which of the two wins).
 func Parse(raw []byte) (*Registry, error) {
+	if len(raw) > MaxBytes {
+		return nil, fmt.Errorf("%d bytes, more than the %d a registry may have", len(raw), MaxBytes)
+	}
+	if err := checkDuplicateKeys(raw); err != nil {
+		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	var r Registry
@@ -235,191 +265,6 @@ func (r *Registry) applyDefaults() {
 	}
 }
 
-var (
-	idPattern       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-	projectPattern  = regexp.MustCompile(`^[a-z]([a-z0-9.:-]{0,98}[a-z0-9])?$`)
-	topicPattern    = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9._~+%-]{2,254}$`)
-	bqNamePattern   = regexp.MustCompile(`^[A-Za-z0-9_]{1,1000}$`)
-	instancePattern = regexp.MustCompile(`^[a-z][a-z0-9.:-]*:[a-z0-9-]+:[a-z][a-z0-9-]*$`)
-	algorithms      = map[string]bool{"RS256": true, "RS384": true, "RS512": true, "PS256": true, "PS384": true, "PS512": true, "ES256": true, "ES384": true, "ES512": true, "EdDSA": true}
-)
-
-// Validate reports the first invalid field, named by its JSON path.
-func (r *Registry) Validate() error {
-	if r.Identity.Configured() {
-		id := r.Identity
-		switch {
-		case id.Issuer == "":
-			return errors.New("identity.issuer: required")
-		case id.Audience == "":
-			return errors.New("identity.audience: required")
-		case id.JWKSURL == "":
-			return errors.New("identity.jwks_url: required")
-		}
-		if u, err := url.Parse(id.JWKSURL); err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
-			return fmt.Errorf("identity.jwks_url: %q must be an https URL (http only on loopback)", id.JWKSURL)
-		}
-		for i, a := range id.Algorithms {
-			if !algorithms[a] {
-				return fmt.Errorf("identity.algorithms[%d]: %q is not an accepted signature algorithm (want RS256, ES256, …; never none or HS*)", i, a)
-			}
-		}
-	}
-	if len(r.Workspaces) == 0 {
-		return errors.New("workspaces: at least one workspace is required")
-	}
-	seen := make(map[string]bool, len(r.Workspaces))
-	subjects := make(map[string]string, len(r.Workspaces))
-	for i, w := range r.Workspaces {
-		at := fmt.Sprintf("workspaces[%d]", i)
-		if !idPattern.MatchString(w.ID) {
-			return fmt.Errorf("%s.id: %q must be 1–128 letters, digits, '.', '_' or '-'", at, w.ID)
-		}
-		at = fmt.Sprintf("workspaces[%d] (%s)", i, w.ID)
-		if seen[w.ID] {
-			return fmt.Errorf("%s.id: duplicate workspace id", at)
-		}
-		seen[w.ID] = true
-		if r.Identity.Configured() {
-			if w.OrganizationID == "" {
-				return fmt.Errorf("%s.organization_id: required", at)
-			}
-			if w.RuntimeSubject == "" {
-				return fmt.Errorf("%s.runtime_subject: required", at)
-			}
-		}
-		if w.RuntimeSubject != "" {
-			if other, ok := subjects[w.RuntimeSubject]; ok {
-				return fmt.Errorf("%s.runtime_subject: %q is workspace %s's too: one token would drain both", at, w.RuntimeSubject, other)
-			}
-			subjects[w.RuntimeSubject] = w.ID
-		}
-		if err := w.Database.validate(at + ".database"); err != nil {
-			return err
-		}
-		if !projectPattern.MatchString(w.PubSub.Project) {
-			return fmt.Errorf("%s.pubsub.project: %q is not a Google Cloud project id", at, w.PubSub.Project)
-		}
-		if !topicPattern.MatchString(w.PubSub.Topic) || strings.HasPrefix(w.PubSub.Topic, "goog") {
-			return fmt.Errorf("%s.pubsub.topic: %q is not a Pub/Sub topic id", at, w.PubSub.Topic)
-		}
-		if sub := w.PubSub.DeadLetterSubscription; !topicPattern.MatchString(sub) || strings.HasPrefix(sub, "goog") {
-			return fmt.Errorf("%s.pubsub.dead_letter_subscription: %q is not a Pub/Sub subscription id", at, sub)
-		}
-		bq := w.BigQuery
-		if !projectPattern.MatchString(bq.Project) {
-			return fmt.Errorf("%s.bigquery.project: %q is not a Google Cloud project id", at, bq.Project)
-		}
-		if !bqNamePattern.MatchString(bq.Dataset) {
-			return fmt.Errorf("%s.bigquery.dataset: %q must be letters, digits and underscores", at, bq.Dataset)
-		}
-		if !bqNamePattern.MatchString(bq.ViewsDataset) {
-			return fmt.Errorf("%s.bigquery.views_dataset: %q must be letters, digits and underscores", at, bq.ViewsDataset)
-		}
-		if !bqNamePattern.MatchString(bq.Table) {
-			return fmt.Errorf("%s.bigquery.table: %q must be letters, digits and underscores", at, bq.Table)
-		}
-		if bq.Partitioning != PartitioningIngestionTime && bq.Partitioning != PartitioningNone {
-			return fmt.Errorf("%s.bigquery.partitioning: %q must be %q or %q", at, bq.Partitioning, PartitioningIngestionTime, PartitioningNone)
-		}
-		if bq.Endpoint != "" {
-			u, err := url.Parse(bq.Endpoint)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return fmt.Errorf("%s.bigquery.endpoint: %q is not an http(s) URL", at, bq.Endpoint)
-			}
-			if !isLoopback(u.Hostname()) && !bq.AllowRemoteEndpoint {
-				return fmt.Errorf("%s.bigquery.endpoint: %q is not on a loopback address: an endpoint turns authentication off, so only a local or test server may be named (set allow_remote_endpoint to mean it)", at, bq.Endpoint)
-			}
-		} else if bq.AllowRemoteEndpoint {
-			return fmt.Errorf("%s.bigquery.allow_remote_endpoint: set without an endpoint", at)
-		}
-	}
-	return nil
-}
-
-func (d Database) validate(at string) error {
-	switch {
-	case d.URL != "" && d.Instance != "":
-		return fmt.Errorf("%s: set url or instance, not both", at)
-	case d.URL == "" && d.Instance == "":
-		return fmt.Errorf("%s: set url (postgres://…) or instance (project:region:instance)", at)
-	case d.MaxConns < 0 || d.MaxConns > 32:
-		return fmt.Errorf("%s.max_conns: %d must be between 1 and 32 (or omitted)", at, d.MaxConns)
-	}
-	if d.URL != "" {
-		u, err := url.Parse(d.URL)
-		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-			return fmt.Errorf("%s.url: must be a postgres:// URL", at)
-		}
-		if d.Name != "" || d.User != "" || d.IAMAuth || d.PrivateIP {
-			return fmt.Errorf("%s: name, user, iam_auth and private_ip go with instance, not url", at)
-		}
-		return checkTransport(at+".url", u)
-	}
-	switch {
-	case !instancePattern.MatchString(d.Instance):
-		return fmt.Errorf("%s.instance: %q must be project:region:instance", at, d.Instance)
-	case d.Name == "":
-		return fmt.Errorf("%s.name: required with instance", at)
-	case d.User == "":
-		return fmt.Errorf("%s.user: required with instance", at)
-	case !d.IAMAuth:
-		return fmt.Errorf("%s.iam_auth: must be true: Cloud SQL databases are reached with IAM database login, never a password", at)
-	case strings.HasSuffix(d.User, ".gserviceaccount.com"):
-		return fmt.Errorf("%s.user: %q: an IAM database user is the service account's email without .gserviceaccount.com", at, d.User)
-	}
-	return nil
-}
-
-// checkTransport refuses a password sent in the clear: a URL naming a
-// host other than loopback (or a Unix socket) with a password must set an
-// sslmode that insists on TLS (libpq's default, prefer, falls back to
-// plain text).
-func checkTransport(at string, u *url.URL) error {
-	q := u.Query()
-	_, hasPassword := u.User.Password()
-	if q.Get("password") != "" {
-		hasPassword = true
-	}
-	if !hasPassword {
-		return nil
-	}
-	hosts := strings.Split(u.Host, ",")
-	if h := q.Get("host"); h != "" {
-		hosts = strings.Split(h, ",")
-	}
-	remote := false
-	for _, h := range hosts {
-		if strings.HasPrefix(h, "/") || h == "" {
-			continue // a Unix socket
-		}
-		if host, _, err := net.SplitHostPort(h); err == nil {
-			h = host
-		}
-		if !isLoopback(strings.Trim(h, "[]")) {
-			remote = true
-		}
-	}
-	switch q.Get("sslmode") {
-	case "require", "verify-ca", "verify-full":
-		return nil
-	}
-	if remote {
-		return fmt.Errorf("%s: a password to a remote host needs sslmode=require, verify-ca or verify-full (the default, prefer, and disable or allow can send it in the clear)", at)
-	}
-	return nil
-}
-
-// isLoopback reports whether host is localhost or a loopback IP address
-// (not a name that merely starts like one, such as 127.0.0.1.nip.io).
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // Workspace returns the workspace with the given id.
 func (r *Registry) Workspace(id string) (Workspace, bool) {
 	if r.byID != nil {
@@ -436,14 +281,100 @@ func (r *Registry) Workspace(id string) (Workspace, bool) {
 	return Workspace{}, false
 }
 
-// Redacted returns a copy safe to log: database URLs lose their passwords.
+// Redacted says where the database is, safe to log: the Cloud SQL instance
+// and database, or, of a URL, only its user, host, port and database,
+// never a password or any other setting, wherever the URL carries it
+// (userinfo, password or sslpassword parameters, a key's path).
 func (d Database) Redacted() string {
 	if d.URL == "" {
 		return d.Instance + "/" + d.Name
 	}
 	u, err := url.Parse(d.URL)
-	if err != nil {
-		return "(invalid url)"
+	if err != nil || u.Scheme == "" || u.Opaque != "" {
+		return "(a connection string that is not a postgres:// URL)"
 	}
-	return u.Redacted()
+	out := &url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
+	if u.User != nil {
+		out.User = url.User(u.User.Username())
+	}
+	return out.String()
+}
+
+// checkDuplicateKeys refuses an object that names a key twice, saying
+// where (a JSON path such as workspaces[1].database.url). A document that
+// is not valid JSON passes: the decoder reports it.
+func checkDuplicateKeys(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	type frame struct {
+		object bool
+		keys   map[string]bool
+		path   string
+		index  int
+		key    string // the key whose value comes next (objects)
+	}
+	var stack []*frame
+	path := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		return stack[len(stack)-1].path
+	}
+	child := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		f := stack[len(stack)-1]
+		if f.object {
+			if f.path == "" {
+				return f.key
+			}
+			return f.path + "." + f.key
+		}
+		return fmt.Sprintf("%s[%d]", f.path, f.index)
+	}
+	// value records that a value of the innermost container was read.
+	value := func() {
+		if len(stack) == 0 {
+			return
+		}
+		if f := stack[len(stack)-1]; f.object {
+			f.key = ""
+		} else {
+			f.index++
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // the end, or a syntax error, which the decoder reports
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{', '[':
+				stack = append(stack, &frame{object: t == '{', keys: map[string]bool{}, path: child()})
+			case '}', ']':
+				stack = stack[:len(stack)-1]
+				value()
+			}
+			continue
+		case string:
+			if len(stack) == 0 {
+				break
+			}
+			if f := stack[len(stack)-1]; f.object && f.key == "" {
+				if f.keys[t] {
+					at := path()
+					if at == "" {
+						return fmt.Errorf("the key %q is given twice", t)
+					}
+					return fmt.Errorf("%s: the key %q is given twice", at, t)
+				}
+				f.keys[t], f.key = true, t
+				continue
+			}
+		}
+		value()
+	}
 }

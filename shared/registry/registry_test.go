@@ -30,6 +30,39 @@ const valid = `{
   }]
 }`
 
+// TestRedactedCarriesNoSecret: what is logged of a database URL is its
+// user, host, port and database, whatever secret the URL carries and
+// wherever.
+func TestRedactedCarriesNoSecret(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ url, want string }{
+		{"postgres://u:SECRET@db.example.com:5432/ontology?sslmode=require", "postgres://u@db.example.com:5432/ontology"},
+		{"postgres://u@127.0.0.1/ontology?password=SECRET&sslmode=bogus", "postgres://u@127.0.0.1/ontology"},
+		{"postgresql://u@127.0.0.1/ontology?sslpassword=SECRET&sslkey=/keys/SECRET.key", "postgresql://u@127.0.0.1/ontology"},
+		{"host=127.0.0.1 user=u password=SECRET dbname=ontology", "(a connection string that is not a postgres:// URL)"},
+		{"postgres://u:SECRET@[::1", "(a connection string that is not a postgres:// URL)"},
+	} {
+		got := registry.Database{URL: c.url}.Redacted()
+		require.Equal(t, c.want, got, c.url)
+		require.NotContains(t, got, "SECRET")
+	}
+	require.Equal(t, "p:r:i/ontology", registry.Database{Instance: "p:r:i", Name: "ontology"}.Redacted())
+}
+
+// TestLoadIsBounded: a registry file is read up to registry.MaxBytes, so a
+// wrong path (a device that never ends) fails fast instead of exhausting
+// memory.
+func TestLoadIsBounded(t *testing.T) {
+	t.Parallel()
+	_, err := registry.Load(func(k string) string {
+		if k == registry.EnvFile {
+			return "/dev/zero"
+		}
+		return ""
+	})
+	require.ErrorContains(t, err, "more than the 16777216 bytes a registry may have")
+}
+
 func TestParseValid(t *testing.T) {
 	t.Parallel()
 	r, err := registry.Parse([]byte(valid))
@@ -86,6 +119,12 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"password with the default sslmode", `127.0.0.1:5432/ontology"`, `10.0.0.7/ontology"`, "workspaces[0] (w1).database.url"},
 		{"password parameter in the clear", `user:secret@127.0.0.1:5432/ontology"`, `user@db.example.com/ontology?password=secret"`, "workspaces[0] (w1).database.url"},
 		{"one remote host of two", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432,db.example.com:5432/ontology"`, "workspaces[0] (w1).database.url"},
+		{"ids differing in case", `"id": "w2"`, `"id": "W1"`, "workspaces[1] (W1).id: \"W1\" differs from workspace \"w1\" only in case"},
+		{"a key twice", `"id": "w1", `, `"id": "w1", "id": "w9", `, "invalid JSON: workspaces[0]: the key \"id\" is given twice"},
+		{"a nested key twice", `"table": "events",`, `"table": "events", "table": "other",`, "workspaces[0].bigquery: the key \"table\" is given twice"},
+		{"bad sslmode", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432/ontology?sslmode=bogus"`, "workspaces[0] (w1).database.url: the connection settings do not parse: cannot parse the URL: failed to configure TLS (sslmode is invalid)"},
+		{"bad port", `127.0.0.1:5432/ontology"`, `127.0.0.1:99999/ontology"`, "workspaces[0] (w1).database.url: the connection settings do not parse"},
+		{"bad connect_timeout", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432/ontology?connect_timeout=soon"`, "workspaces[0] (w1).database.url: the connection settings do not parse: cannot parse the URL: invalid connect_timeout"},
 		{"too many conns", `"database": {"url": "postgres://user:secret@127.0.0.1:5432/ontology"}`, `"database": {"url": "postgres://x@y/z", "max_conns": 100}`, "workspaces[0] (w1).database.max_conns"},
 	}
 	for _, c := range cases {

@@ -115,6 +115,43 @@ func setAsideBackoffs(base, limit time.Duration) []int64 {
 	}
 }
 
+// A set-aside's interval is its backoff, a whole number of milliseconds
+// (Config.Validate), plus a tag of a few microseconds that keeps what the
+// listing cannot find again from the event itself: 0 for every reason but
+// ReasonPublishFailed, and 1 + its gRPC code (0–16) for that one. The
+// store's backoffs (Store.backoffs, the set the statements compare
+// intervals with) hold every tagged interval.
+
+// maxReasonTag is the largest tag: ReasonPublishFailed with gRPC code 16.
+const maxReasonTag = 17
+
+// reasonTag is the tag of a set-aside's interval.
+func reasonTag(a SetAside) int64 {
+	if a.Reason != ReasonPublishFailed {
+		return 0
+	}
+	return 1 + int64(min(max(a.Code, 0), maxReasonTag-1))
+}
+
+// splitInterval splits a set-aside interval (microseconds) into its
+// backoff and its tag.
+func splitInterval(us int64) (time.Duration, int64) {
+	tag := us % 1000
+	return time.Duration(us-tag) * time.Microsecond, tag
+}
+
+// taggedIntervals is every interval a set-aside can have: each backoff
+// with each tag.
+func taggedIntervals(backoffs []int64) []int64 {
+	out := make([]int64, 0, len(backoffs)*(maxReasonTag+1))
+	for _, b := range backoffs {
+		for tag := int64(0); tag <= maxReasonTag; tag++ {
+			out = append(out, b+tag)
+		}
+	}
+	return out
+}
+
 // nextBackoff returns the backoff of an event set aside again after prior
 // (0: set aside for the first time).
 func (s *Store) nextBackoff(prior time.Duration) time.Duration {

@@ -71,6 +71,9 @@ const (
 	ReasonTooLarge Reason = "too_large"
 	// ReasonRejected: Pub/Sub refused every request holding it.
 	ReasonRejected Reason = "rejected"
+	// ReasonPublishFailed: every publish of it alone failed, with one
+	// gRPC code (SetAside.Code), while Pub/Sub took other events.
+	ReasonPublishFailed Reason = "publish_failed"
 )
 
 // SetAside is an event that cannot be published now: the claim's
@@ -81,6 +84,9 @@ type SetAside struct {
 	HistoryTable string
 	EventID      string
 	Reason       Reason
+	// Code is the gRPC status code of the failures of an event set aside
+	// with ReasonPublishFailed; the set-aside keeps it (see reasonTag).
+	Code int
 	// Cause is the detail, for the log.
 	Cause error
 }

@@ -186,7 +186,7 @@ func collectCandidates(rows pgx.Rows, backoffs []int64) ([]candidate, error) {
 	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed, &key, &cd.pending, &cd.read, &raw, &present}, func() error {
 		cd.backoff = 0
 		if interval != nil && slices.Contains(backoffs, *interval) {
-			cd.backoff = time.Duration(*interval) * time.Microsecond
+			cd.backoff, _ = splitInterval(*interval)
 		}
 		cd.key = 0
 		if key != nil {

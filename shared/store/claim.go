@@ -434,6 +434,9 @@ func undefinedTable(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
+// Target is the target the claim's events belong to.
+func (c *Claim) Target() Target { return c.target }
+
 // Ended reports whether the claim has been finished or released.
 func (c *Claim) Ended() bool {
 	if c.session != nil {

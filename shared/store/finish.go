@@ -47,7 +47,7 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	backoffs := make([]int64, len(setAside))
 	for i, a := range setAside {
 		aside[i] = a.HistoryID
-		backoffs[i] = s.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds()
+		backoffs[i] = s.nextBackoff(c.priorBackoff(a.HistoryID)).Microseconds() + reasonTag(a)
 	}
 	query, args, err := finishStatement(t.Generation, accepted, aside, backoffs)
 	if err != nil {

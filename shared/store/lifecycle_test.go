@@ -241,3 +241,36 @@ func TestInitReplayUnknownGeneration(t *testing.T) {
 	tg.Generation = "00000000-0000-4000-8000-000000000000"
 	require.ErrorIs(t, e.store.InitReplay(e.ctx, tg), store.ErrUnknownGeneration)
 }
+
+// TestLifecycleHoldIsVisible: a session holding the SDK's lifecycle lock
+// exclusively (as any role may: advisory locks need no privilege) is seen,
+// with the writers waiting behind it and how long the first has waited.
+func TestLifecycleHoldIsVisible(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.start(t)
+	hold, err := e.store.LifecycleHold(e.ctx)
+	require.NoError(t, err)
+	require.Nil(t, hold, "nobody holds it")
+
+	holder, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(e.ctx) }()
+	_, err = holder.Exec(e.ctx, `SELECT set_config('application_name', 'someone', true), pg_advisory_xact_lock(hashtextextended($1, 0))`, store.LifecycleLock)
+	require.NoError(t, err)
+	written := make(chan error, 1)
+	go func() { _, err := e.w.Create(e.ctx, "product", map[string]any{"title": "waits"}); written <- err }()
+	for {
+		hold, err = e.store.LifecycleHold(e.ctx)
+		require.NoError(t, err)
+		if hold != nil && hold.Waiting > 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // the lock table is the signal
+	}
+	require.Len(t, hold.Holders, 1)
+	require.Equal(t, "someone", hold.Holders[0].Application)
+	require.Equal(t, 1, hold.Waiting, "the SDK writer waits")
+	require.NoError(t, holder.Rollback(e.ctx))
+	require.NoError(t, <-written)
+}

@@ -168,7 +168,7 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 		accepted = append(accepted, f.Accepted...)
 		for _, a := range f.SetAside {
 			aside = append(aside, a.HistoryID)
-			backoffs = append(backoffs, s.nextBackoff(f.Claim.priorBackoff(a.HistoryID)).Microseconds())
+			backoffs = append(backoffs, s.nextBackoff(f.Claim.priorBackoff(a.HistoryID)).Microseconds()+reasonTag(a))
 		}
 		keys = append(keys, f.Claim.keys...)
 	}

@@ -74,6 +74,9 @@ type SetAsideEvent struct {
 	Since        time.Time `json:"since"`        // when it was last set aside
 	NextAttempt  time.Time `json:"next_attempt"` // when claims take it again
 	Attempts     int       `json:"attempts"`     // times set aside in a row
+	// Code is the gRPC status code its publishes failed with, for
+	// ReasonPublishFailed (else -1).
+	Code int `json:"-"`
 }
 
 // SetAsideReport is a target's set-aside events.
@@ -91,7 +94,8 @@ type SetAsideReport struct {
 // SetAside reports a target's set-aside events, at most limit of them
 // listed, each with the reason found now: its history row is gone, its
 // table has no capture trigger, its capture is malformed, its message is
-// larger than maxMessageBytes, or else Pub/Sub refused it. The legacy path
+// larger than maxMessageBytes, every publish of it alone failed
+// (ReasonPublishFailed), or else Pub/Sub refused it. The legacy path
 // keeps no set-aside in the database and reports none.
 func (s *Store) SetAside(ctx context.Context, t Target, limit, maxMessageBytes int) (SetAsideReport, error) {
 	var rep SetAsideReport
@@ -118,7 +122,9 @@ func (s *Store) SetAside(ctx context.Context, t Target, limit, maxMessageBytes i
 				ev.HistoryTable = *table
 			}
 			ev.EventID = event.ID(t.SourceID, ev.HistoryID, t.Generation)
-			ev.Attempts = s.attempts(ev.NextAttempt.Sub(ev.Since))
+			backoff, tag := splitInterval(ev.NextAttempt.Sub(ev.Since).Microseconds())
+			ev.Attempts = s.attempts(backoff)
+			ev.Code = int(tag) - 1 // -1: no publish failure kept
 			rep.Events = append(rep.Events, ev)
 			return nil
 		})
@@ -210,6 +216,8 @@ func (s *Store) findReasons(ctx context.Context, tx pgx.Tx, t Target, events []S
 				e.Reason, e.Detail = ReasonMalformed, err.Error()
 			case len(js) > maxMessageBytes:
 				e.Reason, e.Detail = ReasonTooLarge, fmt.Sprintf("its message is %d bytes", len(js))
+			case e.Code >= 0:
+				e.Reason, e.Detail = ReasonPublishFailed, "every publish of it alone failed the same way while Pub/Sub took other events (the drain's error log has the error)"
 			default:
 				e.Reason, e.Detail = ReasonRejected, "Pub/Sub refused every request holding it (the drain's error log has its answer)"
 			}

@@ -85,6 +85,10 @@ func (c Config) Validate() error {
 		// The seed's retry sets next_verify_at 30 s ahead; a set-aside
 		// backoff of 30 s could not be told from it.
 		return fmt.Errorf("SetAsideBackoff %v: must be at least 1s", c.SetAsideBackoff)
+	case c.SetAsideBackoff%time.Millisecond != 0 || c.SetAsideMaxBackoff%time.Millisecond != 0:
+		// A set-aside's interval carries its reason's tag in the
+		// microseconds below its backoff (reasonTag).
+		return fmt.Errorf("SetAsideBackoff %v and SetAsideMaxBackoff %v: must be whole milliseconds", c.SetAsideBackoff, c.SetAsideMaxBackoff)
 	case c.SetAsideMaxBackoff < c.SetAsideBackoff:
 		return fmt.Errorf("SetAsideMaxBackoff %v: must be at least SetAsideBackoff (%v)", c.SetAsideMaxBackoff, c.SetAsideBackoff)
 	case c.AuditPageEvents < 1:
@@ -156,7 +160,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("store: no database")
 	}
-	return &Store{db: db, cfg: cfg, backoffs: setAsideBackoffs(cfg.SetAsideBackoff, cfg.SetAsideMaxBackoff)}, nil
+	return &Store{db: db, cfg: cfg, backoffs: taggedIntervals(setAsideBackoffs(cfg.SetAsideBackoff, cfg.SetAsideMaxBackoff))}, nil
 }
 
 // Errors callers branch on.

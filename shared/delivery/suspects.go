@@ -1,0 +1,171 @@
+package delivery
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// Events whose publish fails for a reason of their own.
+//
+// Pub/Sub refuses a bad message with INVALID_ARGUMENT, and the drain sets
+// it aside at once (publishing.publish). Other failures look the same
+// whether Pub/Sub is down or one event cannot go through — a message over
+// a proxy's or an emulator's size limit (RESOURCE_EXHAUSTED), a request
+// too large to finish within the publish time-out (DEADLINE_EXCEEDED) —
+// and an event of the second kind would block the queue behind it. So the
+// drain keeps, in this process, the events it suspects:
+//
+//   - a request of several events that fails marks its largest event (size
+//     is what such failures have in common); the next batch that claims it
+//     publishes it alone first, and then the others;
+//   - a publish of one event alone that fails (neither refused nor a
+//     missing topic or permission) counts against it; a failure with
+//     another code, or after another request of this process failed
+//     since its last one (Pub/Sub may be down), starts the count again;
+//   - at suspectFailures failures in a row it is set aside with
+//     store.ReasonPublishFailed and its code, with the backoff every
+//     set-aside has, provided Pub/Sub took other events of this process
+//     since the last request that failed before the first of them (no
+//     other request failed since); a publish of it that succeeds forgets
+//     it.
+//
+// During an outage the other requests fail too and nothing is published,
+// so nothing is set aside. An event that comes in a batch of its own
+// (larger than the SDK's byte bound) has no others in its batch to tell; a
+// wake-up whose lone event failed so claims the next batch beside it
+// (Service.probe), so that the events behind it flow and tell. Each
+// process keeps its own suspects: on N instances an event is set aside
+// after at most N × suspectFailures wake-ups.
+
+// suspectFailures is how many counted failures set an event aside.
+const suspectFailures = 3
+
+// maxSuspects bounds the suspects a process keeps; past it the oldest
+// marks are forgotten (a forgotten event is suspected again when its
+// request fails again).
+const maxSuspects = 4096
+
+// suspects is this process's suspected events, by generation and history
+// id.
+type suspects struct {
+	// published counts this process's successful Publish requests.
+	published atomic.Uint64
+
+	mu sync.Mutex
+	// failed counts the requests that failed (neither refused nor
+	// misconfigured), and failedAfter is published at the last of them.
+	failed, failedAfter uint64
+	events              map[string]*suspect
+	order               []string // keys in the order they were first suspected
+}
+
+// failure is what a failed request saw: the failures counted with it, and
+// published at the failure before it.
+type failure struct{ n, publishedBefore uint64 }
+
+// noteFailure counts a failed request.
+func (ss *suspects) noteFailure() failure {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	f := failure{n: ss.failed + 1, publishedBefore: ss.failedAfter}
+	ss.failed, ss.failedAfter = f.n, ss.published.Load()
+	return f
+}
+
+// suspect is one suspected event.
+type suspect struct {
+	failures int        // failures of it alone in a row
+	code     codes.Code // their code
+	// since is published at the request failure before the first of
+	// them, and last the failure count at the last of them.
+	since, last uint64
+}
+
+func suspectKey(generation, historyID string) string { return generation + "/" + historyID }
+
+// isSuspect reports whether an event is to be published alone.
+func (ss *suspects) isSuspect(generation, historyID string) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	_, ok := ss.events[suspectKey(generation, historyID)]
+	return ok
+}
+
+// mark suspects the largest of the events a failed request carried.
+func (ss *suspects) mark(generation string, events []store.Pending) {
+	if len(events) < 2 {
+		return
+	}
+	largest := events[0]
+	for _, e := range events[1:] {
+		if len(e.JSON) > len(largest.JSON) {
+			largest = e
+		}
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.entry(suspectKey(generation, largest.HistoryID))
+}
+
+// entry returns an event's record, making one (and forgetting the oldest
+// past maxSuspects) when there is none. ss.mu is held.
+func (ss *suspects) entry(key string) *suspect {
+	if sp, ok := ss.events[key]; ok {
+		return sp
+	}
+	if ss.events == nil {
+		ss.events = map[string]*suspect{}
+	}
+	for len(ss.events) >= maxSuspects && len(ss.order) > 0 {
+		delete(ss.events, ss.order[0])
+		ss.order = ss.order[1:]
+	}
+	sp := &suspect{}
+	ss.events[key] = sp
+	ss.order = append(ss.order, key)
+	return sp
+}
+
+// failedAlone records a failed publish of one event alone (f, as
+// noteFailure counted it) and reports whether the event is now to be set
+// aside.
+func (ss *suspects) failedAlone(generation, historyID string, code codes.Code, f failure) bool {
+	key := suspectKey(generation, historyID)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	sp := ss.entry(key)
+	if sp.failures == 0 || sp.code != code || f.n != sp.last+1 {
+		sp.failures, sp.code, sp.since = 0, code, f.publishedBefore
+	}
+	sp.failures++
+	sp.last = f.n
+	if sp.failures < suspectFailures || ss.published.Load() == sp.since {
+		return false
+	}
+	ss.forgetLocked(key)
+	return true
+}
+
+// forget drops an event published or refused.
+func (ss *suspects) forget(generation, historyID string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.forgetLocked(suspectKey(generation, historyID))
+}
+
+func (ss *suspects) forgetLocked(key string) {
+	if _, ok := ss.events[key]; !ok {
+		return
+	}
+	delete(ss.events, key)
+	for i, k := range ss.order {
+		if k == key {
+			ss.order = append(ss.order[:i], ss.order[i+1:]...)
+			break
+		}
+	}
+}

@@ -1,0 +1,147 @@
+package delivery_test
+
+import (
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// sizeLimit fails every Publish request that carries a message larger than
+// limit bytes with RESOURCE_EXHAUSTED, as a gRPC server's message limit
+// does (the Pub/Sub emulator's is 4 MiB): a failure that persists for one
+// event and is not a refusal of its content. While down is set it fails
+// every request with UNAVAILABLE (an outage).
+type sizeLimit struct {
+	limit int
+	down  atomic.Bool
+	// failed counts the requests it failed for their size.
+	failed atomic.Int64
+}
+
+// React implements pstest.Reactor.
+func (l *sizeLimit) React(req any) (bool, any, error) {
+	if l.down.Load() {
+		return true, nil, status.Error(codes.Unavailable, "the service is currently unavailable")
+	}
+	for _, m := range req.(*pubsubpb.PublishRequest).Messages {
+		if len(m.Data) > l.limit {
+			l.failed.Add(1)
+			return true, nil, status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", len(m.Data), l.limit)
+		}
+	}
+	return false, nil, nil
+}
+
+// TestAnEventThatFailsAloneIsSetAside: one event whose publish fails the
+// same way every time (not a refusal: RESOURCE_EXHAUSTED) does not block
+// the events behind it; it is set aside with reason publish_failed and its
+// code after suspectFailures failures of it alone while Pub/Sub took
+// others, in the wake-ups' drain and in `job drain`'s bulk drain, and
+// claims skip it after. Two shapes: an SDK event among others (a request of
+// them fails, and it is then published alone), and an event larger than
+// the SDK's byte bound, which comes in a batch of its own (its history row
+// grown in place, as the SDK's size limit keeps its own writes smaller).
+func TestAnEventThatFailsAloneIsSetAside(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		shape string
+		// limit is the message limit; wakeUps how many wake-ups set it
+		// aside (the first failure of a request of several does not count
+		// against any one event).
+		limit, wakeUps int
+	}{
+		{"among others", 100_000, 4},
+		{"a batch of its own", 1 << 20, 3},
+	} {
+		for _, path := range []string{"wake-ups", "bulk drain"} {
+			t.Run(c.shape+"/"+path, func(t *testing.T) {
+				t.Parallel()
+				limit := &sizeLimit{limit: c.limit}
+				r := newRig(t, 3, withPublishReactor(limit))
+				_, err := r.w.Create(r.ctx, "product", map[string]any{"title": strings.Repeat("x", 150_000)})
+				require.NoError(t, err)
+				if c.limit > 150_000 {
+					_, err = r.pool.Exec(r.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb(repeat('x', 2 << 20)))`)
+					require.NoError(t, err)
+				}
+				for range 15 {
+					_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind it"})
+					require.NoError(t, err)
+				}
+				switch path {
+				case "wake-ups":
+					// The SDK commits on; each commit wakes the drain.
+					var res delivery.DrainResult
+					published := 0
+					for wake := 1; res.SetAside == 0; wake++ {
+						require.LessOrEqual(t, wake, c.wakeUps, "set aside at the third failure of it alone")
+						res, err = r.svc.Drain(r.ctx, "w1")
+						published += res.Published
+						if wake < c.wakeUps {
+							require.ErrorContains(t, err, "ResourceExhausted")
+							require.Equal(t, delivery.CausePubSubUnavailable, delivery.Cause(err))
+							if wake == c.wakeUps-2 {
+								require.GreaterOrEqual(t, published, 15, "the events behind it flow")
+							}
+						}
+						_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "committed later"})
+						require.NoError(t, err)
+					}
+					require.NoError(t, err)
+				case "bulk drain":
+					all, err := r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
+					require.NoError(t, err)
+					require.Equal(t, 1, all.SetAside)
+				}
+				failed := limit.failed.Load()
+				require.LessOrEqual(t, failed, int64(c.wakeUps), "it was tried alone, three times")
+
+				st, err := r.svc.Status(r.ctx, "w1", "", 10)
+				require.NoError(t, err)
+				require.EqualValues(t, 1, st.SetAside.Count)
+				ev := st.SetAside.Events[0]
+				require.Equal(t, string(store.ReasonPublishFailed), ev.Reason)
+				require.Contains(t, ev.Detail, "ResourceExhausted")
+				require.Equal(t, 1, ev.Attempts)
+
+				// Everything else is published, and claims skip it now.
+				_, err = r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
+				require.NoError(t, err)
+				require.EqualValues(t, 1, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+				require.Equal(t, failed, limit.failed.Load())
+			})
+		}
+	}
+}
+
+// TestAnOutageSetsNothingAside: while Pub/Sub answers UNAVAILABLE to every
+// request, wake-ups fail and the SDK commits on, and nothing is set aside;
+// when it is back everything is delivered.
+func TestAnOutageSetsNothingAside(t *testing.T) {
+	t.Parallel()
+	limit := &sizeLimit{limit: 1 << 30}
+	r := newRig(t, 3, withPublishReactor(limit))
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": strings.Repeat("x", 150_000)})
+	require.NoError(t, err)
+	limit.down.Store(true)
+	for range 10 {
+		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "during the outage"})
+		require.NoError(t, err)
+		res, err := r.svc.Drain(r.ctx, "w1")
+		require.Error(t, err)
+		require.Zero(t, res.SetAside)
+	}
+	limit.down.Store(false)
+	r.requireEachAcknowledgedOnce(t, r.svc)
+	st, err := r.svc.Status(r.ctx, "w1", "", 10)
+	require.NoError(t, err)
+	require.Zero(t, st.SetAside.Count)
+}
