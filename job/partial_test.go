@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/jackc/pgx/v5"
@@ -109,6 +110,15 @@ func TestPartialReplay(t *testing.T) {
 	m := regexp.MustCompile(`--accepted-before (\S+)`).FindStringSubmatch(out)
 	require.NotNil(t, m, "the workspace's line gives the bound: %s", out)
 	bound := m[1]
+	// The hint is the run's own bound, to the microsecond PostgreSQL
+	// keeps: a rounded one would skip what was accepted in its last second.
+	logged := regexp.MustCompile(`"accepted_before":"([^"]+)"`).FindStringSubmatch(logs)
+	require.NotNil(t, logged, "the replay logs its bound: %s", logs)
+	hinted, err := time.Parse(time.RFC3339Nano, bound)
+	require.NoError(t, err)
+	ran, err := time.Parse(time.RFC3339Nano, logged[1])
+	require.NoError(t, err)
+	require.True(t, ran.Equal(hinted), "the hint %s is the run's bound %s", bound, logged[1])
 
 	out = h.mustRun(append(args, "--accepted-before", bound, "--json")...)
 	var res struct {

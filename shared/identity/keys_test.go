@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -499,4 +500,23 @@ func TestKeysRedirects(t *testing.T) {
 			require.ErrorContains(t, err, c.err)
 		})
 	}
+}
+
+// TestKeysWithoutUseOrAlg: RFC 7517 makes a key's `use` and `alg` optional,
+// and issuers omit them; such a key verifies (its algorithm is the
+// token's, within the allowed ones).
+func TestKeysWithoutUseOrAlg(t *testing.T) {
+	t.Parallel()
+	iss := newIssuer(t, "k1")
+	bare, err := json.Marshal(jose.JSONWebKey{Key: &iss.keys["k1"].PublicKey, KeyID: "k1"})
+	require.NoError(t, err)
+	require.NotContains(t, string(bare), `"use"`)
+	require.NotContains(t, string(bare), `"alg"`)
+	srv := rawIssuer(t, func() string { return `{"keys":[` + string(bare) + `]}` })
+	clk := newClock()
+	v, err := New(Config{Identity: registry.Identity{Issuer: "https://issuer.test", Audience: "replication", JWKSURL: srv.URL}, Now: clk.now,
+		FetchTimeout: time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	_, err = v.Verify(context.Background(), iss.token("k1", clk.now()))
+	require.NoError(t, err)
 }
