@@ -10,6 +10,53 @@
 // first SIGINT or SIGTERM stops it after the current page; a second stops
 // it at once. The local mode, which runs the whole pipeline on this
 // machine, is its own command: go run ./job/local.
+//
+// # JSON output
+//
+// Every command takes `--json` and writes one document (compact when not on
+// a terminal, so a pipe gets one line): `{"command": "<name>", "workspaces":
+// [{"workspace", "ok", "error", "result"}]}`, `result` being the command's
+// own. Keys are lower-case with underscores, as the log fields are; times
+// are RFC 3339 strings; durations are numbers of seconds named `*_seconds`,
+// as in the logs (`TestJSONIsOneDocument` holds every command to that).
+// `status --json` is the array of workspaces itself (one line per interval
+// with `--watch`).
+//
+//   - `backfill`, `replay`: `generation`, `pages`, `rows` (enqueued or sent
+//     back), `resumed`, `selection` (a partial replay's `entities`,
+//     `since_revision`, `records`, `accepted_before`), `drained` (as `drain`)
+//   - `drain`: `published`, `set_aside`, `paused`, `state`
+//   - `verify`: `generation`, `state`, `outcome`, `rounds`, `checked`,
+//     `verified`, `retried`, `requeued`, `swept`, `requeued_repeatedly`,
+//     `figures` (`pending`, `set_aside`, `oldest_pending`, `unverified`,
+//     `due_verifications`, `oldest_unverified`, `capped`)
+//   - `status` (each element): `workspace`, `protocol`, `generation`,
+//     `enabled`, `baseline_complete`/`_cursor`, `backfill_complete`/`_cursor`,
+//     `replay_complete`/`_cursor`, `total`, `accepted`, `verified`,
+//     `initially_ready`, `pending`, `oldest_pending`,
+//     `oldest_pending_age_seconds`, `unverified`, `oldest_unverified`,
+//     `oldest_unverified_age_seconds`, `due_verifications`, `figures_capped`,
+//     `set_aside` (`count`, `events`), `dead_letters`, `dead_letters_capped`,
+//     `oldest_dead_letter_age_seconds`, `dead_letter_error`, `lifecycle_held`
+//     (`holders`: `pid`, `application`; `waiting`, `longest_wait_seconds`), `error`
+//   - `views`: the views' names
+//   - `set-aside`: `generation`, `set_aside` (`count`, `events`: `history_id`,
+//     `event_id`, `history_table`, `reason`, `since`, `next_attempt`,
+//     `attempts`), `retried`
+//   - `audit`: `generation`, `watermark_revision`, `equal`, `differences`,
+//     `repairable`, `in_flight`, `rechecked`, `buckets`, `differing_buckets`,
+//     `bucket_digits`, `views` (`view`, `entity_id`, `record_kind`,
+//     `source_records`, `warehouse_records`, `differing_buckets`, `in_flight`,
+//     `counts`, `differences`: `record_key`, `kind`, `source_revision`,
+//     `source_deleted`, `warehouse_revision`, `warehouse_deleted`;
+//     `all_listed`)
+//   - `repair`: `audit` (as `audit`), `reset`, `reset_verified`, `drain` (as
+//     `drain`)
+//   - `dead-letter`: `subscription`, `messages`, `complete`,
+//     `oldest_dead_lettered`, `oldest_age_seconds`, `events` (`event_id`,
+//     `generation`, `entity_id`, `record_key`, `revision`, `copies`, `bytes`,
+//     `delivery_attempts`, `first_dead_lettered`, `last_dead_lettered`),
+//     `republished`, `discarded`, `not_found`
 package main
 
 import (

@@ -1,3 +1,47 @@
+// Command local runs the whole replication pipeline on this machine (see
+// the README's "Try it"): go run ./job/local.
+//
+// # What stands in for what
+//
+//   - Cloud SQL with the SDK's schema: a throwaway PostgreSQL cluster (initdb
+//     in a temporary directory, a free loopback port; as root the server runs
+//     as the `postgres` user) with the demo ontology at protocol 4 and an
+//     active generation — the same starter the tests use
+//   - the ontology service waking the drain after each commit: the workload's
+//     writers: each commit, then `POST …/drain` with a runtime token, 5 s,
+//     body ignored, as the SDK's `service/replication.js` does
+//   - the platform's runtime tokens: a local ES256 issuer and its JWKS, served
+//     on loopback
+//   - Cloud Run services `replication-drain` and `replication-verify`: the
+//     same `Drain` and `Verify` functions served on loopback
+//     (`functions.NewHandler`)
+//   - Cloud Scheduler: a ticker calling `Verify` every 2 s
+//   - Pub/Sub: the in-process emulator (`pstest`), with the topic, a BigQuery-style
+//     subscription and the dead-letter topic and its subscription
+//     (`<topic>-dead-letter`, as terraform names it); the feeder moves a
+//     message it refused 5 times to the dead-letter topic itself, as a dead-letter
+//     policy does (pstest's own policy cannot remove a nacked message
+//     from the subscription, so a discarded dead letter would come back)
+//   - the BigQuery subscription and the events table: the local warehouse: a
+//     second PostgreSQL database with the columns of the SDK's
+//     `REPLICATION_TABLE_SCHEMA`, fed from the subscription as
+//     `use_table_schema` does (JSON fields to columns, `payload` string to a
+//     JSON column, `revision` string to NUMERIC, unknown fields dropped, a
+//     message that does not fit nacked until it is dead-lettered)
+//   - BigQuery lookups: a BigQuery REST server (`shared/testbench/bqserver`)
+//     backed by the local warehouse: the verifier runs the real BigQuery
+//     client path (`jobs.query`, parameterised `IN UNNEST(@ids)`) against it
+//   - the BigQuery views: PostgreSQL views rendered from the same view model
+//     as the BigQuery views
+//
+// Two things are staged: the outage (Pub/Sub refuses publishes for 300 ms)
+// and the dead letter (the warehouse refuses one customer's event until
+// Pub/Sub dead-letters it). The verifier sends an event back to pending only
+// once it was accepted more than 15 minutes ago; so that this happens within
+// the demo, the local mode moves that one event's timestamps back 16 minutes
+// once it is in the dead letter — the only write it makes behind the
+// product's back. The ~30 s to full verification are the verifier's
+// 30-second recheck of events it looked for before they landed.
 package main
 
 import (

@@ -9,37 +9,8 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
-// Events whose publish fails for a reason of their own.
-//
-// Pub/Sub refuses a bad message with INVALID_ARGUMENT, and the drain sets
-// it aside at once (publishing.publish). Other failures look the same
-// whether Pub/Sub is down or one event cannot go through — a message over
-// a proxy's or an emulator's size limit (RESOURCE_EXHAUSTED), a request
-// too large to finish within the publish time-out (DEADLINE_EXCEEDED) —
-// and an event of the second kind would block the queue behind it. So the
-// drain keeps, in this process, the events it suspects:
-//
-//   - a request of several events that fails marks its largest event (size
-//     is what such failures have in common); the next batch that claims it
-//     publishes it alone first, and then the others;
-//   - a publish of one event alone that fails (neither refused nor a
-//     missing topic or permission) counts against it; a failure with
-//     another code, or after another request of this process failed
-//     since its last one (Pub/Sub may be down), starts the count again;
-//   - at suspectFailures failures in a row it is set aside with
-//     store.ReasonPublishFailed and its code, with the backoff every
-//     set-aside has, provided Pub/Sub took other events of this process
-//     since the last request that failed before the first of them (no
-//     other request failed since); a publish of it that succeeds forgets
-//     it.
-//
-// During an outage the other requests fail too and nothing is published,
-// so nothing is set aside. An event that comes in a batch of its own
-// (larger than the SDK's byte bound) has no others in its batch to tell; a
-// wake-up whose lone event failed so claims the next batch beside it
-// (Service.probe), so that the events behind it flow and tell. Each
-// process keeps its own suspects: on N instances an event is set aside
-// after at most N × suspectFailures wake-ups.
+// Events whose publish fails for a reason of their own: the package doc
+// ("Events whose publish fails alone") has the rule this file keeps.
 
 // suspectFailures is how many counted failures set an event aside.
 const suspectFailures = 3

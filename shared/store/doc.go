@@ -205,25 +205,115 @@
 //
 // # A good citizen of a shared database
 //
-// The ontology service shares the Cloud SQL instance and its action
-// transactions wait at most 5 s for a lock. So every transaction sets
-// statement_timeout and lock_timeout locally (30 s and 5 s by default, as
-// the SDK's lifecycle code); no lock an SDK writer or lifecycle operation
-// can wait on is held while a batch is published (a claim marks its events
-// with session advisory locks of its own, see Claims above); the lifecycle lock
-// is taken in the SDK's order (singleton row, then the advisory lock; the
-// shared lock before any delivery row or table); statements that update a
-// set of delivery rows lock them in key order, so that they wait for each
-// other rather than deadlock (sqlSetKeyOrder), and a transaction updates
-// its set of delivery rows in one statement (an acknowledgement with
-// set-aside events is sqlFinish): two statements, each in key order, are
-// not in key order together. Every value is a bind
-// parameter. History tables are never derived from names: a delivery row's
-// history_table is checked against the tables that carry the SDK's capture
-// trigger, and an entity's history table is the one whose trigger runs its
-// capture function, so the database role needs no access to business
-// tables; a cached table that has gone (renamed) is looked up again.
-// Backfill and replay pages vacuum the target table every
-// TargetVacuumEvery pages, because each page leaves a version of its
-// target row behind.
+// The ontology service shares its Cloud SQL instance, keeps only a handful
+// of connections, and its action transactions wait at most 5 s for a lock.
+// So:
+//
+//   - No lock the SDK waits on is held while a batch is published. A claim
+//     marks its events with session-level advisory locks of its own (the two-key
+//     form, which the SDK's one-key lifecycle lock can never meet), taken
+//     by its one short statement on a connection it then holds idle, outside
+//     any transaction, until the batch is finished. The acknowledgement is the
+//     SDK's own short transaction after the publish (the shared lifecycle
+//     lock, then the delivery rows and receipts), so `accepted_at` is the time
+//     Pub/Sub had accepted the batch. A pause, a replay start or a migration
+//     never waits for a publish, and SDK writers never queue behind one.
+//     Concurrent drains skip the events others hold and take disjoint batches.
+//     After its claims, the claim's statement looks at each claimed row's
+//     version again: one that another transaction has updated or locked since
+//     it was written (an acknowledgement that committed after the statement's
+//     snapshot, or is still running) is locked for the statement only (`FOR NO
+//     KEY UPDATE SKIP LOCKED`), read again at its newest version and left out
+//     unless still pending, and one being updated is skipped; untouched rows,
+//     nearly all, need no row lock. Duplicates stay limited to lost publish
+//     responses and crashes. The same statement reads the claimed events from
+//     the history tables recent claims met (a second statement reads the
+//     others').
+//   - Wake-ups take turns. A workspace's wake-ups meet in its database through
+//     two more session advisory locks of the two-key form (a class of their
+//     own: the turn and the next turn), so that at most one drain claims at a
+//     time and one waits: a wake-up that finds both taken sends that one
+//     statement and nothing else. No wake-up is lost: it is coalesced only
+//     into the drain that holds the next turn, which has not claimed yet and
+//     lets the next turn go in the statement before its claim (`go doc
+//     ./shared/store`, Turns). The turn's locks, like the claims', are never
+//     taken by the SDK; the drain waiting for the turn waits in the server, at
+//     most 20 s.
+//   - A bulk drain holds one connection. `job drain` (and the drains of
+//     `backfill`, `replay` and `repair`) claims and acknowledges every batch
+//     on one session, with `DATABASE_POOL_SIZE` batches out at once: each
+//     round trip acknowledges the batches whose publishes have ended (one
+//     transaction, every row in key order), releases their claims after its
+//     COMMIT and claims the next batch after the last one's candidates, so
+//     that its own claims never meet; it starts from the head of the queue
+//     again once none is out. A backfill's or replay's pages take turns with
+//     that drain (every 10 pages, and at the end), so that the server never
+//     runs a page and a claim at once. Four drains on four connections
+//     contended for the head of the queue: on the same work the server spent
+//     1.58× the floor's CPU, against 1.06–1.08× now (Performance).
+//   - A drain that dies mid-publish: if its process or connection ends, the
+//     server frees its claims at once and the next drain takes its events; if
+//     it hangs with its connection open, the session's `idle_session_timeout`
+//     (60 s) ends it. The events stay pending; nothing is acknowledged that
+//     Pub/Sub did not accept. The claims need a session of their own: connect
+//     directly (Cloud SQL's connector, or TCP) or through a pooler in session
+//     mode — a transaction-mode pooler (PgBouncer `pool_mode=transaction`) is
+//     not supported.
+//   - Every transaction sets `statement_timeout` (30 s) and `lock_timeout` (5
+//     s) locally, and every session has them as defaults (they also bound the
+//     statement preparation pgx does before a pipeline runs). The lifecycle
+//     lock is taken in the SDK's order (the singleton row, then the advisory
+//     lock); the shared lock comes before any delivery row or table, in the
+//     acknowledgement and in the claim's reads. Statements that update a set
+//     of delivery rows (acknowledge, set aside, verify, retry, a replay page)
+//     lock them in primary-key order, so that they wait for each other instead
+//     of deadlocking.
+//   - Every value is a bind parameter. History tables are never derived from
+//     names: a delivery row's `history_table` is checked against the tables
+//     that carry the SDK's `_ontology_capture` trigger, and an entity's
+//     history table is the one whose trigger runs its capture function, so
+//     renames are followed (a cached table that has gone is looked up again)
+//     and the database role needs no access to business tables.
+//
+// Where the store improves on the SDK's statements it says so in the code,
+// and the tests run the SDK's statements beside the store's and compare what
+// both leave:
+//
+//   - Claims (above); the SDK's unlocked read (`PendingEvents`, with the SDK's
+//     strict byte bound) is kept, in the store's tests, as the oracle the
+//     claim is compared with.
+//   - An event that cannot be published fails the SDK's read (a missing
+//     history row, an event past the byte bound); a claim sets it aside, or,
+//     past the SDK's byte bound but within Pub/Sub's 10 MB, returns it alone
+//     to be published in a request of its own. The set-aside lives in two
+//     columns no seed statement reads on a pending row (`last_checked_at`, and
+//     `next_verify_at` one of the backoffs later); the SDK still sees the
+//     event as pending, as it is.
+//   - The message is built exactly as the SDK builds it: the captured jsonb's
+//     keys in JavaScript's order with their values as captured (a `null`
+//     `record_key` stays `null`), the target's `generation`, then `event_id`;
+//     checked against Node.js running the SDK's expression.
+//   - Backfill and replay pages select the same rows as the SDK's but walk the
+//     primary key from the cursor: the SDK's `($2 IS NULL OR id > $2)` and
+//     `ORDER BY` of the text id made every page rescan the table. The page
+//     read feeds the insert (backfill) or the reset (replay) directly, instead
+//     of sending the ids back as a JSON list to be found again; a replay page
+//     deletes the receipts of the rows it reset in a statement of its own, so
+//     it also removes the receipt of an acknowledgement that committed while
+//     the reset waited for its row. Tests check the plans.
+//   - Acknowledge, verify, retry and the event reads find their rows by
+//     primary key: the SDK's statements filter on the state predicate of a
+//     partial index, which, with statistics taken while that index was nearly
+//     empty, made PostgreSQL scan the whole index for every batch, and they
+//     send the ids as a JSON array, which made it hash-join a scan of a small
+//     table. The store writes the same predicate as `(CASE WHEN … THEN true
+//     END)` and takes the ids as a `uuid[]` matched with `= ANY (ARRAY(SELECT
+//     unnest($2)))` (the package doc of `shared/store` says why).
+//   - The target table is vacuumed every 20 pages (`VACUUM (SKIP_LOCKED)`,
+//     outside the page's transaction): every backfill and replay page updates
+//     its large target row, as the SDK's do, and the versions left behind slow
+//     each page's foreign-key checks until autovacuum comes by. VACUUM needs
+//     the table's owner (or `MAINTAIN` on PostgreSQL 16+); without it the
+//     store logs once that it cannot, and the pages run as autovacuum keeps
+//     them.
 package store
