@@ -8,133 +8,23 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
-
-// summary is what a local run did and found.
-type summary struct {
-	Commits            int            `json:"commits"`
-	Changes            map[string]int `json:"changes"`
-	EventsWritten      int64          `json:"events_written"`
-	Published          int            `json:"published"`
-	Landed             int64          `json:"landed"`
-	DuplicatesAbsorbed int64          `json:"duplicates_absorbed"`
-	Verified           int64          `json:"verified"`
-	Pending            int64          `json:"pending"`
-	Retried            int            `json:"retried"`
-	Requeued           int            `json:"requeued"`
-	Replayed           int            `json:"replayed"`
-	OutageRefusals     int64          `json:"outage_refusals"`
-	DeadLettered       int64          `json:"dead_lettered"`
-	DeadLetterEvent    string         `json:"dead_letter_event"`
-	DeadLetterVerified bool           `json:"dead_letter_verified"`
-	FullyVerified      bool           `json:"fully_verified"`
-	WorkloadSeconds    float64        `json:"workload_seconds"`
-	VerifiedAfterSecs  float64        `json:"verified_after_last_commit_seconds"`
-	Views              []viewCheck    `json:"views"`
-	// Audit is `job audit`'s audit of the local warehouse at the end.
-	Audit *delivery.AuditReport `json:"audit"`
-	// The largest lags seen during the run: how long the oldest event
-	// waited to be published, and to be verified once accepted.
-	MaxDeliveryLagSecs     float64 `json:"max_delivery_lag_seconds"`
-	MaxVerificationLagSecs float64 `json:"max_verification_lag_seconds"`
-}
-
-// viewCheck compares one view with the source table it replicates: its
-// records, and every column of each.
-type viewCheck struct {
-	View   string `json:"view"`
-	Source int    `json:"source_rows"`
-	Rows   int    `json:"view_rows"`
-	// Differing counts the records whose columns differ from the source
-	// row's (the first one is named in Example).
-	Differing int    `json:"differing_rows"`
-	Example   string `json:"example,omitempty"`
-	Match     bool   `json:"match"`
-}
-
-func (s *summary) failure() error {
-	var problems []string
-	if !s.FullyVerified {
-		problems = append(problems, fmt.Sprintf("%d of %d events verified", s.Verified, s.EventsWritten))
-	}
-	if !s.DeadLetterVerified {
-		problems = append(problems, "the dead-lettered event was not retried and verified")
-	}
-	for _, v := range s.Views {
-		if !v.Match {
-			problems = append(problems, fmt.Sprintf("view %s has %d rows where the source has %d, %d with other values (%s)", v.View, v.Rows, v.Source,
-				v.Differing, v.Example))
-		}
-	}
-	if s.Audit == nil || !s.Audit.Equal {
-		problems = append(problems, "the audit found the warehouse different from the source")
-	}
-	if len(problems) > 0 {
-		return errors.New("local: " + strings.Join(problems, "; "))
-	}
-	return nil
-}
-
-func (s *summary) print(w io.Writer, asJSON bool) error {
-	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(s)
-	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	changes := []string{}
-	for _, k := range []string{"create", "update", "delete", "link", "unlink"} {
-		changes = append(changes, fmt.Sprintf("%d %ss", s.Changes[k], k))
-	}
-	fmt.Fprintf(tw, "written\t%d commits: %s\n", s.Commits, strings.Join(changes, ", "))
-	fmt.Fprintf(tw, "events\t%d captured (history and baseline), in %.1fs of workload\n", s.EventsWritten, s.WorkloadSeconds)
-	fmt.Fprintf(tw, "published\t%d messages (replays, retries and duplicates included)\n", s.Published)
-	fmt.Fprintf(tw, "landed\t%d rows in the local warehouse; %d duplicates absorbed by the views\n", s.Landed, s.DuplicatesAbsorbed)
-	fmt.Fprintf(tw, "verified\t%d of %d\n", s.Verified, s.EventsWritten)
-	fmt.Fprintf(tw, "replay\t%d events sent back to pending mid-run and published again\n", s.Replayed)
-	fmt.Fprintf(tw, "outage\t%d wake-ups answered 503 during the injected Pub/Sub outage\n", s.OutageRefusals)
-	fmt.Fprintf(tw, "dead letter\t%d message dead-lettered (event %.12s…), retried: %s\n", s.DeadLettered, s.DeadLetterEvent, yes(s.DeadLetterVerified))
-	fmt.Fprintf(tw, "retried\t%d absent events looked for again, %d sent back to pending\n", s.Retried, s.Requeued)
-	fmt.Fprintf(tw, "time to full verification\t%.1fs after the last commit\n", s.VerifiedAfterSecs)
-	for _, v := range s.Views {
-		mark := "ok"
-		if !v.Match {
-			mark = "MISMATCH"
-		}
-		fmt.Fprintf(tw, "view %s\t%d rows, source table %d, every column compared: %s\n", v.View, v.Rows, v.Source, mark)
-	}
-	if a := s.Audit; a != nil {
-		verdict := "equal"
-		if !a.Equal {
-			verdict = fmt.Sprintf("DIFFERS (%d differences)", a.Differences)
-		}
-		fmt.Fprintf(tw, "audit\t%s as of revision %d: %d views, %d buckets compared (`job audit`)\n", verdict, a.Watermark, len(a.Views), a.Buckets)
-	}
-	fmt.Fprintf(tw, "delivery lag\t%.1fs at most (the oldest pending event's wait, sampled every 250 ms)\n", s.MaxDeliveryLagSecs)
-	fmt.Fprintf(tw, "verification lag\t%.1fs at most (the oldest accepted event's wait to be found in the warehouse)\n", s.MaxVerificationLagSecs)
-	return tw.Flush()
-}
 
 // runWorkload writes the workload, with a replay, an outage and a dead
 // letter along the way, waits for full verification and checks the views.
@@ -471,111 +361,4 @@ func (l *local) checkViews(ctx context.Context, t store.Target) ([]viewCheck, er
 		out = append(out, check)
 	}
 	return out, nil
-}
-
-// localWriter is one workload writer: it owns its records, so writers never
-// touch each other's.
-type localWriter struct {
-	l         *local
-	rng       *rand.Rand
-	customers []string
-	products  []string
-	orders    []string
-	edges     [][2]string
-}
-
-func (w *localWriter) pick(ids []string) string { return ids[w.rng.IntN(len(ids))] }
-
-func remove(ids []string, id string) []string {
-	if i := slices.Index(ids, id); i >= 0 {
-		return slices.Delete(ids, i, i+1)
-	}
-	return ids
-}
-
-// step commits one random change and returns its kind.
-func (w *localWriter) step(ctx context.Context) (string, error) {
-	ww := w.l.writer
-	roll := w.rng.IntN(100)
-	switch {
-	case roll < 15 && len(w.orders) > 0 && len(w.products) > 0:
-		o, p := w.pick(w.orders), w.pick(w.products)
-		for _, e := range w.edges {
-			if e == [2]string{o, p} {
-				return w.create(ctx)
-			}
-		}
-		w.edges = append(w.edges, [2]string{o, p})
-		return "link", ww.Link(ctx, "order", "products", o, p)
-	case roll < 22 && len(w.edges) > 0:
-		i := w.rng.IntN(len(w.edges))
-		e := w.edges[i]
-		w.edges = slices.Delete(w.edges, i, i+1)
-		return "unlink", ww.Unlink(ctx, "order", "products", e[0], e[1])
-	case roll < 47 && len(w.products)+len(w.customers)+len(w.orders) > 3:
-		switch w.rng.IntN(3) {
-		case 0:
-			if len(w.customers) > 0 {
-				return "update", ww.Update(ctx, "customer", w.pick(w.customers), map[string]any{"score": w.rng.Float64() * 100, "active": w.rng.IntN(2) == 0, "age": w.rng.IntN(90)})
-			}
-		case 1:
-			if len(w.products) > 0 {
-				return "update", ww.Update(ctx, "product", w.pick(w.products), map[string]any{"price": float64(w.rng.IntN(10000)) / 100, "stock": w.rng.IntN(500)})
-			}
-		default:
-			if len(w.orders) > 0 {
-				return "update", ww.Update(ctx, "order", w.pick(w.orders), map[string]any{"paid": true, "placed_at": time.Now().UTC()})
-			}
-		}
-		return w.create(ctx)
-	case roll < 57 && len(w.products) > 2:
-		p := w.pick(w.products)
-		w.products = remove(w.products, p)
-		w.edges = slices.DeleteFunc(w.edges, func(e [2]string) bool { return e[1] == p })
-		return "delete", ww.Delete(ctx, "product", p)
-	}
-	return w.create(ctx)
-}
-
-func (w *localWriter) create(ctx context.Context) (string, error) {
-	ww := w.l.writer
-	switch w.rng.IntN(3) {
-	case 0:
-		id, err := ww.Create(ctx, "customer", map[string]any{"name": fmt.Sprintf("Customer %d", w.rng.IntN(1e6)),
-			"email": fmt.Sprintf("c%d@example.com", w.rng.IntN(1e6)), "age": 18 + w.rng.IntN(60), "score": w.rng.Float64(),
-			"active": true, "birthday": "1990-01-02", "signed_up_at": time.Now().UTC(), "attributes": map[string]any{"tier": w.rng.IntN(3)}})
-		w.customers = append(w.customers, id)
-		return "create", err
-	case 1:
-		id, err := ww.Create(ctx, "product", map[string]any{"title": fmt.Sprintf("Product %d", w.rng.IntN(1e6)),
-			"price": float64(w.rng.IntN(10000)) / 100, "stock": w.rng.IntN(100)})
-		w.products = append(w.products, id)
-		return "create", err
-	default:
-		values := map[string]any{"reference": fmt.Sprintf("O-%d", w.rng.IntN(1e6)), "total": float64(w.rng.IntN(100000)) / 100,
-			"quantity": 1 + w.rng.IntN(5), "paid": false, "details": map[string]any{"channel": "web"}}
-		if len(w.customers) > 0 {
-			values["customer_id"] = w.pick(w.customers)
-		}
-		id, err := ww.Create(ctx, "order", values)
-		w.orders = append(w.orders, id)
-		return "create", err
-	}
-}
-
-// createDeadLetterTarget creates the customer whose event the warehouse
-// will refuse until it is dead-lettered; it returns the event id.
-func (w *localWriter) createDeadLetterTarget(ctx context.Context) (string, string, error) {
-	// Not added to the writer's customers: later updates would carry the
-	// marker too.
-	id, err := w.l.writer.Create(ctx, "customer", map[string]any{"name": "Dead Letter", "email": deadLetterMarker})
-	if err != nil {
-		return "", "", err
-	}
-	history, err := sdkfixture.HistoryID(ctx, w.l.ontology, sdkfixture.Demo, "customer", id, "create")
-	if err != nil {
-		return "", "", err
-	}
-	w.l.deadHistory.Store(&history)
-	return "create", event.ID(w.l.gen.SourceID, history, w.l.gen.Generation), nil
 }

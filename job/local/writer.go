@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+)
+
+// localWriter is one workload writer: it owns its records, so writers never
+// touch each other's.
+type localWriter struct {
+	l         *local
+	rng       *rand.Rand
+	customers []string
+	products  []string
+	orders    []string
+	edges     [][2]string
+}
+
+func (w *localWriter) pick(ids []string) string { return ids[w.rng.IntN(len(ids))] }
+
+func remove(ids []string, id string) []string {
+	if i := slices.Index(ids, id); i >= 0 {
+		return slices.Delete(ids, i, i+1)
+	}
+	return ids
+}
+
+// step commits one random change and returns its kind.
+func (w *localWriter) step(ctx context.Context) (string, error) {
+	ww := w.l.writer
+	roll := w.rng.IntN(100)
+	switch {
+	case roll < 15 && len(w.orders) > 0 && len(w.products) > 0:
+		o, p := w.pick(w.orders), w.pick(w.products)
+		for _, e := range w.edges {
+			if e == [2]string{o, p} {
+				return w.create(ctx)
+			}
+		}
+		w.edges = append(w.edges, [2]string{o, p})
+		return "link", ww.Link(ctx, "order", "products", o, p)
+	case roll < 22 && len(w.edges) > 0:
+		i := w.rng.IntN(len(w.edges))
+		e := w.edges[i]
+		w.edges = slices.Delete(w.edges, i, i+1)
+		return "unlink", ww.Unlink(ctx, "order", "products", e[0], e[1])
+	case roll < 47 && len(w.products)+len(w.customers)+len(w.orders) > 3:
+		switch w.rng.IntN(3) {
+		case 0:
+			if len(w.customers) > 0 {
+				return "update", ww.Update(ctx, "customer", w.pick(w.customers), map[string]any{"score": w.rng.Float64() * 100, "active": w.rng.IntN(2) == 0, "age": w.rng.IntN(90)})
+			}
+		case 1:
+			if len(w.products) > 0 {
+				return "update", ww.Update(ctx, "product", w.pick(w.products), map[string]any{"price": float64(w.rng.IntN(10000)) / 100, "stock": w.rng.IntN(500)})
+			}
+		default:
+			if len(w.orders) > 0 {
+				return "update", ww.Update(ctx, "order", w.pick(w.orders), map[string]any{"paid": true, "placed_at": time.Now().UTC()})
+			}
+		}
+		return w.create(ctx)
+	case roll < 57 && len(w.products) > 2:
+		p := w.pick(w.products)
+		w.products = remove(w.products, p)
+		w.edges = slices.DeleteFunc(w.edges, func(e [2]string) bool { return e[1] == p })
+		return "delete", ww.Delete(ctx, "product", p)
+	}
+	return w.create(ctx)
+}
+
+func (w *localWriter) create(ctx context.Context) (string, error) {
+	ww := w.l.writer
+	switch w.rng.IntN(3) {
+	case 0:
+		id, err := ww.Create(ctx, "customer", map[string]any{"name": fmt.Sprintf("Customer %d", w.rng.IntN(1e6)),
+			"email": fmt.Sprintf("c%d@example.com", w.rng.IntN(1e6)), "age": 18 + w.rng.IntN(60), "score": w.rng.Float64(),
+			"active": true, "birthday": "1990-01-02", "signed_up_at": time.Now().UTC(), "attributes": map[string]any{"tier": w.rng.IntN(3)}})
+		w.customers = append(w.customers, id)
+		return "create", err
+	case 1:
+		id, err := ww.Create(ctx, "product", map[string]any{"title": fmt.Sprintf("Product %d", w.rng.IntN(1e6)),
+			"price": float64(w.rng.IntN(10000)) / 100, "stock": w.rng.IntN(100)})
+		w.products = append(w.products, id)
+		return "create", err
+	default:
+		values := map[string]any{"reference": fmt.Sprintf("O-%d", w.rng.IntN(1e6)), "total": float64(w.rng.IntN(100000)) / 100,
+			"quantity": 1 + w.rng.IntN(5), "paid": false, "details": map[string]any{"channel": "web"}}
+		if len(w.customers) > 0 {
+			values["customer_id"] = w.pick(w.customers)
+		}
+		id, err := ww.Create(ctx, "order", values)
+		w.orders = append(w.orders, id)
+		return "create", err
+	}
+}
+
+// createDeadLetterTarget creates the customer whose event the warehouse
+// will refuse until it is dead-lettered; it returns the event id.
+func (w *localWriter) createDeadLetterTarget(ctx context.Context) (string, string, error) {
+	// Not added to the writer's customers: later updates would carry the
+	// marker too.
+	id, err := w.l.writer.Create(ctx, "customer", map[string]any{"name": "Dead Letter", "email": deadLetterMarker})
+	if err != nil {
+		return "", "", err
+	}
+	history, err := sdkfixture.HistoryID(ctx, w.l.ontology, sdkfixture.Demo, "customer", id, "create")
+	if err != nil {
+		return "", "", err
+	}
+	w.l.deadHistory.Store(&history)
+	return "create", event.ID(w.l.gen.SourceID, history, w.l.gen.Generation), nil
+}
