@@ -20,7 +20,6 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/identity"
 	"github.com/segmentstream/ontology-replication/shared/logging"
-	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
 // Environment variables the functions read besides the shared ones
@@ -135,9 +134,11 @@ func Check(target string) error {
 // tests fill them in, the zero value means production defaults.
 type dependencies struct {
 	publisher delivery.Publisher
-	warehouse *warehouse.BigQuery
-	identity  identity.Config // HTTPClient and timing overrides
-	logger    *slog.Logger
+	// opening adjusts what the delivery service is opened with (tests: a
+	// warehouse client with their own lookup time-out).
+	opening  func(*delivery.OpenConfig)
+	identity identity.Config // HTTPClient and timing overrides
+	logger   *slog.Logger
 	// googleKeys fetches the keys of Google's OIDC tokens for the
 	// verifier's caller check (nil: a default client).
 	googleKeys *http.Client
@@ -239,16 +240,19 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 	if s.caller == nil && s.callerErr == nil {
 		log.WarnContext(ctx, "replication: the verifier checks no caller token ("+EnvVerifyCallerCheck+"=off): right for a local or test run only")
 	}
-	opened, err := delivery.Open(ctx, delivery.OpenConfig{
+	open := delivery.OpenConfig{
 		Registry:           reg,
 		PubSubEmulatorHost: settings.EmulatorHost,
 		Pools:              database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, defaultMaxOpenPools), ServerMaxConns: settings.ServerMaxConns},
 		Publisher:          deps.publisher,
-		Warehouse:          deps.warehouse,
 		Logger:             log,
 		Gather:             gather,
 		QuietInterval:      quiet,
-	})
+	}
+	if deps.opening != nil {
+		deps.opening(&open)
+	}
+	opened, err := delivery.Open(ctx, open)
 	if err != nil {
 		return nil, err
 	}

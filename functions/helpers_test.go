@@ -229,7 +229,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	t.Cleanup(func() { _ = wh.Close() })
 	log := logging.New(&lockedWriter{b: h.logs}, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
 	h.instance = func() http.Handler {
-		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, warehouse: wh, logger: log, googleKeys: cfg.googleKeys})
+		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, opening: func(c *delivery.OpenConfig) { c.Warehouse = wh }, logger: log, googleKeys: cfg.googleKeys})
 		require.NoError(t, err)
 		t.Cleanup(srv.close)
 		if h.srv == nil {

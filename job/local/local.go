@@ -71,7 +71,6 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
@@ -114,7 +113,6 @@ type local struct {
 
 	cluster  *pgtest.Cluster
 	ontology *pgxpool.Pool
-	st       *store.Store
 	gen      sdkfixture.Generation
 	writer   *sdkfixture.Writer
 	pubsub   *pstest.Server
@@ -269,16 +267,13 @@ func (l *local) start(ctx context.Context) error {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.ontology.Close)
-	if err := sdkfixture.Install(ctx, l.ontology, sdkfixture.Demo, store.ProtocolDelivery); err != nil {
+	if err := sdkfixture.Install(ctx, l.ontology, sdkfixture.Demo, 4); err != nil {
 		return err
 	}
 	if l.gen, err = sdkfixture.StartGeneration(ctx, l.ontology, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true); err != nil {
 		return err
 	}
 	l.writer = sdkfixture.NewWriter(l.ontology, sdkfixture.Demo)
-	if l.st, err = store.New(l.ontology, store.Config{}); err != nil {
-		return err
-	}
 
 	// Pub/Sub: the topic, the BigQuery subscription (the feeder moves what
 	// it refused localMaxDeliveries times to the dead-letter topic, as a
@@ -347,7 +342,7 @@ func (l *local) start(ctx context.Context) error {
 		return err
 	}
 	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsub.Addr, Logger: l.log,
-		Pools: database.Config{MaxConns: 2, MaxOpen: 1}}); err != nil {
+		Views: l.wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1}}); err != nil {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.svc.Close)

@@ -20,7 +20,6 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
@@ -163,13 +162,9 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 	sum.WorkloadSeconds = lastCommit.Sub(started).Seconds()
 
 	// Wait for every event to be verified, the dead-lettered one included.
-	_, target, err := l.st.ActiveTarget(ctx)
-	if err != nil {
-		return nil, err
-	}
 	deadline := time.Now().Add(l.cfg.verifyTimeout)
 	for {
-		status, err := l.st.Status(ctx, target)
+		status, err := l.svc.Status(ctx, localWorkspace, "", 0)
 		if err != nil {
 			return nil, err
 		}
@@ -178,9 +173,7 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 			sum.FullyVerified = true
 			break
 		}
-		if f, err := l.st.Figures(ctx, target); err == nil {
-			l.progress.enterOrExplain("waiting for verification", waitingReason(f, deadDone.Load()))
-		}
+		l.progress.enterOrExplain("waiting for verification", waitingReason(status, deadDone.Load()))
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
@@ -202,7 +195,7 @@ func (l *local) runWorkload(ctx context.Context) (*summary, error) {
 	}
 	sum.Landed, sum.DuplicatesAbsorbed = rows, rows-distinct
 	l.progress.enter("checking the views against the source tables", "")
-	if sum.Views, err = l.checkViews(ctx, target); err != nil {
+	if sum.Views, err = l.checkViews(ctx); err != nil {
 		return sum, err
 	}
 	l.progress.enter("auditing the warehouse against the source", "")
@@ -227,27 +220,11 @@ func (l *local) callVerify(ctx context.Context) []delivery.VerifyResult {
 }
 
 // replay replays the active generation in the middle of the workload, as
-// `job replay` does; the wake-ups and the verifier's sweeps publish what
-// it sends back to pending.
+// `job replay` does: page by page, draining as it goes beside the
+// wake-ups and the verifier's sweeps.
 func (l *local) replay(ctx context.Context) (int, error) {
-	_, t, err := l.st.ActiveTarget(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if err := l.st.InitReplay(ctx, t); err != nil {
-		return 0, err
-	}
-	rows := 0
-	for {
-		page, err := l.st.AdvanceReplay(ctx, t)
-		if err != nil {
-			return rows, err
-		}
-		rows += page.Rows
-		if page.Complete {
-			return rows, nil
-		}
-	}
+	res, err := l.svc.Replay(ctx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}})
+	return int(res.Rows), err
 }
 
 // deadLetterMarker marks the customer whose creation event the local
@@ -305,11 +282,15 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 
 // checkViews creates the local views and compares each with the source
 // table it replicates: the same record ids (or edges).
-func (l *local) checkViews(ctx context.Context, t store.Target) ([]viewCheck, error) {
-	if _, err := l.wh.CreateViews(ctx, t); err != nil {
+func (l *local) checkViews(ctx context.Context) ([]viewCheck, error) {
+	if _, err := l.svc.CreateViews(ctx, localWorkspace); err != nil {
 		return nil, err
 	}
-	specs, err := warehouse.ViewSpecs(delivery.ViewsTarget(t))
+	t, err := l.svc.ActiveViewsTarget(ctx, localWorkspace)
+	if err != nil {
+		return nil, err
+	}
+	specs, err := warehouse.ViewSpecs(t)
 	if err != nil {
 		return nil, err
 	}

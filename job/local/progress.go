@@ -8,9 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"golang.org/x/term"
-
-	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // progress shows a local run as it goes, on stderr: on a terminal one line
@@ -93,22 +92,14 @@ func (p *progress) run(ctx context.Context) {
 // sample reads the figures once and returns the live line.
 func (p *progress) sample(ctx context.Context) string {
 	l := p.l
-	if l.st == nil || l.pubsub == nil || l.wh == nil {
+	if l.svc == nil || l.pubsub == nil || l.wh == nil {
 		return p.phaseLine("")
 	}
-	_, t, err := l.st.ActiveTarget(ctx)
+	status, err := l.svc.Status(ctx, localWorkspace, "", 0)
 	if err != nil {
 		return p.phaseLine("")
 	}
-	status, err := l.st.Status(ctx, t)
-	if err != nil {
-		return p.phaseLine("")
-	}
-	f, err := l.st.Figures(ctx, t)
-	if err != nil {
-		return p.phaseLine("")
-	}
-	pendingLag, verifyLag := f.Ages(time.Now())
+	pendingLag, verifyLag := ages(status, time.Now())
 	p.mu.Lock()
 	p.maxPending = max(p.maxPending, pendingLag)
 	if !l.agedDeadLetter.Load() || verifyLag < 15*time.Minute {
@@ -163,7 +154,7 @@ func seconds(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) 
 
 // waitingReason says why full verification is not there yet, from the
 // figures: what is left and what it waits for.
-func waitingReason(f store.Figures, deadLettered bool) string {
+func waitingReason(f delivery.WorkspaceStatus, deadLettered bool) string {
 	switch {
 	case f.Pending > 0:
 		return fmt.Sprintf("%s still to publish", events(f.Pending))
@@ -175,4 +166,16 @@ func waitingReason(f store.Figures, deadLettered bool) string {
 		return "the dead-lettered event's retry: the verifier sends it back to pending 15 minutes after its acceptance (fast-forwarded here)"
 	}
 	return ""
+}
+
+// ages is how long the oldest pending event and the oldest unverified one
+// have waited.
+func ages(s delivery.WorkspaceStatus, now time.Time) (pending, unverified time.Duration) {
+	if !s.OldestPending.IsZero() {
+		pending = max(now.Sub(s.OldestPending), 0)
+	}
+	if !s.OldestUnverified.IsZero() {
+		unverified = max(now.Sub(s.OldestUnverified), 0)
+	}
+	return pending, unverified
 }

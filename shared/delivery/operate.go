@@ -262,6 +262,19 @@ func ViewsTarget(t store.Target) warehouse.Target {
 	return warehouse.Target{Generation: t.Generation, SourceID: t.SourceID, Manifest: t.Manifest, Selection: sel}
 }
 
+// ActiveViewsTarget is what the views of the workspace's active target are
+// built from (warehouse.ViewSpecs).
+func (s *Service) ActiveViewsTarget(ctx context.Context, workspaceID string) (warehouse.Target, error) {
+	var out warehouse.Target
+	err := s.retrying(ctx, "views", workspaceID, func() error {
+		return s.onActiveTarget(ctx, workspaceID, func(_ registry.Workspace, _ *store.Store, t store.Target) error {
+			out = ViewsTarget(t)
+			return nil
+		})
+	})
+	return out, err
+}
+
 // onActiveTarget runs fn with the workspace, its store and its active
 // target.
 func (s *Service) onActiveTarget(ctx context.Context, workspaceID string, fn func(registry.Workspace, *store.Store, store.Target) error) error {

@@ -37,6 +37,9 @@ type OpenConfig struct {
 	Publisher   Publisher
 	Warehouse   *warehouse.BigQuery
 	DeadLetters DeadLetterReader
+	// Views creates the latest-state views (nil: the BigQuery warehouse;
+	// the local mode's warehouse is another).
+	Views ViewCreator
 	// DeadLetterReader builds a reader of the dead-letter subscriptions
 	// when DeadLetters is nil (only `job dead-letter` reads them).
 	DeadLetterReader bool
@@ -108,7 +111,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		o.close = append(o.close, func() { _ = r.Close() })
 		dead = r
 	}
-	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: o.Warehouse, Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry, Gather: cfg.Gather, QuietInterval: cfg.QuietInterval})
+	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: cmp.Or[ViewCreator](cfg.Views, o.Warehouse), Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry, Gather: cfg.Gather, QuietInterval: cfg.QuietInterval})
 	if err != nil {
 		o.Close()
 		return nil, err

@@ -30,12 +30,17 @@ var Binaries = map[string]map[string]string{
 // database.
 const Store = "github.com/segmentstream/ontology-replication/shared/store"
 
+// Warehouse is the package of the BigQuery lookups and views.
+const Warehouse = "github.com/segmentstream/ontology-replication/shared/warehouse"
+
 // NoDirectImports are packages that must not import some others directly,
 // with the reason: delivery is the shells' one way into the store, and the
 // warehouse (BigQuery) sits beside the store, not above it.
 var NoDirectImports = map[string]map[string]string{
 	"./job":              {Store: "the job speaks to the store only through delivery"},
-	"./functions":        {Store: "the functions speak to the store only through delivery"},
+	"./job/local":        {Store: "the local mode drives the product as an operator would: through delivery"},
+	"./functions":        {Store: "the functions speak to the store only through delivery", Warehouse: "the functions reach BigQuery only through delivery"},
 	"./functions/cmd":    {Store: "the functions' entry point speaks to the store only through delivery"},
 	"./shared/warehouse": {Store: "the warehouse takes its own input type"},
+	"./shared/delivery":  {"github.com/segmentstream/ontology-replication/shared/identity": "tokens are the shells' business: a caller maps its own errors to a cause"},
 }

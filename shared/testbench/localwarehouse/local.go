@@ -12,9 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
-	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
@@ -246,7 +245,7 @@ func pgLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") 
 // PostgreSQL renders the view's query for the local warehouse: the same
 // ranking, tombstones and typed columns as the BigQuery view, in
 // PostgreSQL's JSON operators and safe_* casts.
-func PostgreSQL(v warehouse.ViewSpec, t store.Target) string {
+func PostgreSQL(v warehouse.ViewSpec, t warehouse.Target) string {
 	var columns []string
 	for _, c := range v.Columns {
 		value := "payload->>" + pgLiteral(c.Name)
@@ -266,9 +265,10 @@ func PostgreSQL(v warehouse.ViewSpec, t store.Target) string {
 }
 
 // CreateViews creates or replaces the target's latest-state views in the
-// local warehouse and returns their names.
-func (l *Local) CreateViews(ctx context.Context, t store.Target) ([]string, error) {
-	specs, err := warehouse.ViewSpecs(delivery.ViewsTarget(t))
+// local warehouse and returns their names: the local mode's
+// delivery.ViewCreator, as the BigQuery warehouse is production's.
+func (l *Local) CreateViews(ctx context.Context, _ registry.Workspace, t warehouse.Target) ([]string, error) {
+	specs, err := warehouse.ViewSpecs(t)
 	if err != nil {
 		return nil, err
 	}

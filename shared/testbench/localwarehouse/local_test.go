@@ -14,7 +14,9 @@ import (
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
@@ -140,7 +142,7 @@ func TestLocalViewsMatchTheModel(t *testing.T) {
 		ev("p2", "entity", "6", true, map[string]any{}),
 		ev("o1:p1", "edge:products", "3", false, map[string]any{"source_id": "o1", "target_id": "p1"}),
 	}))
-	names, err := l.CreateViews(ctx, tg)
+	names, err := l.CreateViews(ctx, registry.Workspace{}, delivery.ViewsTarget(tg))
 	require.NoError(t, err)
 	require.Equal(t, []string{"customer", "product", "order", "order_products"}, names)
 	var title string
