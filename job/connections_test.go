@@ -106,7 +106,7 @@ func TestCommandsRideOutUnavailable(t *testing.T) {
 	}
 	for _, command := range []string{"drain", "replay"} {
 		t.Run(command, func(t *testing.T) {
-			refuse(3, 9) // six requests in a row refused, the drain's third onwards
+			refuse(3, 15) // twelve requests in a row refused, the drain's third onwards (a failed request's largest event goes alone next: two requests a session)
 			out, logs, err := h.run(h.ctx, command)
 			require.NoError(t, err, "%s\n%s", out, logs)
 			require.Contains(t, logs, "a transient fault; retrying")

@@ -142,7 +142,6 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 	fail := func(err error) (State, Target, *Claim, error) {
 		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
 	}
-	var err error
 	c := &Claim{store: s, conn: conn, turn: hold.turn, locked: hold.turn}
 	keep := false
 	defer func() {
@@ -151,63 +150,17 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 		}
 	}()
 	legacyHint := s.legacy.Load()
-	var read readTables
-	if !legacyHint {
-		if read, err = s.readTables(ctx, conn); err != nil {
-			return fail(err)
-		}
-	}
-	b := &pgx.Batch{}
-	if hold.next {
-		// Before the candidates' statement, whose snapshot is then taken
-		// after every wake-up that found the next turn held.
-		b.Queue(sqlClaimSessionLeavingNext, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock, DrainTurnClass)
-	} else {
-		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	}
-	if legacyHint {
-		b.Queue(sqlSchemaPresent)
-	}
-	// At protocol 4 the schema check is the state read itself: without the
-	// singleton it cannot be prepared (undefined_table, handled below).
-	b.Queue(sqlState)
-	if !legacyHint {
-		b.Queue(sqlActiveTargetV4)
-		c.locked = true
-		s.queueCandidates(b, nil, read, nil)
+	b, err := s.queueClaimStart(ctx, c, hold, legacyHint)
+	if err != nil {
+		return fail(err)
 	}
 	results := conn.SendBatch(ctx, b)
 	state, t, cands, err := readClaimStart(c, results, hold.next, !legacyHint, s.backoffs)
 	if cerr := results.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-	case errors.As(err, &pgErr) && (pgErr.Code == "42703" || pgErr.Code == "42P01") && state.Version == 0:
-		// A statement of protocol 4 could not even be prepared (a legacy
-		// database has no delivery table and no v4 target columns; a
-		// database without the schema has neither): nothing ran, so no
-		// candidate was locked. The state says which, read on another
-		// connection: the claim's session goes back to the pool first, or
-		// as many concurrent claims as the pool has connections would each
-		// hold one and wait for a second forever.
-		c.Release(ctx)
-		if state, err = s.State(ctx); err != nil {
-			return fail(err)
-		}
-		if state.Version == ProtocolDelivery {
-			return fail(pgErr)
-		}
-		s.legacy.Store(true)
-	case errors.As(err, &pgErr) && pgErr.Code == "42703" && state.Version > 0 && state.Version < ProtocolDelivery:
-		// The same, found while running.
-		s.legacy.Store(true)
-		err = nil
-	case errors.Is(err, pgx.ErrNoRows) && state.Version == ProtocolDelivery:
-		return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
-	default:
-		return fail(err)
+	if state, err = s.settleProtocol(ctx, c, state, err); err != nil {
+		return state, Target{}, nil, err
 	}
 	if state.Version < ProtocolDelivery {
 		c.Release(ctx)
@@ -223,22 +176,8 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 	if legacyHint {
 		// Read as a legacy database last time: read the target and the
 		// candidates now.
-		if state.ActiveGeneration == "" {
-			return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
-		}
-		// On the claim's own session: a second connection from the pool
-		// could wait forever behind claims that each hold one.
-		if t, err = scanTarget(conn.QueryRow(ctx, sqlTargetV4, state.ActiveGeneration)); err != nil {
-			if errors.Is(err, pgx.ErrNoRows) {
-				return state, Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
-			}
-			return fail(err)
-		}
-		if !state.Enabled {
-			return state, t, nil, nil
-		}
-		if cands, err = c.candidates(ctx, t.Generation, nil); err != nil {
-			return fail(err)
+		if t, cands, err = s.claimAfterLegacyHint(ctx, c, state); err != nil || !state.Enabled {
+			return state, t, nil, err
 		}
 	}
 	c.target = t
@@ -250,6 +189,101 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 	}
 	keep = true
 	return state, t, c, nil
+}
+
+// queueClaimStart queues ClaimActive's first round trip: the session's
+// settings and the shared lifecycle lock (leaving the next turn when the
+// drain held it), the state and, at protocol 4, the active target and the
+// candidates' statement.
+func (s *Store) queueClaimStart(ctx context.Context, c *Claim, hold turnHold, legacyHint bool) (*pgx.Batch, error) {
+	var read readTables
+	if !legacyHint {
+		var err error
+		if read, err = s.readTables(ctx, c.conn); err != nil {
+			return nil, err
+		}
+	}
+	b := &pgx.Batch{}
+	if hold.next {
+		// Before the candidates' statement, whose snapshot is then taken
+		// after every wake-up that found the next turn held.
+		b.Queue(sqlClaimSessionLeavingNext, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock, DrainTurnClass)
+	} else {
+		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
+	}
+	if legacyHint {
+		b.Queue(sqlSchemaPresent)
+	}
+	// At protocol 4 the schema check is the state read itself: without the
+	// singleton it cannot be prepared (undefined_table, handled in
+	// settleProtocol).
+	b.Queue(sqlState)
+	if !legacyHint {
+		b.Queue(sqlActiveTargetV4)
+		c.locked = true
+		s.queueCandidates(b, nil, read, nil)
+	}
+	return b, nil
+}
+
+// settleProtocol tells, from the first round trip's error, the database's
+// protocol: it returns the state (read again when nothing could run) and
+// the error to return, if any, remembering a legacy database.
+func (s *Store) settleProtocol(ctx context.Context, c *Claim, state State, err error) (State, error) {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return state, nil
+	case errors.As(err, &pgErr) && (pgErr.Code == "42703" || pgErr.Code == "42P01") && state.Version == 0:
+		// A statement of protocol 4 could not even be prepared (a legacy
+		// database has no delivery table and no v4 target columns; a
+		// database without the schema has neither): nothing ran, so no
+		// candidate was locked. The state says which, read on another
+		// connection: the claim's session goes back to the pool first, or
+		// as many concurrent claims as the pool has connections would each
+		// hold one and wait for a second forever.
+		c.Release(ctx)
+		if state, err = s.State(ctx); err != nil {
+			return State{}, fmt.Errorf("store: claim pending events: %w", err)
+		}
+		if state.Version == ProtocolDelivery {
+			return State{}, fmt.Errorf("store: claim pending events: %w", pgErr)
+		}
+		s.legacy.Store(true)
+		return state, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42703" && state.Version > 0 && state.Version < ProtocolDelivery:
+		// The same, found while running.
+		s.legacy.Store(true)
+		return state, nil
+	case errors.Is(err, pgx.ErrNoRows) && state.Version == ProtocolDelivery:
+		return state, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+	}
+	return State{}, fmt.Errorf("store: claim pending events: %w", err)
+}
+
+// claimAfterLegacyHint reads the active target and the candidates of a
+// database read as legacy last time and at protocol 4 now, on the claim's
+// own session: a second connection from the pool could wait forever behind
+// claims that each hold one. No candidates while replication is disabled.
+func (s *Store) claimAfterLegacyHint(ctx context.Context, c *Claim, state State) (Target, []candidate, error) {
+	if state.ActiveGeneration == "" {
+		return Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+	}
+	t, err := scanTarget(c.conn.QueryRow(ctx, sqlTargetV4, state.ActiveGeneration))
+	if err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Target{}, nil, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
+		}
+		return Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
+	}
+	if !state.Enabled {
+		return t, nil, nil
+	}
+	cands, err := c.candidates(ctx, t.Generation, nil)
+	if err != nil {
+		return Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
+	}
+	return t, cands, nil
 }
 
 // readClaimStart reads the results of ClaimActive's first round trip.
@@ -290,106 +324,6 @@ func (c *Claim) db() *pgxpool.Conn {
 		return c.session.conn
 	}
 	return c.conn
-}
-
-// fill completes a claim from the first page of candidates: it reads more
-// pages while other drains hold most of them, reads the events the pages
-// did not and bounds the batch.
-func (c *Claim) fill(ctx context.Context, page []candidate) error {
-	s := c.store
-	var claimed []candidate
-	more := false
-	for pages := 1; ; pages++ {
-		for _, cd := range page {
-			if cd.claimed {
-				c.keys = append(c.keys, cd.key)
-				if cd.pending {
-					claimed = append(claimed, cd)
-				}
-			}
-		}
-		if len(page) > 0 {
-			c.last = &page[len(page)-1]
-		}
-		full := len(page) == claimPageSize
-		if len(claimed) >= claimPageSize || !full {
-			more = full
-			break
-		}
-		if pages == maxClaimPages {
-			more = true
-			break
-		}
-		var err error
-		if page, err = c.candidates(ctx, c.target.Generation, c.last); err != nil {
-			return err
-		}
-	}
-	if len(claimed) > claimPageSize {
-		more = true
-		claimed = claimed[:claimPageSize] // the rest stay locked until the claim ends
-	}
-	if len(claimed) == 0 {
-		// Nothing to publish. The claim may still hold the locks of rows it
-		// found no longer pending (acknowledged or reset since its
-		// snapshot): they go now, before the session is reused.
-		c.locked = len(c.keys) > 0 || c.turn
-		c.More = more
-		c.Release(ctx)
-		return nil
-	}
-	var unread []candidate
-	for _, cd := range claimed {
-		if cd.backoff > 0 {
-			if c.backoffs == nil {
-				c.backoffs = map[string]time.Duration{}
-			}
-			c.backoffs[cd.id] = cd.backoff
-		}
-		if !cd.read {
-			unread = append(unread, cd)
-		}
-	}
-	items := make([]captured, 0, len(claimed))
-	var aside []SetAside
-	var others map[string]captured
-	if len(unread) > 0 {
-		// Events of tables the statement did not read: read them in a
-		// second statement, which keeps only rows still pending, and read
-		// their tables in the next claims' statement.
-		got, unknown, err := s.readEvents(ctx, c.db(), c.target, unread)
-		if err != nil {
-			return err
-		}
-		aside = unknown
-		others = make(map[string]captured, len(got))
-		for _, it := range got {
-			others[it.id] = it
-		}
-		s.learnReadTables(unread)
-	}
-	for _, cd := range claimed {
-		if !cd.read {
-			if it, ok := others[cd.id]; ok {
-				items = append(items, it)
-			}
-			continue
-		}
-		table := ""
-		if cd.table != nil {
-			table = *cd.table
-		}
-		items = append(items, captured{id: cd.id, table: table, raw: cd.event, present: cd.present, backoff: cd.backoff})
-	}
-	b, bad, err := bound(c.target, items, more)
-	if err != nil {
-		return err
-	}
-	c.Batch, c.Unpublishable = b, append(aside, bad...)
-	if len(c.Events) == 0 && len(c.Unpublishable) == 0 {
-		c.Release(ctx) // every claimed row had been taken meanwhile
-	}
-	return nil
 }
 
 // Release ends the claim without acknowledging anything: its events stay

@@ -54,28 +54,26 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 		return fail(err)
 	}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	b.Queue(query, args...)
-	b.Queue("COMMIT")
-	n := 5
+	queueAcknowledgement(b, s.cfg, query, args)
 	if c.idlePrior != nil {
 		b.Queue(sqlUnlockRestore, *c.idlePrior)
 	} else {
 		b.Queue(sqlUnlockAll)
 		b.Queue(sqlResetIdle)
-		n++
 	}
 	results := c.conn.SendBatch(ctx, b)
 	var acked int64
 	err = func() error {
-		for i := range n {
-			tag, err := results.Exec()
-			if err != nil {
+		receipts, err := readAcknowledgement(results)
+		if err != nil {
+			return err
+		}
+		if len(accepted) > 0 {
+			acked = receipts
+		}
+		for range len(b.QueuedQueries) - acknowledgementStatements {
+			if _, err := results.Exec(); err != nil {
 				return err
-			}
-			if i == 2 && len(accepted) > 0 {
-				acked = tag.RowsAffected() // the receipts written
 			}
 		}
 		return nil
@@ -88,6 +86,40 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	}
 	c.locked = false
 	return acked, nil
+}
+
+// The acknowledgement's transaction, one round trip with what follows it:
+// BEGIN, the shared lifecycle lock with the store's timeouts, the finish
+// statement (finishStatement), COMMIT. Finish and Session.Next both send
+// it; readAcknowledgement reads it back.
+const (
+	acknowledgementStatements = 4
+	acknowledgementFinish     = 2 // the finish statement's place
+)
+
+// queueAcknowledgement queues the acknowledgement's transaction.
+func queueAcknowledgement(b *pgx.Batch, cfg Config, query string, args []any) {
+	b.Queue("BEGIN")
+	b.Queue(sqlBeginShared, ms(cfg.StatementTimeout), ms(cfg.LockTimeout), LifecycleLock)
+	b.Queue(query, args...)
+	b.Queue("COMMIT")
+}
+
+// readAcknowledgement reads the acknowledgement's transaction and returns
+// the rows its finish statement wrote (the receipts, when it accepted
+// events).
+func readAcknowledgement(results pgx.BatchResults) (int64, error) {
+	var written int64
+	for step := range acknowledgementStatements {
+		tag, err := results.Exec()
+		if err != nil {
+			return 0, err
+		}
+		if step == acknowledgementFinish {
+			written = tag.RowsAffected()
+		}
+	}
+	return written, nil
 }
 
 // finishStatement returns the statement that acknowledges the accepted

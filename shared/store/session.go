@@ -146,101 +146,133 @@ func (ss *Session) Next(ctx context.Context, finish []Finishing, claim bool) (in
 
 // next is one attempt of Next.
 func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (int64, State, *Claim, error) {
-	s, t := ss.store, ss.target
+	t := ss.target
 	if ss.closed {
 		return 0, State{}, nil, ErrSessionClosed
 	}
 	if ss.conn == nil { // idle: take a connection again
-		conn, err := s.db.Acquire(ctx)
+		conn, err := ss.store.db.Acquire(ctx)
 		if err != nil {
 			return 0, State{}, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
 		}
 		ss.conn = conn
 	}
-	var accepted []string
-	var aside []string
-	var backoffs []int64
-	var keys []int32
+	r, err := ss.newRound(finish, claim)
+	if err != nil {
+		return 0, State{}, nil, err
+	}
+	b, err := ss.queueRound(ctx, r)
+	if err != nil || len(b.QueuedQueries) == 0 {
+		return 0, State{}, nil, err
+	}
+	if err := ss.sendRound(ctx, b, r); err != nil {
+		return r.receipts, r.state, nil, err
+	}
+	if !claim {
+		return r.receipts, r.state, nil, nil
+	}
+	c, err := ss.claimFrom(ctx, r.state, r.cands)
+	return r.receipts, r.state, c, err
+}
+
+// round is one round trip of Next: the claims it finishes and whether it
+// claims, and what it read back.
+type round struct {
+	finish          []Finishing
+	claim           bool
+	accepted, aside []string
+	backoffs        []int64
+	keys            []int32 // the finished claims' locks
+
+	receipts int64
+	state    State
+	cands    []candidate
+}
+
+// ack reports whether the round acknowledges or sets aside anything.
+func (r *round) ack() bool { return len(r.accepted)+len(r.aside) > 0 }
+
+// newRound gathers what the claims to finish accepted and set aside.
+func (ss *Session) newRound(finish []Finishing, claim bool) (*round, error) {
+	r := &round{finish: finish, claim: claim}
 	for _, f := range finish {
 		if f.Claim.session != ss || !f.Claim.out {
-			return 0, State{}, nil, errors.New("store: a claim to finish is not out in this session")
+			return nil, errors.New("store: a claim to finish is not out in this session")
 		}
-		accepted = append(accepted, f.Accepted...)
+		r.accepted = append(r.accepted, f.Accepted...)
 		for _, a := range f.SetAside {
-			aside = append(aside, a.HistoryID)
-			backoffs = append(backoffs, s.nextBackoff(f.Claim.priorBackoff(a.HistoryID)).Microseconds()+reasonTag(a))
+			r.aside = append(r.aside, a.HistoryID)
+			r.backoffs = append(r.backoffs, ss.store.nextBackoff(f.Claim.priorBackoff(a.HistoryID)).Microseconds()+reasonTag(a))
 		}
-		keys = append(keys, f.Claim.keys...)
+		r.keys = append(r.keys, f.Claim.keys...)
 	}
+	return r, nil
+}
+
+// queueRound queues the round's statements: the acknowledgement's
+// transaction, the release of the finished claims' locks, and the claim.
+func (ss *Session) queueRound(ctx context.Context, r *round) (*pgx.Batch, error) {
+	s, t := ss.store, ss.target
 	b := &pgx.Batch{}
-	ack := len(accepted)+len(aside) > 0
-	if ack {
-		query, args, err := finishStatement(t.Generation, accepted, aside, backoffs)
+	if r.ack() {
+		query, args, err := finishStatement(t.Generation, r.accepted, r.aside, r.backoffs)
 		if err != nil {
-			return 0, State{}, nil, fmt.Errorf("store: acknowledge %d events of %s: %w", len(accepted), t.Generation, err)
+			return nil, fmt.Errorf("store: acknowledge %d events of %s: %w", len(r.accepted), t.Generation, err)
 		}
-		b.Queue("BEGIN")
-		b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-		b.Queue(query, args...)
-		b.Queue("COMMIT")
+		queueAcknowledgement(b, s.cfg, query, args)
 	}
-	if len(keys) > 0 {
-		b.Queue(sqlUnlockKeys, ClaimLockClass, keys)
+	if len(r.keys) > 0 {
+		b.Queue(sqlUnlockKeys, ClaimLockClass, r.keys)
 	}
-	var read readTables
-	if claim {
-		var err error
-		if read, err = s.readTables(ctx, ss.conn); err != nil {
-			return 0, State{}, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+	if r.claim {
+		read, err := s.readTables(ctx, ss.conn)
+		if err != nil {
+			return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
 		}
 		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 		b.Queue(sqlState)
 		after := ss.after
-		if ss.out == len(finish) {
+		if ss.out == len(r.finish) {
 			after = nil // none out once these are finished: from the head
 		}
 		s.queueCandidates(b, t.Generation, read, after)
 	}
-	if len(b.QueuedQueries) == 0 {
-		return 0, State{}, nil, nil
-	}
+	return b, nil
+}
+
+// sendRound sends the round and reads what it returns; a failure after
+// the claim's statement began leaves the session dirty (it may hold locks
+// no claim knows).
+func (ss *Session) sendRound(ctx context.Context, b *pgx.Batch, r *round) error {
 	results := ss.conn.SendBatch(ctx, b)
-	var (
-		receipts int64
-		state    State
-		cands    []candidate
-		stage    = "acknowledge"
-		claiming bool
-	)
+	stage, claiming := "acknowledge", false
 	err := func() error {
-		if ack {
-			for i := range 4 {
-				tag, err := results.Exec()
-				if err != nil {
-					return err
-				}
-				if i == 2 {
-					receipts = tag.RowsAffected()
-				}
+		if r.ack() {
+			receipts, err := readAcknowledgement(results)
+			if err != nil {
+				return err
+			}
+			if len(r.accepted) > 0 {
+				r.receipts = receipts
 			}
 		}
 		// Committed (or nothing to commit): the claims are finished.
-		for _, f := range finish {
+		for _, f := range r.finish {
 			f.Claim.locked, f.Claim.out = false, false
 			ss.out--
 		}
-		if len(keys) > 0 {
+		if len(r.keys) > 0 {
 			stage = "release the claims of"
 			var released int
 			if err := results.QueryRow().Scan(&released); err != nil {
 				ss.dirty = true
 				return err
 			}
-			if released != len(keys) {
+			if released != len(r.keys) {
 				ss.dirty = true // locks a claim took twice, or lost: Close releases every one
 			}
 		}
-		if !claim {
+		if !r.claim {
 			return nil
 		}
 		stage = "claim pending events of"
@@ -251,7 +283,7 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 		if ss.idlePrior == nil {
 			ss.idlePrior = &prior
 		}
-		if state, err = readStateRow(results.QueryRow()); err != nil {
+		if r.state, err = readStateRow(results.QueryRow()); err != nil {
 			return err
 		}
 		// The statement's try-locks are the session's from here on: when it
@@ -262,27 +294,30 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 		if err != nil {
 			return err
 		}
-		cands, err = collectCandidates(rows, s.backoffs)
+		r.cands, err = collectCandidates(rows, ss.store.backoffs)
 		return err
 	}()
 	if cerr := results.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	if err != nil {
-		if claiming {
-			ss.dirty = true
-		}
-		if ss.conn.Conn().PgConn().TxStatus() != 'I' {
-			_, _ = ss.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-		}
-		return receipts, state, nil, fmt.Errorf("store: %s %s: %w", stage, t.Generation, err)
+	if err == nil {
+		return nil
 	}
-	if !claim {
-		return receipts, state, nil, nil
+	if claiming {
+		ss.dirty = true
 	}
-	c := &Claim{store: s, target: t, session: ss, locked: true, out: true}
+	if ss.conn.Conn().PgConn().TxStatus() != 'I' {
+		_, _ = ss.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+	}
+	return fmt.Errorf("store: %s %s: %w", stage, ss.target.Generation, err)
+}
+
+// claimFrom makes the round's claim from the candidates its statement
+// read: none while replication is paused or another generation is active.
+func (ss *Session) claimFrom(ctx context.Context, state State, cands []candidate) (*Claim, error) {
+	c := &Claim{store: ss.store, target: ss.target, session: ss, locked: true, out: true}
 	ss.out++
-	if !state.Enabled || state.ActiveGeneration != t.Generation {
+	if !state.Enabled || state.ActiveGeneration != ss.target.Generation {
 		// Paused, or another generation made active, as the claim ran:
 		// nothing of this one is published.
 		for _, cd := range cands {
@@ -291,7 +326,7 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 			}
 		}
 		c.Release(ctx)
-		return receipts, state, nil, nil
+		return nil, nil
 	}
 	if err := c.fill(ctx, cands); err != nil {
 		// A follow-on page or the second read failed: the session may hold
@@ -301,12 +336,12 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 			ss.out--
 		}
 		ss.dirty = true
-		return receipts, state, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+		return nil, fmt.Errorf("store: claim pending events of %s: %w", ss.target.Generation, err)
 	}
 	if c.last != nil {
 		ss.after = c.last
 	}
-	return receipts, state, c, nil
+	return c, nil
 }
 
 // release ends a claim of the session without acknowledging anything: its
