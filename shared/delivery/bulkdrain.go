@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
 )
@@ -178,124 +176,182 @@ type published struct {
 // replication pauses, the drain is stopped, or a fault: the batches out
 // are then published and finished, and the session closed.
 func (d *bulkDrain) session() error {
-	s, ws := d.svc, d.ws
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
-	lease, err := s.lease(bctx, ws)
-	if err != nil {
-		cancel()
+	lease, ss, target, err := d.openSession()
+	if ss == nil {
 		return err
 	}
 	defer lease.Release()
+	defer ss.Close(context.WithoutCancel(d.ctx))
+	d.setState(StateActive)
+	run := &sessionRun{d: d, ss: ss, target: target, done: make(chan published, d.drains)}
+	return run.loop()
+}
+
+// openSession leases the workspace's pool and opens a drain session on the
+// active target. Without a session (nil) it has released the lease and
+// says why: replication paused or without an active target (nil, the
+// drain's state recorded), a legacy database (errLegacy), a fault.
+func (d *bulkDrain) openSession() (*workspaceLease, *store.Session, store.Target, error) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
+	defer cancel()
+	lease, err := d.svc.lease(bctx, d.ws)
+	if err != nil {
+		return nil, nil, store.Target{}, err
+	}
 	state, target, ss, err := lease.store.OpenSession(bctx)
-	cancel()
+	if ss != nil && err == nil {
+		return lease, ss, target, nil
+	}
+	lease.Release()
 	switch {
 	case errors.Is(err, store.ErrNoActiveTarget):
 		d.pause(StateNoActiveTarget)
-		return nil
+		return nil, nil, target, nil
 	case err != nil:
-		return err
-	case ss == nil && !state.Enabled:
+		return nil, nil, target, err
+	case !state.Enabled:
 		d.pause(StateDisabled)
-		return nil
-	case ss == nil:
-		return errLegacy
+		return nil, nil, target, nil
 	}
-	defer ss.Close(context.WithoutCancel(d.ctx))
-	d.setState(StateActive)
+	return nil, nil, target, errLegacy
+}
 
-	done := make(chan published, d.drains)
-	out := 0              // batches being published
-	var ended []published // batches published, to finish
-	exhausted := false    // the last claim reached the end of the queue: claim again, from its head, once none is out
-	var fault error       // the first fault: nothing more is claimed
-	paused := false
+// sessionRun is one drain session's loop: its batches out, those ended and
+// to finish, and why it stops claiming.
+type sessionRun struct {
+	d      *bulkDrain
+	ss     *store.Session
+	target store.Target
+	done   chan published // batches whose publish ended
+
+	out       int         // batches being published
+	ended     []published // batches published, to finish
+	exhausted bool        // the last claim reached the end of the queue: claim again, from its head, once none is out
+	fault     error       // the first fault: nothing more is claimed
+	paused    bool
+}
+
+// loop finishes the ended batches and claims the next, one round trip at a
+// time, until nothing is left to claim and nothing is out.
+func (r *sessionRun) loop() error {
+	d := r.d
 	for {
-		if out == 0 && len(ended) == 0 && !d.mayClaim() {
+		if r.out == 0 && len(r.ended) == 0 && !d.mayClaim() {
 			// Between While's turns: the session's connection goes back
 			// to the pool, for the pages to take on a pool of one.
-			ss.Idle(context.WithoutCancel(d.ctx))
+			r.ss.Idle(context.WithoutCancel(d.ctx))
 			if !d.awaitTurn() {
-				return fault
+				return r.fault
 			}
 		}
-		mayClaim := func() bool {
-			return fault == nil && !paused && !d.stopped() && d.mayClaim() && out < d.drains && !(exhausted && out > 0)
-		}
-		if len(ended) == 0 && !mayClaim() {
-			if out == 0 {
-				return fault
+		if len(r.ended) == 0 && !r.mayClaim() {
+			if r.out == 0 {
+				return r.fault
 			}
-			ended = append(ended, <-done)
-			out--
+			r.ended = append(r.ended, <-r.done)
+			r.out--
 		}
-		for more := true; more; {
-			select {
-			case p := <-done:
-				ended = append(ended, p)
-				out--
-			default:
-				more = false
-			}
-		}
-		finish := make([]store.Finishing, len(ended))
-		for i, p := range ended {
-			finish[i] = store.Finishing{Claim: p.claim, Accepted: p.out.acceptedIDs(), SetAside: p.out.aside}
-			if p.out.err != nil && fault == nil {
-				fault = p.out.err
-			}
-		}
-		claim := mayClaim()
+		r.collectEnded()
+		finish := r.finishing() // first: a batch that failed stops the claims
+		claim := r.mayClaim()
 		wasProducing := d.producing.Load() // before the claim: pages done after it may have made more pending
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
-		_, state, c, err := ss.Next(ctx, finish, claim)
-		cancel()
-		for _, p := range ended {
-			if p.claim.Ended() {
-				d.count(len(p.out.accepted), len(p.out.aside))
-				s.logSetAside(d.ctx, ws, target, p.out.aside)
-			} else {
-				// Published but not acknowledged: the events stay pending
-				// and are published again later. Duplicates, never a loss.
-				p.claim.Release(context.WithoutCancel(d.ctx))
-			}
-		}
-		ended = nil
-		if err != nil {
-			if fault == nil {
-				fault = err
-			}
+		state, c, err := r.next(finish, claim)
+		if err != nil || !claim {
 			continue
 		}
-		if !claim {
-			continue
-		}
-		switch {
-		case !state.Enabled:
-			d.pause(StateDisabled)
-			paused = true
-		case state.ActiveGeneration != target.Generation:
-			d.pause(StateNoActiveTarget)
-			paused = true
-		case c == nil || (len(c.Events) == 0 && len(c.Unpublishable) == 0):
-			if out > 0 {
-				exhausted = true // nothing more after the batches out: finish them, then look from the head
-				continue
-			}
-			exhausted = false
-			d.endTurn() // nothing publishable is left, from the head of the queue
-			if !wasProducing {
-				return fault
-			}
-		default:
-			exhausted = !c.More
-			out++
-			go func(c *store.Claim) {
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
-				defer cancel()
-				done <- published{claim: c, out: s.publishBatch(ctx, ws, c)}
-			}(c)
+		if r.take(state, c, wasProducing) {
+			return r.fault
 		}
 	}
+}
+
+// mayClaim reports whether the session may claim another batch now.
+func (r *sessionRun) mayClaim() bool {
+	d := r.d
+	return r.fault == nil && !r.paused && !d.stopped() && d.mayClaim() && r.out < d.drains && !(r.exhausted && r.out > 0)
+}
+
+// collectEnded takes every batch whose publish has ended.
+func (r *sessionRun) collectEnded() {
+	for {
+		select {
+		case p := <-r.done:
+			r.ended = append(r.ended, p)
+			r.out--
+		default:
+			return
+		}
+	}
+}
+
+// finishing is what the ended batches finish with (what Pub/Sub accepted,
+// what is set aside); the first publish that failed becomes the fault.
+func (r *sessionRun) finishing() []store.Finishing {
+	finish := make([]store.Finishing, len(r.ended))
+	for i, p := range r.ended {
+		finish[i] = store.Finishing{Claim: p.claim, Accepted: p.out.acceptedIDs(), SetAside: p.out.aside}
+		if p.out.err != nil && r.fault == nil {
+			r.fault = p.out.err
+		}
+	}
+	return finish
+}
+
+// next is one round trip: it finishes the ended batches (the rest of
+// their events left pending) and, with claim, claims the next batch. A
+// fault stops the claims.
+func (r *sessionRun) next(finish []store.Finishing, claim bool) (store.State, *store.Claim, error) {
+	d := r.d
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
+	_, state, c, err := r.ss.Next(ctx, finish, claim)
+	cancel()
+	for _, p := range r.ended {
+		if p.claim.Ended() {
+			d.count(len(p.out.accepted), len(p.out.aside))
+			d.svc.logSetAside(d.ctx, d.ws, r.target, p.out.aside)
+		} else {
+			// Published but not acknowledged: the events stay pending
+			// and are published again later. Duplicates, never a loss.
+			p.claim.Release(context.WithoutCancel(d.ctx))
+		}
+	}
+	r.ended = nil
+	if err != nil && r.fault == nil {
+		r.fault = err
+	}
+	return state, c, err
+}
+
+// take starts the publish of a claimed batch, or records why there is
+// none; it reports whether the session is done (nothing publishable left
+// and no pages producing more).
+func (r *sessionRun) take(state store.State, c *store.Claim, wasProducing bool) bool {
+	d := r.d
+	switch {
+	case !state.Enabled:
+		d.pause(StateDisabled)
+		r.paused = true
+	case state.ActiveGeneration != r.target.Generation:
+		d.pause(StateNoActiveTarget)
+		r.paused = true
+	case c == nil || (len(c.Events) == 0 && len(c.Unpublishable) == 0):
+		if r.out > 0 {
+			r.exhausted = true // nothing more after the batches out: finish them, then look from the head
+			return false
+		}
+		r.exhausted = false
+		d.endTurn() // nothing publishable is left, from the head of the queue
+		return !wasProducing
+	default:
+		r.exhausted = !c.More
+		r.out++
+		go func(c *store.Claim) {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), d.step)
+			defer cancel()
+			r.done <- published{claim: c, out: d.svc.publishBatch(ctx, d.ws, c)}
+		}(c)
+	}
+	return false
 }
 
 // pause records that replication is not active: the drain stops.
@@ -309,86 +365,4 @@ func (d *bulkDrain) setState(state string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.res.State = state
-}
-
-// each drains a legacy database as concurrent wake-ups of the drain
-// function do: Drains drains, each claiming, publishing and acknowledging
-// one batch at a time on a connection of its own (the SDK's legacy scan
-// locks nothing; see store.ClaimActive), until nothing publishable is
-// left, in While's turns. Each batch is retried on its own.
-func (d *bulkDrain) each() error {
-	for {
-		if !d.awaitTurn() {
-			return nil
-		}
-		wasProducing := d.producing.Load()
-		paused, err := d.eachRound()
-		if err != nil {
-			return err
-		}
-		d.endTurn()
-		if paused || !wasProducing || d.stopped() {
-			return nil
-		}
-	}
-}
-
-// eachRound runs the legacy drains until none finds anything to publish;
-// it reports whether replication was paused.
-func (d *bulkDrain) eachRound() (bool, error) {
-	s := d.svc
-	g, gctx := errgroup.WithContext(d.gctx)
-	var paused atomic.Bool
-	for range d.drains {
-		g.Go(func() error {
-			for {
-				if d.ctx.Err() != nil || gctx.Err() != nil || paused.Load() {
-					return nil
-				}
-				var r DrainResult
-				rctx, stop := context.WithCancel(gctx)
-				unhook := context.AfterFunc(d.ctx, stop)
-				err := s.retrying(rctx, "drain", d.ws.ID, func() error {
-					bctx, cancel := context.WithTimeout(gctx, d.step)
-					defer cancel()
-					var err error
-					r, err = s.drainOnce(bctx, d.ws.ID)
-					// Acknowledged before the failure: counted once, never
-					// published again by the retry.
-					d.count(r.Published, r.SetAside)
-					if err != nil {
-						r.Published, r.SetAside = 0, 0
-					}
-					return err
-				})
-				unhook()
-				stop()
-				if err != nil {
-					if d.ctx.Err() != nil && Transient(err) {
-						return nil // interrupted while waiting to retry
-					}
-					return fmt.Errorf("drain: %w", err)
-				}
-				if r.State != StateActive {
-					paused.Store(true)
-					d.pause(r.State)
-					return nil
-				}
-				d.setState(r.State)
-				if (r.Published > 0 || r.SetAside > 0) && r.More {
-					continue
-				}
-				return nil // nothing publishable left for this drain
-			}
-		})
-	}
-	err := g.Wait()
-	return paused.Load(), err
-}
-
-func cmpDuration(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
 }

@@ -121,6 +121,38 @@ func (m *member) fail(ctx context.Context, err error) {
 // round takes up to 1,000 due events of every member, looks them all up in
 // one query, and verifies and retries each member's.
 func (u *unit) verify(ctx context.Context, startBefore time.Time) {
+	u.readTargets(ctx)
+	for {
+		round, lookups := u.dueRound(ctx, startBefore)
+		if len(round) == 0 {
+			return
+		}
+		started := time.Now()
+		present, err := u.svc.cfg.Warehouse.Present(ctx, round[0].m.ws.BigQuery, lookups)
+		took := time.Since(started)
+		u.lookups++
+		if err == nil {
+			u.answered++
+		}
+		u.shared += len(round) - 1
+		found := make(map[string]bool, len(present))
+		for _, id := range present {
+			found[id] = true
+		}
+		for _, d := range round {
+			d.m.res.LookupTime += took
+			if err != nil {
+				d.m.lookupErr = fmt.Errorf("look up %d events: %w", len(d.refs), err)
+				d.m.fail(ctx, d.m.lookupErr)
+				continue
+			}
+			u.settle(ctx, d, found)
+		}
+	}
+}
+
+// readTargets reads each member's active target.
+func (u *unit) readTargets(ctx context.Context) {
 	s := u.svc
 	for _, m := range u.members {
 		if s.cfg.Warehouse == nil {
@@ -141,101 +173,90 @@ func (u *unit) verify(ctx context.Context, startBefore time.Time) {
 			m.target, m.res.Generation, m.res.State = t, t.Generation, StateActive
 		}
 	}
-	for {
-		type due struct {
-			m    *member
-			refs []store.Ref
+}
+
+// due is a member's due events in a round.
+type due struct {
+	m    *member
+	refs []store.Ref
+}
+
+// dueRound reads each member's due events for one shared lookup; a member
+// with none is verified, and one past startBefore (or the pass's end) is
+// partial.
+func (u *unit) dueRound(ctx context.Context, startBefore time.Time) ([]due, []warehouse.Lookup) {
+	var round []due
+	var lookups []warehouse.Lookup
+	for _, m := range u.members {
+		if m.done {
+			continue
 		}
-		var round []due
-		var lookups []warehouse.Lookup
-		for _, m := range u.members {
-			if m.done {
-				continue
-			}
-			if ctx.Err() != nil || !startBefore.IsZero() && time.Now().After(startBefore) {
-				m.done, m.res.Outcome = true, OutcomePartial
-				continue
-			}
-			var refs []store.Ref
-			err := m.withStore(ctx, s, func(l *store.Store) (err error) {
-				refs, err = l.DueUnverified(ctx, m.target)
-				return err
-			})
-			if err != nil {
-				m.fail(ctx, err)
-				continue
-			}
-			if len(refs) == 0 {
-				m.done, m.res.Outcome = true, OutcomeVerified
-				continue
-			}
-			l := warehouse.Lookup{Generation: m.target.Generation, AcceptedSince: refs[0].AcceptedAt}
-			for _, r := range refs {
-				l.EventIDs = append(l.EventIDs, r.EventID)
-				if r.AcceptedAt.Before(l.AcceptedSince) {
-					l.AcceptedSince = r.AcceptedAt
-				}
-			}
-			round = append(round, due{m, refs})
-			lookups = append(lookups, l)
+		if ctx.Err() != nil || !startBefore.IsZero() && time.Now().After(startBefore) {
+			m.done, m.res.Outcome = true, OutcomePartial
+			continue
 		}
-		if len(round) == 0 {
-			return
+		var refs []store.Ref
+		err := m.withStore(ctx, u.svc, func(l *store.Store) (err error) {
+			refs, err = l.DueUnverified(ctx, m.target)
+			return err
+		})
+		if err != nil {
+			m.fail(ctx, err)
+			continue
 		}
-		started := time.Now()
-		present, err := s.cfg.Warehouse.Present(ctx, round[0].m.ws.BigQuery, lookups)
-		took := time.Since(started)
-		u.lookups++
-		if err == nil {
-			u.answered++
+		if len(refs) == 0 {
+			m.done, m.res.Outcome = true, OutcomeVerified
+			continue
 		}
-		u.shared += len(round) - 1
-		found := make(map[string]bool, len(present))
-		for _, id := range present {
-			found[id] = true
-		}
-		for _, d := range round {
-			m := d.m
-			m.res.LookupTime += took
-			if err != nil {
-				m.lookupErr = fmt.Errorf("look up %d events: %w", len(d.refs), err)
-				m.fail(ctx, m.lookupErr)
-				continue
-			}
-			m.res.Rounds++
-			m.res.Checked += len(d.refs)
-			var verified, absent []string
-			for _, r := range d.refs {
-				if found[r.EventID] {
-					verified = append(verified, r.HistoryID)
-				} else {
-					absent = append(absent, r.HistoryID)
-				}
-			}
-			var n int64
-			var requeued []string
-			err := m.withStore(ctx, s, func(l *store.Store) (err error) {
-				if n, err = l.Verify(ctx, m.target, verified); err != nil {
-					return err
-				}
-				requeued, err = l.Retry(ctx, m.target, absent)
-				return err
-			})
-			if err != nil {
-				m.fail(ctx, err)
-				continue
-			}
-			m.res.Verified += int(n)
-			m.res.Retried += len(absent)
-			m.res.Requeued += len(requeued)
-			m.res.RequeuedRepeatedly = append(m.res.RequeuedRepeatedly, s.countRequeues(m.ws.ID, m.target, requeued)...)
-			if len(d.refs) < store.MaxVerifyBatch || (!m.target.UsesDelivery() && n == 0 && len(requeued) == 0) {
-				// Nothing more is due (the legacy read returns every
-				// unverified receipt, not only due ones: a round that
-				// changed nothing would repeat itself).
-				m.done, m.res.Outcome = true, OutcomeVerified
+		l := warehouse.Lookup{Generation: m.target.Generation, AcceptedSince: refs[0].AcceptedAt}
+		for _, r := range refs {
+			l.EventIDs = append(l.EventIDs, r.EventID)
+			if r.AcceptedAt.Before(l.AcceptedSince) {
+				l.AcceptedSince = r.AcceptedAt
 			}
 		}
+		round = append(round, due{m, refs})
+		lookups = append(lookups, l)
+	}
+	return round, lookups
+}
+
+// settle marks a member's looked-up events: those found verified, the
+// others retried (sent back to pending when accepted long ago).
+func (u *unit) settle(ctx context.Context, d due, found map[string]bool) {
+	s, m := u.svc, d.m
+	m.res.Rounds++
+	m.res.Checked += len(d.refs)
+	var verified, absent []string
+	for _, r := range d.refs {
+		if found[r.EventID] {
+			verified = append(verified, r.HistoryID)
+		} else {
+			absent = append(absent, r.HistoryID)
+		}
+	}
+	var n int64
+	var requeued []string
+	err := m.withStore(ctx, s, func(l *store.Store) (err error) {
+		if n, err = l.Verify(ctx, m.target, verified); err != nil {
+			return err
+		}
+		requeued, err = l.Retry(ctx, m.target, absent)
+		return err
+	})
+	if err != nil {
+		m.fail(ctx, err)
+		return
+	}
+	m.res.Verified += int(n)
+	m.res.Retried += len(absent)
+	m.res.Requeued += len(requeued)
+	m.res.RequeuedRepeatedly = append(m.res.RequeuedRepeatedly, s.countRequeues(m.ws.ID, m.target, requeued)...)
+	if len(d.refs) < store.MaxVerifyBatch || (!m.target.UsesDelivery() && n == 0 && len(requeued) == 0) {
+		// Nothing more is due (the legacy read returns every unverified
+		// receipt, not only due ones: a round that changed nothing would
+		// repeat itself).
+		m.done, m.res.Outcome = true, OutcomeVerified
 	}
 }
 
