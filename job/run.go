@@ -138,9 +138,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cmd := commands[i]
 	e := &env{ctx: ctx, stdout: stdout}
+	workspace, help, err := e.parseFlags(cmd, args)
+	if err != nil || help != "" {
+		if help != "" {
+			fmt.Fprintln(stdout, help)
+		}
+		return err
+	}
+	if err := e.checkFlags(cmd, workspace); err != nil {
+		return err
+	}
+	if err := e.open(cmd, workspace, getenv, stderr); err != nil {
+		return err
+	}
+	defer e.svc.Close()
+	return cmd.run(e)
+}
+
+// parseFlags parses a command's flags into e and returns the workspace
+// asked for, or the command's help when asked for it.
+func (e *env) parseFlags(cmd command, args []string) (workspace, help string, err error) {
+	name := cmd.name
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var workspace string
 	define := map[string]func(){
 		"generation": func() { fs.StringVar(&e.generation, "generation", "", flagHelp["generation"]) },
 		"parallel":   func() { fs.IntVar(&e.parallel, "parallel", 4, flagHelp["parallel"]) },
@@ -172,14 +192,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, commandUsage(cmd, fs))
-			return nil
+			return "", commandUsage(cmd, fs), nil
 		}
-		return usagef("%s: %v (job %s -h lists its flags)", name, err, name)
+		return "", "", usagef("%s: %v (job %s -h lists its flags)", name, err, name)
 	}
 	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", name, fs.Arg(0))
+		return "", "", usagef("%s: unexpected argument %q", name, fs.Arg(0))
 	}
+	return workspace, "", nil
+}
+
+// checkFlags refuses flag values out of range and combinations that make
+// no sense, as usage errors.
+func (e *env) checkFlags(cmd command, workspace string) error {
+	name := cmd.name
 	takes := func(f string) bool { return slices.Contains(cmd.flags, f) }
 	if !takes("parallel") {
 		e.parallel = 1
@@ -206,6 +232,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case e.restart && e.selection().Partial():
 		return usagef("%s: --restart is for the whole generation's replay; a partial replay resumes with --accepted-before", name)
 	}
+	return nil
+}
+
+// open reads the settings and the registry, picks the workspaces (this
+// task's share of them) and opens the delivery service.
+func (e *env) open(cmd command, workspace string, getenv func(string) string, stderr io.Writer) error {
+	ctx, name := e.ctx, cmd.name
 	settings, err := config.Read(getenv, defaultPoolSize)
 	if err != nil {
 		return err
@@ -243,11 +276,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Logger:           e.log,
 		DeadLetterReader: name == "dead-letter" || name == "status",
 	})
-	if err != nil {
-		return err
-	}
-	defer e.svc.Close()
-	return cmd.run(e)
+	return err
 }
 
 // listFlag parses a comma-separated flag into list, adding to what an
