@@ -188,8 +188,9 @@ func (s *Service) drainClaim(ctx context.Context, ws registry.Workspace, state s
 
 // publishClaim publishes a claimed batch, acknowledges what Pub/Sub accepted
 // and sets aside what can never be published.
-// When its lone event failed alone and more are pending, it drains the
-// next batch beside it (probe) before it lets the event go.
+// When its lone event failed alone, more are pending and the failure is not
+// an outage's (suspects.worthProbing), it drains the next batch beside it
+// (probe) before it lets the event go.
 func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim, res DrainResult, mayProbe bool) (DrainResult, error) {
 	defer claim.Release(ctx)
 	if len(claim.Events) == 0 && len(claim.Unpublishable) == 0 {
@@ -198,7 +199,7 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	res.More = claim.More
 	out := s.publishBatch(ctx, ws, claim)
 	res.Requests, res.PublishTime = out.requests, out.elapsed
-	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More {
+	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More && out.probe {
 		beside, err := DrainResult{}, claim.Narrow(ctx)
 		if err == nil {
 			beside, err = s.probe(ctx, ws)

@@ -79,7 +79,9 @@ func (p *publishing) publishAlone(ctx context.Context, e store.Pending) error {
 	}
 	p.failedAlone = true
 	code := publish.Code(err)
-	if p.svc.suspects.failedAlone(p.generation, e.HistoryID, code, p.failure) {
+	setAside, again := p.svc.suspects.failedAlone(p.generation, e.HistoryID, code, p.failure)
+	p.probe = p.svc.suspects.worthProbing(p.failure, again)
+	if setAside {
 		p.aside = append(p.aside, store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
 			Reason: store.ReasonPublishFailed, Code: int(code),
 			Cause: fmt.Errorf("%d publishes of it alone in a row failed with %s while Pub/Sub took other events: %w", suspectFailures, code, err)})
@@ -128,6 +130,8 @@ type publishing struct {
 	// was set aside); othersFailed: a request of the others failed too.
 	failedAlone, othersFailed bool
 	failure                   failure // the last failed request's
+	// probe: the event that failed alone is worth the claim beside it.
+	probe bool
 }
 
 // send sends events as one Publish request.

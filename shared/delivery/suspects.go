@@ -66,6 +66,15 @@ func (ss *suspects) isSuspect(generation, historyID string) bool {
 	return ok
 }
 
+// worthProbing reports whether a lone event's failure f is worth the claim
+// beside it (Service.probe): f is the process's first failure, Pub/Sub took
+// a request since the failure before, or that failure was this event's own
+// (no other request failed in between: again is failedAlone's). During an
+// outage, when the other requests fail too, it is not.
+func (ss *suspects) worthProbing(f failure, again bool) bool {
+	return f.n == 1 || again || ss.published.Load() > f.publishedBefore
+}
+
 // mark suspects the largest of the events a failed request carried.
 func (ss *suspects) mark(generation string, events []store.Pending) {
 	if len(events) < 2 {
@@ -103,22 +112,23 @@ func (ss *suspects) entry(key string) *suspect {
 
 // failedAlone records a failed publish of one event alone (f, as
 // noteFailure counted it) and reports whether the event is now to be set
-// aside.
-func (ss *suspects) failedAlone(generation, historyID string, code codes.Code, f failure) bool {
+// aside, and whether the failure before f was this event's own (again).
+func (ss *suspects) failedAlone(generation, historyID string, code codes.Code, f failure) (setAside, again bool) {
 	key := suspectKey(generation, historyID)
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	sp := ss.entry(key)
-	if sp.failures == 0 || sp.code != code || f.n != sp.last+1 {
+	again = sp.failures > 0 && f.n == sp.last+1
+	if !again || sp.code != code {
 		sp.failures, sp.code, sp.since = 0, code, f.publishedBefore
 	}
 	sp.failures++
 	sp.last = f.n
 	if sp.failures < suspectFailures || ss.published.Load() == sp.since {
-		return false
+		return false, again
 	}
 	ss.forgetLocked(key)
-	return true
+	return true, again
 }
 
 // forget drops an event published or refused.
