@@ -172,49 +172,69 @@ func newServerFromEnv() *server {
 	return s
 }
 
-func newServer(ctx context.Context, getenv func(string) string, deps dependencies) (*server, error) {
-	s := &server{verifyBudget: delivery.DefaultVerifyBudget, sweepBatches: delivery.DefaultSweepBatches, verifyWorkers: delivery.DefaultVerifyWorkers}
+// tuning is the functions' own settings from the environment: the
+// verifier's budget, sweep and workers, the drain's gather and quiet
+// interval.
+type tuning struct {
+	verifyBudget                time.Duration
+	sweepBatches, verifyWorkers int
+	gather, quiet               time.Duration
+}
+
+// readTuning reads the tuning, each variable checked against its range.
+func readTuning(getenv func(string) string) (tuning, error) {
+	t := tuning{verifyBudget: delivery.DefaultVerifyBudget, sweepBatches: delivery.DefaultSweepBatches, verifyWorkers: delivery.DefaultVerifyWorkers,
+		gather: delivery.DefaultGather, quiet: delivery.DefaultQuietInterval}
 	if raw := getenv(EnvVerifyBudget); raw != "" {
 		d, err := time.ParseDuration(raw)
 		if err != nil || d < time.Second || d > time.Hour {
-			return nil, fmt.Errorf("functions: %s: %q must be a duration between 1s and 1h", EnvVerifyBudget, raw)
+			return t, fmt.Errorf("functions: %s: %q must be a duration between 1s and 1h", EnvVerifyBudget, raw)
 		}
-		s.verifyBudget = d
+		t.verifyBudget = d
 	}
 	if raw := getenv(EnvSweepBatches); raw != "" {
 		n, err := strconv.Atoi(raw)
 		if err != nil || n < 0 || n > 1000 {
-			return nil, fmt.Errorf("functions: %s: %q must be a whole number from 0 to 1000", EnvSweepBatches, raw)
+			return t, fmt.Errorf("functions: %s: %q must be a whole number from 0 to 1000", EnvSweepBatches, raw)
 		}
-		s.sweepBatches = n
+		t.sweepBatches = n
 	}
 	if raw := getenv(EnvVerifyWorkers); raw != "" {
 		n, err := strconv.Atoi(raw)
 		if err != nil || n < 1 || n > 64 {
-			return nil, fmt.Errorf("functions: %s: %q must be a whole number from 1 to 64", EnvVerifyWorkers, raw)
+			return t, fmt.Errorf("functions: %s: %q must be a whole number from 1 to 64", EnvVerifyWorkers, raw)
 		}
-		s.verifyWorkers = n
+		t.verifyWorkers = n
 	}
-	gather := delivery.DefaultGather
 	if raw := getenv(EnvDrainGather); raw != "" {
 		d, err := time.ParseDuration(raw)
 		if err != nil || d < 0 || d > time.Second {
-			return nil, fmt.Errorf("functions: %s: %q must be a duration from 0 (off) to 1s", EnvDrainGather, raw)
+			return t, fmt.Errorf("functions: %s: %q must be a duration from 0 (off) to 1s", EnvDrainGather, raw)
 		}
-		if gather = d; d == 0 {
-			gather = -1 // off
+		if t.gather = d; d == 0 {
+			t.gather = -1 // off
 		}
 	}
-	quiet := delivery.DefaultQuietInterval
 	if raw := getenv(EnvDrainQuietInterval); raw != "" {
 		d, err := time.ParseDuration(raw)
 		if err != nil || d < 0 || d > time.Minute {
-			return nil, fmt.Errorf("functions: %s: %q must be a duration from 0 (never quiet) to 1m", EnvDrainQuietInterval, raw)
+			return t, fmt.Errorf("functions: %s: %q must be a duration from 0 (never quiet) to 1m", EnvDrainQuietInterval, raw)
 		}
-		if quiet = d; d == 0 {
-			quiet = -1 // never quiet
+		if t.quiet = d; d == 0 {
+			t.quiet = -1 // never quiet
 		}
 	}
+	return t, nil
+}
+
+// newServer builds the server of both functions from the environment and
+// deps: the settings, the token checks and the delivery service.
+func newServer(ctx context.Context, getenv func(string) string, deps dependencies) (*server, error) {
+	t, err := readTuning(getenv)
+	if err != nil {
+		return nil, err
+	}
+	s := &server{verifyBudget: t.verifyBudget, sweepBatches: t.sweepBatches, verifyWorkers: t.verifyWorkers}
 	settings, err := config.Read(getenv, defaultPoolSize)
 	if err != nil {
 		return nil, fmt.Errorf("functions: %w", err)
@@ -246,8 +266,8 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 		Pools:              database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, defaultMaxOpenPools), ServerMaxConns: settings.ServerMaxConns},
 		Publisher:          deps.publisher,
 		Logger:             log,
-		Gather:             gather,
-		QuietInterval:      quiet,
+		Gather:             t.gather,
+		QuietInterval:      t.quiet,
 	}
 	if deps.opening != nil {
 		deps.opening(&open)

@@ -240,15 +240,7 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 	if err != nil {
 		return rep, err
 	}
-	var entities []string
-	byView := map[viewKey]*ViewAudit{}
-	for i := range views {
-		v := &views[i]
-		byView[viewKey{v.EntityID, v.RecordKind}] = v
-		if !slices.Contains(entities, v.EntityID) {
-			entities = append(entities, v.EntityID)
-		}
-	}
+	entities, byView := indexViews(views)
 	// What is read when: the watermark, fenced (every transaction that
 	// could still commit an event at or below it has ended, see
 	// store.AuditMark); the source's latest states up to it, in pages; the
@@ -302,16 +294,36 @@ func (s *Service) audit(ctx context.Context, ws registry.Workspace, st *store.St
 			return rep, err
 		}
 	}
-	listed := cmp.Or(opts.MaxListed, 100)
+	listDifferences(views, cmp.Or(opts.MaxListed, 100))
+	rep.Views = views
+	rep.Equal = rep.Differences == 0
+	return rep, nil
+}
+
+// indexViews returns the audited views' entities, each once, and the views
+// by entity and record kind.
+func indexViews(views []ViewAudit) ([]string, map[viewKey]*ViewAudit) {
+	var entities []string
+	byView := map[viewKey]*ViewAudit{}
+	for i := range views {
+		v := &views[i]
+		byView[viewKey{v.EntityID, v.RecordKind}] = v
+		if !slices.Contains(entities, v.EntityID) {
+			entities = append(entities, v.EntityID)
+		}
+	}
+	return entities, byView
+}
+
+// listDifferences sorts each view's differences by record key and keeps
+// the first listed of them.
+func listDifferences(views []ViewAudit, listed int) {
 	for i := range views {
 		v := &views[i]
 		slices.SortFunc(v.Differences, func(a, b Difference) int { return strings.Compare(a.RecordKey, b.RecordKey) })
 		v.AllListed = len(v.Differences) <= listed
 		v.Differences = v.Differences[:min(len(v.Differences), listed)]
 	}
-	rep.Views = views
-	rep.Equal = rep.Differences == 0
-	return rep, nil
 }
 
 // compareBuckets sums both sides per bucket (the source's from the audit's

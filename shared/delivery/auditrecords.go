@@ -20,39 +20,9 @@ import (
 // verified as of then.
 func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, src *store.AuditSource, q warehouse.AuditQuery,
 	differing map[bucketKey]bool, keys []string, byView map[viewKey]*ViewAudit, rep *AuditReport) error {
-	prefixes := map[string][]string{} // entity → its differing buckets
-	var all []string
-	for k := range differing {
-		if !slices.Contains(prefixes[k.entity], k.bucket) {
-			prefixes[k.entity] = append(prefixes[k.entity], k.bucket)
-		}
-		if !slices.Contains(all, k.bucket) {
-			all = append(all, k.bucket)
-		}
-	}
-	slices.Sort(all)
-	readAt, err := src.Now(ctx)
+	readAt, sourceState, warehouseState, err := s.readDiffering(ctx, ws, src, q, differing, keys)
 	if err != nil {
 		return err
-	}
-	target, err := s.cfg.Auditor.AuditRecords(ctx, ws.BigQuery, q, all, keys)
-	if err != nil {
-		return err
-	}
-	warehouseState := map[recordKey]warehouse.AuditRecord{}
-	for _, r := range target {
-		warehouseState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
-	}
-	sourceState := map[recordKey]store.AuditRecord{}
-	for entity, p := range prefixes {
-		slices.Sort(p)
-		records, err := src.Records(ctx, entity, p, keys)
-		if err != nil {
-			return err
-		}
-		for _, r := range records {
-			sourceState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
-		}
 	}
 	seen := map[recordKey]bool{}
 	judgeOne := func(k recordKey) {
@@ -108,6 +78,48 @@ func (s *Service) compareRecords(ctx context.Context, ws registry.Workspace, src
 		judgeOne(k)
 	}
 	return nil
+}
+
+// readDiffering reads, for the buckets that differ, the database's clock
+// (readAt), then the warehouse's records and the source's, each by
+// record.
+func (s *Service) readDiffering(ctx context.Context, ws registry.Workspace, src *store.AuditSource, q warehouse.AuditQuery,
+	differing map[bucketKey]bool, keys []string) (time.Time, map[recordKey]store.AuditRecord, map[recordKey]warehouse.AuditRecord, error) {
+	prefixes := map[string][]string{} // entity → its differing buckets
+	var all []string
+	for k := range differing {
+		if !slices.Contains(prefixes[k.entity], k.bucket) {
+			prefixes[k.entity] = append(prefixes[k.entity], k.bucket)
+		}
+		if !slices.Contains(all, k.bucket) {
+			all = append(all, k.bucket)
+		}
+	}
+	slices.Sort(all)
+	readAt, err := src.Now(ctx)
+	if err != nil {
+		return time.Time{}, nil, nil, err
+	}
+	target, err := s.cfg.Auditor.AuditRecords(ctx, ws.BigQuery, q, all, keys)
+	if err != nil {
+		return time.Time{}, nil, nil, err
+	}
+	warehouseState := map[recordKey]warehouse.AuditRecord{}
+	for _, r := range target {
+		warehouseState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
+	}
+	sourceState := map[recordKey]store.AuditRecord{}
+	for entity, p := range prefixes {
+		slices.Sort(p)
+		records, err := src.Records(ctx, entity, p, keys)
+		if err != nil {
+			return time.Time{}, nil, nil, err
+		}
+		for _, r := range records {
+			sourceState[recordKey{viewKey{r.EntityID, r.Kind}, r.Key}] = r
+		}
+	}
+	return readAt, sourceState, warehouseState, nil
 }
 
 // judge compares a record's latest state at the source (nil: no event of

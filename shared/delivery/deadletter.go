@@ -118,41 +118,7 @@ func (s *Service) DeadLetters(ctx context.Context, workspaceID string, opts Dead
 	// back, even when ctx ends: a detached context for the answers.
 	ctx = context.WithoutCancel(ctx)
 	rep.Messages, rep.Complete = len(msgs), exhausted
-	byEvent := map[string]*DeadLetteredEvent{}
-	var order []string
-	for _, m := range msgs {
-		var ev struct {
-			EventID    string `json:"event_id"`
-			Generation string `json:"generation"`
-			EntityID   string `json:"entity_id"`
-			RecordKey  any    `json:"record_key"`
-			Revision   any    `json:"revision"`
-		}
-		id := "(not an event: message " + m.MessageID + ")"
-		if json.Unmarshal(m.Data, &ev) == nil && ev.EventID != "" {
-			id = ev.EventID
-		}
-		e, ok := byEvent[id]
-		if !ok {
-			e = &DeadLetteredEvent{EventID: id, Generation: ev.Generation, EntityID: ev.EntityID, RecordKey: scalar(ev.RecordKey),
-				Revision: scalar(ev.Revision), Bytes: len(m.Data), FirstDeadLettered: m.Published, LastDeadLettered: m.Published}
-			byEvent[id] = e
-			order = append(order, id)
-		}
-		e.Copies++
-		e.messages = append(e.messages, m)
-		e.DeliveryAttempts = max(e.DeliveryAttempts, m.DeliveryAttempts)
-		if m.Published.Before(e.FirstDeadLettered) {
-			e.FirstDeadLettered = m.Published
-		}
-		if m.Published.After(e.LastDeadLettered) {
-			e.LastDeadLettered = m.Published
-		}
-		if rep.Oldest == nil || m.Published.Before(*rep.Oldest) {
-			oldest := m.Published.UTC()
-			rep.Oldest = &oldest
-		}
-	}
+	byEvent, order := groupDeadLetters(msgs, &rep)
 	if rep.Oldest != nil {
 		rep.OldestAgeSeconds = max(time.Since(*rep.Oldest), 0).Seconds()
 	}
@@ -188,6 +154,47 @@ func (s *Service) DeadLetters(ctx context.Context, workspaceID string, opts Dead
 		return rep, s.republish(ctx, ws.PubSub.TopicName(), sub, chosen, &rep)
 	}
 	return rep, nil
+}
+
+// groupDeadLetters groups dead-lettered messages by event, in the order
+// first seen, with their copies, attempts and times, and notes the oldest
+// in rep.
+func groupDeadLetters(msgs []deadletter.Message, rep *DeadLetterReport) (byEvent map[string]*DeadLetteredEvent, order []string) {
+	byEvent = map[string]*DeadLetteredEvent{}
+	for _, m := range msgs {
+		var ev struct {
+			EventID    string `json:"event_id"`
+			Generation string `json:"generation"`
+			EntityID   string `json:"entity_id"`
+			RecordKey  any    `json:"record_key"`
+			Revision   any    `json:"revision"`
+		}
+		id := "(not an event: message " + m.MessageID + ")"
+		if json.Unmarshal(m.Data, &ev) == nil && ev.EventID != "" {
+			id = ev.EventID
+		}
+		e, ok := byEvent[id]
+		if !ok {
+			e = &DeadLetteredEvent{EventID: id, Generation: ev.Generation, EntityID: ev.EntityID, RecordKey: scalar(ev.RecordKey),
+				Revision: scalar(ev.Revision), Bytes: len(m.Data), FirstDeadLettered: m.Published, LastDeadLettered: m.Published}
+			byEvent[id] = e
+			order = append(order, id)
+		}
+		e.Copies++
+		e.messages = append(e.messages, m)
+		e.DeliveryAttempts = max(e.DeliveryAttempts, m.DeliveryAttempts)
+		if m.Published.Before(e.FirstDeadLettered) {
+			e.FirstDeadLettered = m.Published
+		}
+		if m.Published.After(e.LastDeadLettered) {
+			e.LastDeadLettered = m.Published
+		}
+		if rep.Oldest == nil || m.Published.Before(*rep.Oldest) {
+			oldest := m.Published.UTC()
+			rep.Oldest = &oldest
+		}
+	}
+	return byEvent, order
 }
 
 // discard acknowledges the chosen messages, logging each event removed.

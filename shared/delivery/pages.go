@@ -162,50 +162,13 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 		progress = NoProgress{}
 	}
 	timeout := cmpDuration(opts.PageTimeout, 2*time.Minute)
-	pageAll := func(ctx context.Context, tracker Tracker, drain func(context.Context) error) error {
-		for {
-			if ctx.Err() != nil {
-				return fmt.Errorf("%w after %d pages", ErrInterrupted, res.Pages)
-			}
-			// A page runs detached from ctx: an interrupt stops the
-			// operation between pages, never inside one.
-			var rows int
-			var complete bool
-			err := s.retrying(ctx, operation+" page", workspaceID, func() error {
-				pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-				defer cancel()
-				var err error
-				rows, complete, err = loop.page(pctx)
-				return err
-			})
-			if err != nil && ctx.Err() != nil && Transient(err) {
-				return fmt.Errorf("%w after %d pages (while waiting to retry: %w)", ErrInterrupted, res.Pages, err)
-			}
-			if err != nil {
-				return err
-			}
-			res.Pages++
-			res.Rows += rows
-			tracker.Add(rows)
-			if complete {
-				return nil
-			}
-			if drain != nil && res.Pages%DrainEveryPages == 0 {
-				if err := drain(ctx); err != nil {
-					if ctx.Err() != nil {
-						return fmt.Errorf("%w after %d pages", ErrInterrupted, res.Pages)
-					}
-					return err
-				}
-			}
-		}
-	}
+	pr := &pageRun{svc: s, workspaceID: workspaceID, operation: operation, loop: loop, timeout: timeout, res: &res}
 	run := func(ctx context.Context, drain func(context.Context) error) error {
 		if loop.complete {
 			return nil
 		}
 		tracker := progress.Start(operation, workspaceID, "rows", loop.total)
-		err := pageAll(ctx, tracker, drain)
+		err := pr.all(ctx, tracker, drain)
 		tracker.Done(err)
 		return err
 	}
@@ -215,6 +178,57 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 	drains := max(opts.Drains, 1)
 	res.Drained, err = s.DrainAll(ctx, workspaceID, DrainAllOptions{Drains: drains, StepTimeout: timeout, Progress: progress, While: run})
 	return res, err
+}
+
+// pageRun runs an operation's pages.
+type pageRun struct {
+	svc                    *Service
+	workspaceID, operation string
+	loop                   pageLoop
+	timeout                time.Duration // a page's
+	res                    *PagesResult
+}
+
+// all runs the pages until the loop is complete, each retried through
+// transient faults, calling drain every DrainEveryPages pages; ctx's end
+// stops it between pages.
+func (r *pageRun) all(ctx context.Context, tracker Tracker, drain func(context.Context) error) error {
+	for {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w after %d pages", ErrInterrupted, r.res.Pages)
+		}
+		// A page runs detached from ctx: an interrupt stops the
+		// operation between pages, never inside one.
+		var rows int
+		var complete bool
+		err := r.svc.retrying(ctx, r.operation+" page", r.workspaceID, func() error {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
+			defer cancel()
+			var err error
+			rows, complete, err = r.loop.page(pctx)
+			return err
+		})
+		if err != nil && ctx.Err() != nil && Transient(err) {
+			return fmt.Errorf("%w after %d pages (while waiting to retry: %w)", ErrInterrupted, r.res.Pages, err)
+		}
+		if err != nil {
+			return err
+		}
+		r.res.Pages++
+		r.res.Rows += rows
+		tracker.Add(rows)
+		if complete {
+			return nil
+		}
+		if drain != nil && r.res.Pages%DrainEveryPages == 0 {
+			if err := drain(ctx); err != nil {
+				if ctx.Err() != nil {
+					return fmt.Errorf("%w after %d pages", ErrInterrupted, r.res.Pages)
+				}
+				return err
+			}
+		}
+	}
 }
 
 // target returns the workspace's state and the target to work on: the

@@ -22,24 +22,8 @@ var (
 
 // Validate reports the first invalid field, named by its JSON path.
 func (r *Registry) Validate() error {
-	if r.Identity.Configured() {
-		id := r.Identity
-		switch {
-		case id.Issuer == "":
-			return errors.New("identity.issuer: required")
-		case id.Audience == "":
-			return errors.New("identity.audience: required")
-		case id.JWKSURL == "":
-			return errors.New("identity.jwks_url: required")
-		}
-		if u, err := url.Parse(id.JWKSURL); err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
-			return fmt.Errorf("identity.jwks_url: %q must be an https URL (http only on loopback)", id.JWKSURL)
-		}
-		for i, a := range id.Algorithms {
-			if !algorithms[a] {
-				return fmt.Errorf("identity.algorithms[%d]: %q is not an accepted signature algorithm (want RS256, ES256, …; never none or HS*)", i, a)
-			}
-		}
+	if err := r.Identity.validate(); err != nil {
+		return err
 	}
 	if len(r.Workspaces) == 0 {
 		return errors.New("workspaces: at least one workspace is required")
@@ -78,42 +62,84 @@ func (r *Registry) Validate() error {
 		if err := w.Database.validate(at + ".database"); err != nil {
 			return err
 		}
-		if !projectPattern.MatchString(w.PubSub.Project) {
-			return fmt.Errorf("%s.pubsub.project: %q is not a Google Cloud project id", at, w.PubSub.Project)
+		if err := w.PubSub.validate(at + ".pubsub"); err != nil {
+			return err
 		}
-		if !topicPattern.MatchString(w.PubSub.Topic) || strings.HasPrefix(w.PubSub.Topic, "goog") {
-			return fmt.Errorf("%s.pubsub.topic: %q is not a Pub/Sub topic id", at, w.PubSub.Topic)
+		if err := w.BigQuery.validate(at + ".bigquery"); err != nil {
+			return err
 		}
-		if sub := w.PubSub.DeadLetterSubscription; !topicPattern.MatchString(sub) || strings.HasPrefix(sub, "goog") {
-			return fmt.Errorf("%s.pubsub.dead_letter_subscription: %q is not a Pub/Sub subscription id", at, sub)
+	}
+	return nil
+}
+
+// validate checks the identity section, when there is one.
+func (id Identity) validate() error {
+	if !id.Configured() {
+		return nil
+	}
+	switch {
+	case id.Issuer == "":
+		return errors.New("identity.issuer: required")
+	case id.Audience == "":
+		return errors.New("identity.audience: required")
+	case id.JWKSURL == "":
+		return errors.New("identity.jwks_url: required")
+	}
+	if u, err := url.Parse(id.JWKSURL); err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
+		return fmt.Errorf("identity.jwks_url: %q must be an https URL (http only on loopback)", id.JWKSURL)
+	}
+	for i, a := range id.Algorithms {
+		if !algorithms[a] {
+			return fmt.Errorf("identity.algorithms[%d]: %q is not an accepted signature algorithm (want RS256, ES256, …; never none or HS*)", i, a)
 		}
-		bq := w.BigQuery
-		if !projectPattern.MatchString(bq.Project) {
-			return fmt.Errorf("%s.bigquery.project: %q is not a Google Cloud project id", at, bq.Project)
+	}
+	return nil
+}
+
+// validate checks a workspace's Pub/Sub names (at: the field's path).
+func (p PubSub) validate(at string) error {
+	if !projectPattern.MatchString(p.Project) {
+		return fmt.Errorf("%s.project: %q is not a Google Cloud project id", at, p.Project)
+	}
+	if !topicPattern.MatchString(p.Topic) || strings.HasPrefix(p.Topic, "goog") {
+		return fmt.Errorf("%s.topic: %q is not a Pub/Sub topic id", at, p.Topic)
+	}
+	if sub := p.DeadLetterSubscription; !topicPattern.MatchString(sub) || strings.HasPrefix(sub, "goog") {
+		return fmt.Errorf("%s.dead_letter_subscription: %q is not a Pub/Sub subscription id", at, sub)
+	}
+	return nil
+}
+
+// validate checks a workspace's BigQuery names and endpoint (at: the
+// field's path).
+func (bq BigQuery) validate(at string) error {
+	if !projectPattern.MatchString(bq.Project) {
+		return fmt.Errorf("%s.project: %q is not a Google Cloud project id", at, bq.Project)
+	}
+	if !bqNamePattern.MatchString(bq.Dataset) {
+		return fmt.Errorf("%s.dataset: %q must be letters, digits and underscores", at, bq.Dataset)
+	}
+	if !bqNamePattern.MatchString(bq.ViewsDataset) {
+		return fmt.Errorf("%s.views_dataset: %q must be letters, digits and underscores", at, bq.ViewsDataset)
+	}
+	if !bqNamePattern.MatchString(bq.Table) {
+		return fmt.Errorf("%s.table: %q must be letters, digits and underscores", at, bq.Table)
+	}
+	if bq.Partitioning != PartitioningIngestionTime && bq.Partitioning != PartitioningNone {
+		return fmt.Errorf("%s.partitioning: %q must be %q or %q", at, bq.Partitioning, PartitioningIngestionTime, PartitioningNone)
+	}
+	if bq.Endpoint == "" {
+		if bq.AllowRemoteEndpoint {
+			return fmt.Errorf("%s.allow_remote_endpoint: set without an endpoint", at)
 		}
-		if !bqNamePattern.MatchString(bq.Dataset) {
-			return fmt.Errorf("%s.bigquery.dataset: %q must be letters, digits and underscores", at, bq.Dataset)
-		}
-		if !bqNamePattern.MatchString(bq.ViewsDataset) {
-			return fmt.Errorf("%s.bigquery.views_dataset: %q must be letters, digits and underscores", at, bq.ViewsDataset)
-		}
-		if !bqNamePattern.MatchString(bq.Table) {
-			return fmt.Errorf("%s.bigquery.table: %q must be letters, digits and underscores", at, bq.Table)
-		}
-		if bq.Partitioning != PartitioningIngestionTime && bq.Partitioning != PartitioningNone {
-			return fmt.Errorf("%s.bigquery.partitioning: %q must be %q or %q", at, bq.Partitioning, PartitioningIngestionTime, PartitioningNone)
-		}
-		if bq.Endpoint != "" {
-			u, err := url.Parse(bq.Endpoint)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return fmt.Errorf("%s.bigquery.endpoint: %q is not an http(s) URL", at, bq.Endpoint)
-			}
-			if !isLoopback(u.Hostname()) && !bq.AllowRemoteEndpoint {
-				return fmt.Errorf("%s.bigquery.endpoint: %q is not on a loopback address: an endpoint turns authentication off, so only a local or test server may be named (set allow_remote_endpoint to mean it)", at, bq.Endpoint)
-			}
-		} else if bq.AllowRemoteEndpoint {
-			return fmt.Errorf("%s.bigquery.allow_remote_endpoint: set without an endpoint", at)
-		}
+		return nil
+	}
+	u, err := url.Parse(bq.Endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s.endpoint: %q is not an http(s) URL", at, bq.Endpoint)
+	}
+	if !isLoopback(u.Hostname()) && !bq.AllowRemoteEndpoint {
+		return fmt.Errorf("%s.endpoint: %q is not on a loopback address: an endpoint turns authentication off, so only a local or test server may be named (set allow_remote_endpoint to mean it)", at, bq.Endpoint)
 	}
 	return nil
 }
