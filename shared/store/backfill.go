@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -110,6 +111,28 @@ type BackfillPage struct {
 	Complete bool
 }
 
+// backfillPageStatement is the statement of a backfill page of one table
+// ("": the baselines) from the cursor, with its arguments.
+func (s *Store) backfillPageStatement(ctx context.Context, tx pgx.Tx, generation string, cur Target, cursor backfillCursor, table string) (string, []any, error) {
+	if table == "" {
+		read := sqlBackfillBaselineFirstPage
+		if cursor.ID != nil {
+			read = sqlBackfillBaselineNextPage
+		}
+		return fmt.Sprintf(sqlBackfillPage, read, "$3"), []any{generation, cursor.ID, nil}, nil
+	}
+	ident, err := s.historyTable(ctx, tx, table)
+	if err != nil {
+		return "", nil, err
+	}
+	read := sqlBackfillHistoryFirstPage
+	if cursor.ID != nil {
+		read = sqlBackfillHistoryNextPage
+	}
+	return fmt.Sprintf(sqlBackfillPage, fmt.Sprintf(read, ident), "$6"),
+		[]any{generation, cursor.ID, cur.SourceID, cur.FromRevision, cur.BackfillRevision, table}, nil
+}
+
 // AdvanceBackfill enqueues the next page of up to 1,000 events of a target
 // created under protocol 3 (advanceReplicationBackfill, seed 000), in its
 // own transaction under the shared lifecycle lock. Each selected entity's
@@ -161,28 +184,10 @@ func (s *Store) AdvanceBackfill(ctx context.Context, t Target) (BackfillPage, er
 			return err
 		}
 		table := tables[cursor.Table]
-		var statement string
-		var args []any
-		if table == "" {
-			page.Table = "baselines"
-			read := sqlBackfillBaselineFirstPage
-			if cursor.ID != nil {
-				read = sqlBackfillBaselineNextPage
-			}
-			statement = fmt.Sprintf(sqlBackfillPage, read, "$3")
-			args = []any{t.Generation, cursor.ID, nil}
-		} else {
-			page.Table = table
-			ident, err := s.historyTable(ctx, tx, table)
-			if err != nil {
-				return err
-			}
-			read := sqlBackfillHistoryFirstPage
-			if cursor.ID != nil {
-				read = sqlBackfillHistoryNextPage
-			}
-			statement = fmt.Sprintf(sqlBackfillPage, fmt.Sprintf(read, ident), "$6")
-			args = []any{t.Generation, cursor.ID, cur.SourceID, cur.FromRevision, cur.BackfillRevision, table}
+		page.Table = cmp.Or(table, "baselines")
+		statement, args, err := s.backfillPageStatement(ctx, tx, t.Generation, cur, cursor, table)
+		if err != nil {
+			return err
 		}
 		var rows, verified int64
 		var last *string

@@ -57,18 +57,21 @@ func (s *Store) readEvents(ctx context.Context, conn *pgxpool.Conn, t Target, cl
 	}
 }
 
-func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target, claimed []candidate) ([]captured, []SetAside, error) {
-	// Group by table, resolving each table against the capture tables.
-	type group struct {
-		ident string
-		ids   []string
-	}
-	groups := map[string]*group{} // "" = baselines
+// eventGroup is the claimed rows of one table: its quoted identifier and
+// their history ids.
+type eventGroup struct {
+	ident string
+	ids   []string
+}
+
+// groupByTable groups claimed rows by table ("": the baselines), in the
+// order first met, each table resolved against the capture tables; a
+// table that carries no capture trigger is in unknown, with why.
+func (s *Store) groupByTable(ctx context.Context, conn *pgxpool.Conn, claimed []candidate) (map[string]*eventGroup, []string, map[string]error, error) {
+	groups := map[string]*eventGroup{}
 	var order []string
 	unknown := map[string]error{}
-	ids := make([]string, len(claimed))
-	for i, cd := range claimed {
-		ids[i] = cd.id
+	for _, cd := range claimed {
 		table := ""
 		if cd.table != nil {
 			table = *cd.table
@@ -78,7 +81,7 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 		}
 		g, ok := groups[table]
 		if !ok {
-			g = &group{}
+			g = &eventGroup{}
 			if table != "" {
 				ident, err := s.historyTable(ctx, conn, table)
 				if errors.Is(err, ErrNoCaptureTable) {
@@ -86,7 +89,7 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 					continue
 				}
 				if err != nil {
-					return nil, nil, err
+					return nil, nil, nil, err
 				}
 				g.ident = ident
 			}
@@ -94,6 +97,17 @@ func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target
 			order = append(order, table)
 		}
 		g.ids = append(g.ids, cd.id)
+	}
+	return groups, order, unknown, nil
+}
+
+// readEventsOnce reads the claimed rows' events from their tables in one
+// round trip, keeping only rows still pending; rows of a table without a
+// capture trigger are set aside (ReasonUnknownTable).
+func (s *Store) readEventsOnce(ctx context.Context, conn *pgxpool.Conn, t Target, claimed []candidate) ([]captured, []SetAside, error) {
+	groups, order, unknown, err := s.groupByTable(ctx, conn, claimed)
+	if err != nil {
+		return nil, nil, err
 	}
 	b := &pgx.Batch{}
 	b.Queue(sqlReadShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
