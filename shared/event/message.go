@@ -1,13 +1,12 @@
 package event
 
-// This file is long because it is one thing: the wire message built byte for
-// byte as the SDK's JSON.stringify builds it, with the escaping and number
-// rules that takes; splitting it would scatter one specification.
+// The wire message built byte for byte as the SDK's JSON.stringify builds
+// it, with the key order, escaping and number rules that takes; reading and
+// checking the captured JSON text is scanner.go's.
 
 import (
 	"bytes"
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -89,172 +88,6 @@ func AppendMessage(dst, raw []byte, sourceID, historyID, generation string) ([]b
 		}
 	}
 	return append(out, '}'), eventID, nil
-}
-
-// member is one key of a JSON object: its decoded key and the span of its
-// value in the raw text, or an override value that replaces it.
-type member struct {
-	key        string
-	start, end int
-	override   string
-}
-
-// withOverride gives key the value v in its place, or appends it, as the
-// object spread {...payload, key: v} does.
-func withOverride(members []member, key, v string) []member {
-	for i := range members {
-		if members[i].key == key {
-			members[i].override = v
-			return members
-		}
-	}
-	return append(members, member{key: key, override: v})
-}
-
-// scanner reads JSON text.
-type scanner struct {
-	b []byte
-	i int
-}
-
-func (s *scanner) space() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
-}
-
-func cmpUint(a, b uint32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-// arrayIndex reports whether key is an array index as ECMAScript defines
-// it: the canonical decimal form of an integer from 0 to 2³²−2.
-func arrayIndex(key string) (uint32, bool) {
-	if key == "" || len(key) > 10 || (len(key) > 1 && key[0] == '0') {
-		return 0, false
-	}
-	var n uint64
-	for i := 0; i < len(key); i++ {
-		c := key[i]
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + uint64(c-'0')
-	}
-	if n > math.MaxUint32-1 {
-		return 0, false
-	}
-	return uint32(n), true
-}
-
-// maxDepth bounds nesting, as a guard against hostile input.
-const maxDepth = 512
-
-// skipValue moves past the value at s.i, checking it.
-func (s *scanner) skipValue(depth int) error {
-	var none *objectIndex // check only, index nothing
-	return none.scan(s, depth)
-}
-
-// skipScalar moves past the string, number or literal at s.i, checking it.
-func (s *scanner) skipScalar() error {
-	if s.i >= len(s.b) {
-		return fmt.Errorf("want a value at offset %d", s.i)
-	}
-	switch c := s.b[s.i]; {
-	case c == '"':
-		return s.skipString()
-	case c == 't':
-		return s.literal("true")
-	case c == 'f':
-		return s.literal("false")
-	case c == 'n':
-		return s.literal("null")
-	case c == '-' || (c >= '0' && c <= '9'):
-		start := s.i
-		for s.i < len(s.b) && bytes.IndexByte([]byte("+-0123456789.eE"), s.b[s.i]) >= 0 {
-			s.i++
-		}
-		if !json.Valid(s.b[start:s.i]) {
-			return fmt.Errorf("bad number %q", s.b[start:s.i])
-		}
-		return nil
-	}
-	return fmt.Errorf("unexpected %q at offset %d", s.b[s.i], s.i)
-}
-
-func (s *scanner) literal(word string) error {
-	if !bytes.HasPrefix(s.b[s.i:], []byte(word)) {
-		return fmt.Errorf("bad literal at offset %d", s.i)
-	}
-	s.i += len(word)
-	return nil
-}
-
-// skipString moves past a string literal at s.i, checking its escapes.
-func (s *scanner) skipString() error {
-	start := s.i
-	s.i++
-	for s.i < len(s.b) {
-		switch c := s.b[s.i]; {
-		case c == '"':
-			s.i++
-			return nil
-		case c == '\\':
-			if s.i+1 >= len(s.b) {
-				return fmt.Errorf("unterminated string at offset %d", start)
-			}
-			switch s.b[s.i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.i += 2
-			case 'u':
-				if s.i+6 > len(s.b) || !isHex4(s.b[s.i+2:s.i+6]) {
-					return fmt.Errorf("bad \\u escape at offset %d", s.i)
-				}
-				s.i += 6
-			default:
-				return fmt.Errorf("bad escape at offset %d", s.i)
-			}
-		case c < 0x20:
-			return fmt.Errorf("control character in string at offset %d", s.i)
-		default:
-			s.i++
-		}
-	}
-	return fmt.Errorf("unterminated string at offset %d", start)
-}
-
-func isHex4(b []byte) bool {
-	for _, c := range b {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-			return false
-		}
-	}
-	return true
-}
-
-// decodeString decodes a string literal; literals without escapes (the
-// common case) cost one copy.
-func decodeString(lit []byte) (string, error) {
-	if bytes.IndexByte(lit, '\\') < 0 {
-		return string(lit[1 : len(lit)-1]), nil
-	}
-	var v string
-	if err := json.Unmarshal(lit, &v); err != nil {
-		return "", err
-	}
-	return v, nil
 }
 
 // A value is written as JSON.stringify writes what JSON.parse made of it:
@@ -466,53 +299,6 @@ func appendScalar(dst, lit []byte) ([]byte, error) {
 		return append(dst, lit...), nil
 	}
 	return appendNumber(dst, lit), nil
-}
-
-// addMember adds m to an object's members: a repeated key keeps its first
-// place and takes the last value, as JSON.parse does. Past a few members
-// it finds keys through seen, so that an object of many keys costs linear
-// time.
-func addMember(members []member, seen map[string]int, m member) ([]member, map[string]int) {
-	j := -1
-	if seen != nil {
-		if k, ok := seen[m.key]; ok {
-			j = k
-		}
-	} else {
-		j = slices.IndexFunc(members, func(x member) bool { return x.key == m.key })
-	}
-	if j >= 0 {
-		members[j].start, members[j].end = m.start, m.end
-		return members, seen
-	}
-	members = append(members, m)
-	if seen == nil && len(members) > 16 {
-		seen = make(map[string]int, len(members)*2)
-		for i, x := range members {
-			seen[x.key] = i
-		}
-	} else if seen != nil {
-		seen[m.key] = len(members) - 1
-	}
-	return members, seen
-}
-
-// jsOrder puts an object's array-index keys first, ascending, as
-// JavaScript orders them; the stable sort keeps the others in their order.
-func jsOrder(members []member) {
-	slices.SortStableFunc(members, func(a, b member) int {
-		ai, aok := arrayIndex(a.key)
-		bi, bok := arrayIndex(b.key)
-		switch {
-		case aok && bok:
-			return cmpUint(ai, bi)
-		case aok:
-			return -1
-		case bok:
-			return 1
-		}
-		return 0
-	})
 }
 
 // canonicalString reports whether a string literal is already written as
