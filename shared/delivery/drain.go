@@ -120,7 +120,11 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 		} else {
 			// A drain of this process that comes to wait for the turn while
 			// this one waits for a connection has not claimed either (next).
-			turn, err := st.store.TakeTurn(ctx, next)
+			var turn *store.Turn
+			// err is the loop's: the claim's error below must reach
+			// drainClaim (a := here would shadow it, and a failed claim
+			// would be taken for an empty one).
+			turn, err = st.store.TakeTurn(ctx, next)
 			if err != nil {
 				return res, err
 			}

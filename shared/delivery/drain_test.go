@@ -226,3 +226,29 @@ func TestConcurrentDrainsPublishDisjointBatches(t *testing.T) {
 	wg.Wait()
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
+
+// TestAFailedClaimOnATurnIsAnError: a wake-up on a busy workspace (it takes
+// the drain's turn) whose claim fails — the SDK's migration holds the
+// lifecycle lock past the claim's lock_timeout — answers the claim's error.
+// It is neither taken for an empty claim nor a crash of the process.
+func TestAFailedClaimOnATurnIsAnError(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 2, withService(func(c *delivery.Config) {
+		c.QuietInterval = -1 // every wake-up takes turns
+		c.Store.LockTimeout = 200 * time.Millisecond
+	}))
+	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 3, 3))
+	migration, err := r.pool.Begin(r.ctx)
+	require.NoError(t, err)
+	defer func() { _ = migration.Rollback(r.ctx) }()
+	_, err = migration.Exec(r.ctx, "SELECT pg_advisory_xact_lock(hashtextextended('"+store.LifecycleLock+"', 0))")
+	require.NoError(t, err)
+	res, err := r.svc.Drain(r.ctx, "w1")
+	require.Error(t, err, "%+v", res)
+	require.True(t, delivery.Transient(err), "a lock timeout is worth a retry: %v", err)
+	require.Zero(t, res.Published)
+	require.NoError(t, migration.Rollback(r.ctx))
+	res, err = r.svc.Drain(r.ctx, "w1")
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Published)
+}
