@@ -57,7 +57,7 @@ func Open(ctx context.Context, url string) (*Local, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localwarehouse: %w", err)
 	}
-	if _, err := pool.Exec(ctx, sqlLocalSchema); err != nil {
+	if _, err := pool.Exec(ctx, sqlLocalSchema+sqlDialectFunctions); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("localwarehouse: create the events table: %w", err)
 	}
@@ -162,77 +162,20 @@ func (l *Local) Ingest(ctx context.Context, messages [][]byte) error {
 	})
 }
 
-// sqlLocalLookup is the verifier's lookup against the local table.
-const sqlLocalLookup = `SELECT DISTINCT event_id FROM events WHERE generation = ANY($1::text[]) AND event_id = ANY($2::text[])`
-
-// The audit's queries (warehouse.AuditBuckets and AuditRecords) against
-// the local table, in PostgreSQL: the same latest state per record
-// (revision × 2 + deleted), buckets by md5(record_key) and hashes as the
-// BigQuery SQL. $1 generation, $2 source, $3 entities, $4 watermark,
-// $5 digits; $6 buckets and $7 keys (NULL: every record) for the records.
-const (
-	sqlLocalAuditLatest = `SELECT entity_id, record_kind, record_key, max(revision * 2 + deleted::int)::bigint AS latest
-    FROM events WHERE generation = $1 AND source_id = $2 AND entity_id = ANY ($3::text[]) AND revision <= $4::numeric
-    GROUP BY entity_id, record_kind, record_key`
-	sqlLocalAuditBuckets = `SELECT entity_id, record_kind, substr(md5(record_key), 1, $5::int) AS bucket, count(*)::text,
-    bit_xor(('x' || substr(md5(record_key || ':' || latest::text), 1, 15))::bit(60)::bigint)::text
-    FROM (` + sqlLocalAuditLatest + `) l GROUP BY 1, 2, 3`
-	sqlLocalAuditRecords = `SELECT entity_id, record_kind, record_key, latest::text FROM (` + sqlLocalAuditLatest + `) l
-    WHERE substr(md5(record_key), 1, $5::int) = ANY ($6::text[]) AND ($7::text[] IS NULL OR record_key = ANY ($7::text[]))`
-)
-
-// audit answers an audit query.
-func (l *Local) audit(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
-	args := []any{q.Params["generation"].Value, q.Params["source_id"].Value, q.Params["entities"].Values,
-		q.Params["watermark"].Value, q.Params["digits"].Value}
-	query, columns := sqlLocalAuditBuckets, []string{"entity_id", "record_kind", "bucket", "records", "checksum"}
-	if buckets, ok := q.Params["buckets"]; ok {
-		var keys []string
-		if k, ok := q.Params["keys"]; ok {
-			keys = append([]string{}, k.Values...)
-		}
-		args = append(args, buckets.Values, keys)
-		query, columns = sqlLocalAuditRecords, []string{"entity_id", "record_kind", "record_key", "latest"}
-	}
-	rows, err := l.pool.Query(ctx, query, args...)
-	if err != nil {
-		return bqserver.Result{}, err
-	}
-	res := bqserver.Result{Columns: columns}
-	res.Rows, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]*string, error) {
-		cells := make([]*string, len(columns))
-		ptrs := make([]any, len(columns))
-		for i := range cells {
-			ptrs[i] = &cells[i]
-		}
-		return cells, r.Scan(ptrs...)
-	})
-	return res, err
-}
-
-// QueryHandler answers the BigQuery verifier lookup (generation and ids
-// parameters) and the audit's queries (a digits parameter) from the local
-// table, so that the real BigQuery client path runs against a bqserver
-// backed by it. Other queries (view DDL) are accepted and answered with no
-// rows: the local views are PostgreSQL views created by CreateViews.
+// QueryHandler answers the product's BigQuery queries, the verifier's
+// lookup (ids) and the audit's (digits), by running their SQL on the local
+// table (see dialect.go), so that the real BigQuery client path runs
+// against a bqserver backed by it. Other queries (view DDL) are accepted
+// and answered with no rows: the local views are PostgreSQL views created
+// by CreateViews.
 func (l *Local) QueryHandler() bqserver.Handler {
 	return func(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
-		if _, ok := q.Params["digits"]; ok {
-			return l.audit(ctx, q)
-		}
-		ids, ok := q.Params["ids"]
-		if !ok {
+		_, audit := q.Params["digits"]
+		_, lookup := q.Params["ids"]
+		if !audit && !lookup {
 			return bqserver.Result{Columns: []string{"event_id"}}, nil
 		}
-		rows, err := l.pool.Query(ctx, sqlLocalLookup, q.Params["generations"].Values, ids.Values)
-		if err != nil {
-			return bqserver.Result{}, err
-		}
-		present, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return bqserver.Result{}, err
-		}
-		return bqserver.Strings("event_id", present), nil
+		return l.runBigQuery(ctx, q)
 	}
 }
 
