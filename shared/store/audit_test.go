@@ -210,7 +210,9 @@ func TestAuditSourceStatementsArePages(t *testing.T) {
 
 // TestAuditRecordsReadTheLatestEventAndItsVerification: the records of
 // chosen buckets or keys come with their latest event's history id,
-// revision and deleted flag, and when it was verified.
+// revision and deleted flag, and when it was verified, whatever the page
+// size of the source's read (in pages of 2 events a record's create, update
+// and tombstone fall in different pages).
 func TestAuditRecordsReadTheLatestEventAndItsVerification(t *testing.T) {
 	e := newEnv(t, &sdkfixture.V4Template)
 	tg := e.start(t)
@@ -229,22 +231,28 @@ func TestAuditRecordsReadTheLatestEventAndItsVerification(t *testing.T) {
 	for i := range all {
 		all[i] = fmt.Sprintf("%x", i)
 	}
-	src, err := e.store.OpenAudit(e.ctx, tg, mark.Revision, []string{"ent_product"})
-	require.NoError(t, err)
-	defer src.Close(e.ctx)
-	recs, err := src.Records(e.ctx, "ent_product", all, []string{ids[0], ids[1]})
-	require.NoError(t, err)
-	require.Len(t, recs, 2, "only the chosen keys")
-	byKey := map[string]store.AuditRecord{}
-	for _, r := range recs {
-		byKey[r.Key] = r
+	for _, pageEvents := range []int{0, 2} {
+		t.Run(fmt.Sprintf("pages of %d events", pageEvents), func(t *testing.T) {
+			st, err := store.New(e.pool, store.Config{AuditPageEvents: pageEvents})
+			require.NoError(t, err)
+			src, err := st.OpenAudit(e.ctx, tg, mark.Revision, []string{"ent_product"})
+			require.NoError(t, err)
+			defer src.Close(e.ctx)
+			recs, err := src.Records(e.ctx, "ent_product", all, []string{ids[0], ids[1]})
+			require.NoError(t, err)
+			require.Len(t, recs, 2, "only the chosen keys")
+			byKey := map[string]store.AuditRecord{}
+			for _, r := range recs {
+				byKey[r.Key] = r
+			}
+			require.Equal(t, updated, byKey[ids[0]].HistoryID, "the latest event: the update")
+			require.NotNil(t, byKey[ids[0]].VerifiedAt)
+			require.False(t, byKey[ids[0]].Deleted)
+			require.True(t, byKey[ids[1]].Deleted, "the tombstone is the latest")
+			require.Nil(t, byKey[ids[1]].VerifiedAt, "accepted, not verified")
+			require.Greater(t, byKey[ids[1]].Revision, byKey[ids[0]].Revision)
+		})
 	}
-	require.Equal(t, updated, byKey[ids[0]].HistoryID, "the latest event: the update")
-	require.NotNil(t, byKey[ids[0]].VerifiedAt)
-	require.False(t, byKey[ids[0]].Deleted)
-	require.True(t, byKey[ids[1]].Deleted, "the tombstone is the latest")
-	require.Nil(t, byKey[ids[1]].VerifiedAt, "accepted, not verified")
-	require.Greater(t, byKey[ids[1]].Revision, byKey[ids[0]].Revision)
 }
 
 // TestRedeliverTouchesOnlyItsGeneration: a repair's reset sends the chosen

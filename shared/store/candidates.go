@@ -154,7 +154,7 @@ func (c *Claim) candidates(ctx context.Context, generation string, after *candid
 		if err != nil {
 			return nil, err
 		}
-		if c.idlePrior == nil && c.session == nil {
+		if c.idlePrior == nil && c.mode == ownSession {
 			c.idlePrior = &prior
 		}
 		rows, err := results.Query()

@@ -32,8 +32,7 @@ const sqlClaimSession = `SELECT current_setting('idle_session_timeout'), set_con
 // sqlClaimSessionLeavingNext is sqlClaimSession of a drain that holds the
 // next turn (see turn.go), which it lets go ($4: DrainTurnClass) in this
 // statement, before the candidates' statement takes its snapshot.
-const sqlClaimSessionLeavingNext = `SELECT current_setting('idle_session_timeout'), set_config('statement_timeout', $1, true),
-  set_config('lock_timeout', $2, true), pg_advisory_xact_lock_shared(hashtextextended($3, 0)), pg_advisory_unlock(hashtext($4), 2)`
+const sqlClaimSessionLeavingNext = sqlClaimSession + `, pg_advisory_unlock(hashtext($4), 2)`
 
 // readClaimSession reads sqlClaimSession's (or, with leavingNext,
 // sqlClaimSessionLeavingNext's) result: the session's idle_session_timeout
@@ -87,11 +86,14 @@ type Claim struct {
 
 	store  *Store
 	target Target
-	// conn is the claim's own session (ClaimActive); nil on the legacy path
-	// and for a Session's claims, which use the session's.
-	conn    *pgxpool.Conn
+	mode   claimMode
+	// conn is the claim's own session (ownSession) until the claim ends.
+	conn *pgxpool.Conn
+	// session is the Session whose claim it is (inSession).
 	session *Session
 	out     bool // a Session's claim, neither finished nor released
+	// legacyEnded: a legacy claim was finished or released.
+	legacyEnded bool
 	locked  bool // the claim may hold claim locks (or the drain's turn)
 	turn    bool // the claim's session holds the drain's turn
 	// idlePrior is the session's idle_session_timeout before the claim
@@ -103,6 +105,23 @@ type Claim struct {
 	// (those set aside before only).
 	backoffs map[string]time.Duration
 }
+
+// claimMode is where a claim's statements run and how it ends, chosen once
+// when the claim is made.
+type claimMode uint8
+
+const (
+	// ownSession is ClaimActive's claim at protocol 4: it holds a
+	// connection of its own, whose claim locks Finish or Release lets go
+	// before the connection goes back to the pool.
+	ownSession claimMode = iota
+	// inSession is a Session's claim: its statements run on the session's
+	// connection, which outlives it; the session acknowledges it.
+	inSession
+	// legacyScan is a protocol 3 claim: the SDK's scan locks nothing, so
+	// it holds no connection; Finish writes its receipts.
+	legacyScan
+)
 
 // ClaimActive reads the replication state and, when replication is enabled
 // and has an active target, claims the next batch of its pending events
@@ -320,7 +339,7 @@ func readClaimStart(c *Claim, results pgx.BatchResults, leavingNext, v4 bool, ba
 
 // db is the connection the claim's statements run on.
 func (c *Claim) db() *pgxpool.Conn {
-	if c.session != nil {
+	if c.mode == inSession {
 		return c.session.conn
 	}
 	return c.conn
@@ -330,11 +349,14 @@ func (c *Claim) db() *pgxpool.Conn {
 // pending and other drains may take them at once. It is safe to call after
 // Finish, and more than once.
 func (c *Claim) Release(ctx context.Context) {
-	if c.session != nil {
+	switch {
+	case c.mode == inSession:
 		c.session.release(ctx, c)
 		return
-	}
-	if c.conn == nil {
+	case c.mode == legacyScan:
+		c.legacyEnded = true
+		return
+	case c.conn == nil:
 		return
 	}
 	conn := c.conn
@@ -373,8 +395,11 @@ func (c *Claim) Target() Target { return c.target }
 
 // Ended reports whether the claim has been finished or released.
 func (c *Claim) Ended() bool {
-	if c.session != nil {
+	switch c.mode {
+	case inSession:
 		return !c.out
+	case legacyScan:
+		return c.legacyEnded
 	}
 	return c.conn == nil
 }

@@ -25,14 +25,15 @@ const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_co
 // statement, in key order (sqlFinish); then it releases the claim. Events in neither list
 // stay pending. It returns the number of receipts written.
 func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
-	if c.session != nil {
-		if !c.out {
-			return 0, fmt.Errorf("store: acknowledge %d events of %s: the claim has ended", len(accepted), c.target.Generation)
-		}
+	if c.Ended() {
+		return 0, fmt.Errorf("store: acknowledge %d events of %s: the claim has ended", len(accepted), c.target.Generation)
+	}
+	switch c.mode {
+	case inSession:
 		n, _, _, err := c.session.Next(ctx, []Finishing{{Claim: c, Accepted: accepted, SetAside: setAside}}, false)
 		return n, err
-	}
-	if c.conn == nil {
+	case legacyScan:
+		c.legacyEnded = true
 		return c.finishLegacy(ctx, accepted, setAside)
 	}
 	defer c.Release(ctx)

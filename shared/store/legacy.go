@@ -161,7 +161,7 @@ func (s *Store) legacyClaim(ctx context.Context, t Target) (*Claim, error) {
 	var c *Claim
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		b, aside, err := s.legacyPending(ctx, tx, t, s.legacyAside.excluded(time.Now()))
-		c = &Claim{Batch: b, Unpublishable: aside, store: s, target: t}
+		c = &Claim{Batch: b, Unpublishable: aside, store: s, target: t, mode: legacyScan}
 		return err
 	})
 	if err != nil {

@@ -18,7 +18,7 @@ const sqlNarrow = `SELECT count(*) FILTER (WHERE pg_advisory_unlock(hashtext($1)
 // beside an event that fails alone. It does nothing to a claim of a bulk
 // session or of a legacy database.
 func (c *Claim) Narrow(ctx context.Context) error {
-	if c.conn == nil || c.session != nil || len(c.keys) == 0 {
+	if c.mode != ownSession || c.conn == nil || len(c.keys) == 0 {
 		return nil
 	}
 	// The claim's own end (Finish, Release) still unlocks all.

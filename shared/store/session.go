@@ -315,7 +315,7 @@ func (ss *Session) sendRound(ctx context.Context, b *pgx.Batch, r *round) error 
 // claimFrom makes the round's claim from the candidates its statement
 // read: none while replication is paused or another generation is active.
 func (ss *Session) claimFrom(ctx context.Context, state State, cands []candidate) (*Claim, error) {
-	c := &Claim{store: ss.store, target: ss.target, session: ss, locked: true, out: true}
+	c := &Claim{store: ss.store, target: ss.target, mode: inSession, session: ss, locked: true, out: true}
 	ss.out++
 	if !state.Enabled || state.ActiveGeneration != ss.target.Generation {
 		// Paused, or another generation made active, as the claim ran:
