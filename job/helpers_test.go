@@ -56,9 +56,6 @@ type harness struct {
 	// is answered from: the lookups find what landed in it.
 	wh     *localwarehouse.Local
 	landed map[string]bool // the Pub/Sub messages written to wh
-	// afterRecordsRead, when set, runs after the warehouse computed its
-	// answer to an audit's records query and before the answer is sent.
-	afterRecordsRead func()
 	// decoded caches the event id of each message body published, filled
 	// as publish requests arrive (publishHook), so that a lookup decodes
 	// nothing on a busy machine: a replay of 20,000 events leaves 40,000
@@ -140,14 +137,10 @@ func newHarnessOn(t testing.TB, c *pgtest.Cluster, templates ...*pgtest.Template
 			return bqserver.Result{}, nil
 		}
 		h.mu.Lock()
-		wh, after := h.wh, h.afterRecordsRead
+		wh := h.wh
 		h.mu.Unlock()
 		if wh != nil {
-			res, err := wh.QueryHandler()(ctx, q)
-			if _, records := q.Params["buckets"]; records && after != nil {
-				after()
-			}
-			return res, err
+			return wh.QueryHandler()(ctx, q)
 		}
 		return h.present(q), nil
 	})

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,12 +21,16 @@ type DeadLetterReader interface {
 	Nack(ctx context.Context, subscription string, ackIDs []string) error
 }
 
-// DefaultDeadLetterBudget bounds how long DeadLetters reads.
-const DefaultDeadLetterBudget = 30 * time.Second
+// DefaultDeadLetterBudget bounds how long DeadLetters reads, and
+// DefaultDeadLetterMax how many messages.
+const (
+	DefaultDeadLetterBudget = 30 * time.Second
+	DefaultDeadLetterMax    = 1000
+)
 
 // DeadLetterOptions configures DeadLetters.
 type DeadLetterOptions struct {
-	// Max is the most messages read. Default: 1000.
+	// Max is the most messages read. Default: DefaultDeadLetterMax.
 	Max int
 	// Budget bounds the reading. Default: DefaultDeadLetterBudget.
 	Budget time.Duration
@@ -109,7 +114,7 @@ func (s *Service) DeadLetters(ctx context.Context, workspaceID string, opts Dead
 	sub := ws.PubSub.DeadLetterSubscriptionName()
 	rep := DeadLetterReport{Subscription: sub}
 	rctx, cancel := context.WithTimeout(ctx, cmpDuration(opts.Budget, DefaultDeadLetterBudget))
-	msgs, exhausted, err := s.cfg.DeadLetters.Pull(rctx, sub, max(opts.Max, 1))
+	msgs, exhausted, err := s.cfg.DeadLetters.Pull(rctx, sub, cmp.Or(max(opts.Max, 0), DefaultDeadLetterMax))
 	cancel()
 	if err != nil {
 		return rep, err

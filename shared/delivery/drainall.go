@@ -14,8 +14,9 @@ type DrainAllOptions struct {
 	// Drains is how many batches are out at once: claimed and being
 	// published. Default: 1. The batches are claimed and acknowledged on
 	// one connection of the workspace's pool (a store.Session), whatever
-	// their number; on a legacy (protocol 3) database, Drains drains run
-	// as concurrent wake-ups of the drain function do, each on a connection.
+	// their number. On a legacy (protocol 3) database one drain runs
+	// whatever Drains says: its scan locks nothing, so drains side by side
+	// would publish the same events.
 	Drains int
 	// StepTimeout bounds each step: a round trip of the session, a batch's
 	// publish. Default: 2m.

@@ -17,11 +17,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/database"
+	"github.com/segmentstream/ontology-replication/shared/deadletter"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
@@ -49,6 +51,18 @@ type rig struct {
 
 	mu      sync.Mutex
 	missing map[string]bool // event ids BigQuery does not hold
+	// lookup, when set, answers BigQuery's lookups in place of the
+	// config's present or r.missing (see answer).
+	lookup atomic.Pointer[bqserver.Handler]
+	// wh, with withLocalWarehouse, is the warehouse every BigQuery query
+	// is answered from; land writes to it what Pub/Sub holds (see
+	// warehouse_test.go).
+	wh *localwarehouse.Local
+	// landed is what land wrote; afterRecordsRead runs after the
+	// warehouse answered an audit's records query (the moment between an
+	// audit's read of the warehouse and its read of the source).
+	landed           map[string]bool
+	afterRecordsRead func()
 }
 
 // rigOption changes a rig.
@@ -63,6 +77,10 @@ type rigConfig struct {
 	present func(ids []string) []string
 	// service changes each Service's config.
 	service func(*delivery.Config)
+	// template is the SDK database's (nil: protocol 4).
+	template *pgtest.Template
+	// localWarehouse answers every BigQuery query from a local warehouse.
+	localWarehouse bool
 }
 
 // withService changes the config of every Service of the rig.
@@ -88,6 +106,10 @@ func withPublishReactor(r pstest.Reactor) rigOption {
 }
 
 func withStore(cfg store.Config) rigOption { return func(c *rigConfig) { c.store = cfg } }
+
+// withTemplate builds the SDK database from tpl (sdkfixture.V3Template for
+// a protocol 3 database).
+func withTemplate(tpl *pgtest.Template) rigOption { return func(c *rigConfig) { c.template = tpl } }
 
 // counter counts the queries sent to PostgreSQL: one round trip each
 // (BEGIN and COMMIT included).
@@ -116,7 +138,11 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 		o(&cfg)
 	}
 	ctx := context.Background()
-	url := pgtest.NewDatabase(tb, &sdkfixture.V4Template)
+	tpl := &sdkfixture.V4Template
+	if cfg.template != nil {
+		tpl = cfg.template
+	}
+	url := pgtest.NewDatabase(tb, tpl)
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(tb, err)
 	tb.Cleanup(pool.Close)
@@ -129,8 +155,20 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 	pub, err := publish.New(ctx, publish.Config{EmulatorHost: srv.Addr})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = pub.Close() })
+	deadLetters, err := deadletter.New(ctx, deadletter.Config{Project: "p1", EmulatorHost: srv.Addr})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = deadLetters.Close() })
 	r := &rig{ctx: ctx, url: url, pool: pool, srv: srv, gen: gen, w: sdkfixture.NewWriter(pool, sdkfixture.Demo)}
-	r.bq = bqserver.New(func(_ context.Context, q bqserver.Query) (bqserver.Result, error) {
+	if cfg.localWarehouse {
+		r.openLocalWarehouse(tb)
+	}
+	r.bq = bqserver.New(func(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
+		if f := r.lookup.Load(); f != nil {
+			return (*f)(ctx, q)
+		}
+		if r.wh != nil {
+			return r.fromLocalWarehouse(ctx, q)
+		}
 		if cfg.present != nil {
 			return bqserver.Strings("event_id", cfg.present(q.Params["ids"].Values)), nil
 		}
@@ -162,7 +200,7 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 		pools, err := database.New(database.Config{Tracer: r.queries})
 		require.NoError(tb, err)
 		tb.Cleanup(pools.Close)
-		scfg := delivery.Config{Registry: reg, Pools: pools, Publisher: publisher, Warehouse: wh, Store: cfg.store,
+		scfg := delivery.Config{Registry: reg, Pools: pools, Publisher: publisher, Warehouse: wh, Auditor: wh, DeadLetters: deadLetters, Store: cfg.store,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		if cfg.service != nil {
 			cfg.service(&scfg)
