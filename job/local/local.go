@@ -51,27 +51,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/segmentstream/ontology-replication/functions"
-	"github.com/segmentstream/ontology-replication/shared/database"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
-	"github.com/segmentstream/ontology-replication/shared/registry"
-	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
@@ -160,7 +151,8 @@ func (f *faultSwitch) React(any) (bool, any, error) {
 	return false, nil, nil
 }
 
-func runLocal(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// parseLocalFlags reads the local command's flags; -h prints them.
+func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs := flag.NewFlagSet("local", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var cfg localConfig
@@ -175,15 +167,25 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:")
 			fs.SetOutput(stdout)
 			fs.PrintDefaults()
-			return err
+			return cfg, err
 		}
-		return usageError{fmt.Errorf("local: %w (go run ./job/local -h lists the flags)", err)}
+		return cfg, usageError{fmt.Errorf("local: %w (go run ./job/local -h lists the flags)", err)}
 	}
 	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("local: unexpected argument %q (go run ./job/local -h lists the flags)", fs.Arg(0))}
+		return cfg, usageError{fmt.Errorf("local: unexpected argument %q (go run ./job/local -h lists the flags)", fs.Arg(0))}
 	}
 	if cfg.records < 20 || cfg.writers < 1 || cfg.writers > 32 {
-		return usageError{errors.New("local: --records must be at least 20 and --writers between 1 and 32")}
+		return cfg, usageError{errors.New("local: --records must be at least 20 and --writers between 1 and 32")}
+	}
+	return cfg, nil
+}
+
+// runLocal starts every part, runs the workload, prints the summary and,
+// with --keep, serves the sandbox until ctx ends.
+func runLocal(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := parseLocalFlags(args, stdout)
+	if err != nil {
+		return err
 	}
 	// Quiet by default: the summary says what happened (the injected outage
 	// alone makes a hundred 503s). LOG_LEVEL=INFO shows every invocation.
@@ -221,146 +223,32 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	if cfg.keep {
-		l.printKeep(stdout)
-		// The sandbox keeps working: the warehouse is fed from the
-		// subscription and the verifier runs on its schedule, so that what
-		// the job's commands publish (a repair, a replay) lands and is
-		// verified.
-		go func() { _ = l.feeder.Run(ctx) }()
-		go func() {
-			t := time.NewTicker(cfg.verifyEvery)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					l.callVerify(ctx)
-				}
-			}
-		}()
-		<-ctx.Done()
-		fmt.Fprintln(stdout, "stopping and cleaning up")
+		l.keepServing(ctx)
 	}
 	return sum.failure()
 }
 
-// start starts every part: PostgreSQL, the SDK database, Pub/Sub, the
-// warehouse, the token issuer and the functions.
-func (l *local) start(ctx context.Context) error {
-	cluster, err := pgtest.Start(ctx, pgtest.Config{})
-	if err != nil {
-		return err
-	}
-	l.cluster = cluster
-	l.cleanup = append(l.cleanup, func() { _ = cluster.Stop() })
-	ontologyURL, err := cluster.CreateDatabase(ctx, "ontology", "")
-	if err != nil {
-		return err
-	}
-	warehouseURL, err := cluster.CreateDatabase(ctx, "warehouse", "")
-	if err != nil {
-		return err
-	}
-	l.urls.ontologyDB, l.urls.warehouseDB = ontologyURL, warehouseURL
-	if l.ontology, err = pgxpool.New(ctx, ontologyURL); err != nil {
-		return err
-	}
-	l.cleanup = append(l.cleanup, l.ontology.Close)
-	if err := sdkfixture.Install(ctx, l.ontology, sdkfixture.Demo, 4); err != nil {
-		return err
-	}
-	if l.gen, err = sdkfixture.StartGeneration(ctx, l.ontology, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true); err != nil {
-		return err
-	}
-	l.writer = sdkfixture.NewWriter(l.ontology, sdkfixture.Demo)
-
-	// Pub/Sub: the topic, the BigQuery subscription (the feeder moves what
-	// it refused localMaxDeliveries times to the dead-letter topic, as a
-	// dead-letter policy does), and the dead-letter topic with a
-	// subscription that keeps them, named as terraform names them.
-	l.faults = &faultSwitch{}
-	l.pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: l.faults})
-	l.cleanup = append(l.cleanup, func() { _ = l.pubsub.Close() })
-	l.client, err = pubsub.NewClient(ctx, localProject, option.WithEndpoint(l.pubsub.Addr), option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
-	if err != nil {
-		return err
-	}
-	l.cleanup = append(l.cleanup, func() { _ = l.client.Close() })
-	for _, topic := range []string{localTopic, localDeadTopic} {
-		if _, err := l.client.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: topic}); err != nil {
-			return err
+// keepServing keeps the sandbox working until ctx ends: the warehouse is
+// fed from the subscription and the verifier runs on its schedule, so that
+// what the job's commands publish (a repair, a replay) lands and is
+// verified.
+func (l *local) keepServing(ctx context.Context) {
+	l.printKeep(l.out)
+	go func() { _ = l.feeder.Run(ctx) }()
+	go func() {
+		t := time.NewTicker(l.cfg.verifyEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				l.callVerify(ctx)
+			}
 		}
-	}
-	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localSubscription, Topic: localTopic,
-		AckDeadlineSeconds: 10}); err != nil {
-		return err
-	}
-	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: localDeadTopic, AckDeadlineSeconds: 60}); err != nil {
-		return err
-	}
-
-	// The warehouse, fed from the subscription, and a BigQuery REST server
-	// backed by it for the verifier's lookups.
-	if l.wh, err = localwarehouse.Open(ctx, warehouseURL); err != nil {
-		return err
-	}
-	l.cleanup = append(l.cleanup, l.wh.Close)
-	if l.urls.bigquery, err = l.serve(bqserver.New(l.wh.QueryHandler())); err != nil {
-		return err
-	}
-	l.issuer, err = tokenissuer.New("https://runtime.local", "local-key")
-	if err != nil {
-		return err
-	}
-	if l.urls.jwks, err = l.serve(l.issuer); err != nil {
-		return err
-	}
-
-	// The functions, through the functions framework, with a registry of
-	// this run's parts.
-	l.registry = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
-  "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": {"url": %q},
-    "pubsub": {"project": %q, "topic": "ontology-replication", "dead_letter_subscription": "ontology-replication-dead-letter"},
-    "bigquery": {"project": %q, "dataset": "ontology_internal", "table": "events", "location": "local", "endpoint": %q}}]}`,
-		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, ontologyURL, localProject, localProject, l.urls.bigquery)
-	// No Google-signed tokens here: the verifier's caller check is off
-	// (its loop calls it directly).
-	env := map[string]string{"REPLICATION_WORKSPACES": l.registry, "PUBSUB_EMULATOR_HOST": l.pubsub.Addr, "VERIFY_TIME_BUDGET": "10s",
-		"LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off"}
-	handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log})
-	if err != nil {
-		return err
-	}
-	l.cleanup = append(l.cleanup, closeFunctions)
-	if l.urls.functions, err = l.serve(handler); err != nil {
-		return err
-	}
-	reg, err := registry.Parse([]byte(l.registry))
-	if err != nil {
-		return err
-	}
-	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsub.Addr, Logger: l.log,
-		Views: l.wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1}}); err != nil {
-		return err
-	}
-	l.cleanup = append(l.cleanup, l.svc.Close)
-	l.urls.drain = l.urls.functions + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
-	l.urls.verify = l.urls.functions + "/Verify"
-	return nil
-}
-
-// serve serves h on a free loopback port until the run ends.
-func (l *local) serve(h http.Handler) (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	l.cleanup = append(l.cleanup, func() { _ = srv.Close() })
-	return "http://" + ln.Addr().String(), nil
+	}()
+	<-ctx.Done()
+	fmt.Fprintln(l.out, "stopping and cleaning up")
 }
 
 // wake calls the drain as the ontology service does after a commit: POST

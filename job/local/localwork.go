@@ -1,208 +1,22 @@
 package main
 
-// This file is long because it is one thing: the local mode's workload and
-// its checks of what landed (the summary's counts and the views against the
-// source tables), which read best together.
-
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
-
-// runWorkload writes the workload, with a replay, an outage and a dead
-// letter along the way, waits for full verification and checks the views.
-func (l *local) runWorkload(ctx context.Context) (*summary, error) {
-	sum := &summary{Changes: map[string]int{}}
-	runCtx, stopBackground := context.WithCancel(ctx)
-	var background sync.WaitGroup
-	defer func() {
-		stopBackground()
-		background.Wait()
-	}()
-
-	// The dead-letter event: one customer's creation, which the warehouse
-	// refuses (it carries deadLetterMarker) until the dead-letter topic
-	// holds it.
-	var deadDone atomic.Bool
-	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
-		Refuse:          func(data []byte) bool { return !deadDone.Load() && bytes.Contains(data, []byte(deadLetterMarker)) },
-		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries}
-	background.Go(func() { _ = l.feeder.Run(runCtx) })
-	background.Go(func() { l.watchDeadLetters(runCtx, &deadDone) })
-
-	var verifyMu sync.Mutex
-	verifyNow := func() {
-		res := l.callVerify(runCtx)
-		verifyMu.Lock()
-		defer verifyMu.Unlock()
-		for _, r := range res {
-			sum.Retried += r.Retried
-			sum.Requeued += r.Requeued
-		}
-	}
-	background.Go(func() {
-		t := time.NewTicker(l.cfg.verifyEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-t.C:
-				verifyNow()
-			}
-		}
-	})
-
-	token, err := l.issuer.Token(localSubject, localAudience, time.Hour)
-	if err != nil {
-		return nil, err
-	}
-	commits := &l.commits
-	l.progress.enter("workload", fmt.Sprintf("%d commits by %d writers, with a replay, a Pub/Sub outage and a dead letter on the way", l.cfg.records, l.cfg.writers))
-	var outage, replayOnce, deadOnce sync.Once
-	var changesMu sync.Mutex
-	var replayed atomic.Int64
-	var outageRefusals atomic.Int64
-	var outageActive atomic.Bool
-	started := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, l.cfg.writers)
-	per := l.cfg.records / l.cfg.writers
-	for w := range l.cfg.writers {
-		n := per
-		if w == 0 {
-			n += l.cfg.records % l.cfg.writers
-		}
-		wg.Go(func() {
-			wk := &localWriter{l: l, rng: rand.New(rand.NewPCG(uint64(w)+1, 42))}
-			for i := range n {
-				if ctx.Err() != nil {
-					return
-				}
-				done := commits.Add(1)
-				total := int64(l.cfg.records)
-				switch {
-				case done == total/3:
-					outage.Do(func() {
-						outageActive.Store(true)
-						l.faults.on.Store(true)
-						// At least 300 ms, and until a publish was refused: on a
-						// busy machine 300 ms may pass before a drain publishes.
-						refused := l.faults.refused.Load()
-						var end func()
-						end = func() {
-							if l.faults.refused.Load() == refused && ctx.Err() == nil {
-								time.AfterFunc(50*time.Millisecond, end)
-								return
-							}
-							l.faults.on.Store(false)
-							outageActive.Store(false)
-						}
-						time.AfterFunc(300*time.Millisecond, end)
-					})
-				case done == total/2:
-					replayOnce.Do(func() {
-						background.Go(func() {
-							n, err := l.replay(runCtx)
-							if err != nil {
-								l.log.Error("local replay failed", slog.Any("error", err))
-							}
-							replayed.Store(int64(n))
-						})
-					})
-				}
-				kind := ""
-				var err error
-				if w == 0 && i == n*3/4 {
-					deadOnce.Do(func() {
-						var id string
-						kind, id, err = wk.createDeadLetterTarget(ctx)
-						sum.DeadLetterEvent = id
-					})
-				} else {
-					kind, err = wk.step(ctx)
-				}
-				if err != nil {
-					errs <- fmt.Errorf("workload: %w", err)
-					return
-				}
-				changesMu.Lock()
-				sum.Changes[kind]++
-				changesMu.Unlock()
-				during := outageActive.Load()
-				if code := l.wake(ctx, token); code == http.StatusServiceUnavailable && (during || outageActive.Load()) {
-					outageRefusals.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return nil, err
-	}
-	lastCommit := time.Now()
-	sum.Commits = int(commits.Load())
-	sum.WorkloadSeconds = lastCommit.Sub(started).Seconds()
-
-	// Wait for every event to be verified, the dead-lettered one included.
-	deadline := time.Now().Add(l.cfg.verifyTimeout)
-	for {
-		status, err := l.svc.Status(ctx, localWorkspace, "", 0)
-		if err != nil {
-			return nil, err
-		}
-		sum.EventsWritten, sum.Verified, sum.Pending = status.Total, status.Verified, status.Pending
-		if status.Verified == status.Total && status.Pending == 0 && deadDone.Load() {
-			sum.FullyVerified = true
-			break
-		}
-		l.progress.enterOrExplain("waiting for verification", waitingReason(status, deadDone.Load()))
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	sum.VerifiedAfterSecs = time.Since(lastCommit).Seconds()
-	sum.DeadLetterVerified = deadDone.Load() && sum.FullyVerified
-	sum.DeadLettered = l.deadCount.Load()
-	sum.Replayed = int(replayed.Load())
-	sum.OutageRefusals = outageRefusals.Load()
-	for _, m := range l.pubsub.Messages() {
-		if m.Topic == localTopic {
-			sum.Published++
-		}
-	}
-	rows, distinct, err := l.wh.Counts(ctx)
-	if err != nil {
-		return nil, err
-	}
-	sum.Landed, sum.DuplicatesAbsorbed = rows, rows-distinct
-	l.progress.enter("checking the views against the source tables", "")
-	if sum.Views, err = l.checkViews(ctx); err != nil {
-		return sum, err
-	}
-	l.progress.enter("auditing the warehouse against the source", "")
-	rep, err := l.svc.Audit(ctx, localWorkspace, delivery.AuditOptions{})
-	sum.Audit = &rep
-	return sum, err
-}
 
 // callVerify runs the Verify function once, as Cloud Scheduler does.
 func (l *local) callVerify(ctx context.Context) []delivery.VerifyResult {
