@@ -23,7 +23,7 @@ import (
 )
 
 // Environment variables the functions read besides the shared ones
-// (config.Names: the registry, LOG_LEVEL, PUBSUB_EMULATOR_HOST,
+// (config.EnvNames: the registry, LOG_LEVEL, PUBSUB_EMULATOR_HOST,
 // DATABASE_POOL_SIZE).
 const (
 	// EnvVerifyBudget is the verifier's time budget per run, shared by the
@@ -53,7 +53,7 @@ const (
 var FunctionNames = []string{"Drain", "Verify"}
 
 // Env lists every environment variable the functions read.
-var Env = append(slices.Clone(config.Names), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers, EnvDrainGather, EnvDrainQuietInterval,
+var Env = append(slices.Clone(config.EnvNames), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers, EnvDrainGather, EnvDrainQuietInterval,
 	EnvVerifyCaller, EnvVerifyAudience, EnvVerifyCallerCheck, "K_SERVICE")
 
 // defaultMaxOpenPools bounds the workspace pools an instance keeps open:

@@ -153,7 +153,7 @@ func (r setAsideResult) text() []string {
 
 func runSetAside(e *env) error {
 	return e.eachWorkspace("set-aside", func(ctx context.Context, ws registry.Workspace) (any, error) {
-		res, err := e.svc.SetAside(ctx, ws.ID, 1000, e.retry)
+		res, err := e.svc.SetAsideEvents(ctx, ws.ID, 1000, e.retry)
 		return setAsideResult{res}, err
 	})
 }

@@ -296,7 +296,7 @@ func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 		for _, name := range got {
 			read := functions.Env
 			if strings.HasPrefix(key, "google_cloud_run_v2_job.") {
-				read = config.JobNames
+				read = config.JobEnvNames
 			}
 			require.True(t, name == "FUNCTION_TARGET" || slices.Contains(read, name), "%s sets %s, which the code does not read", key, name)
 		}

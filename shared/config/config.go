@@ -47,12 +47,12 @@ const (
 	EnvProject = "GOOGLE_CLOUD_PROJECT"
 )
 
-// JobNames lists every variable the job reads: Read's, and the task
+// JobEnvNames lists every variable the job reads: Read's, and the task
 // variables Cloud Run sets itself.
-var JobNames = append(slices.Clone(Names), "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT")
+var JobEnvNames = append(slices.Clone(EnvNames), "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT")
 
-// Names lists every variable Read reads.
-var Names = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools, EnvServerMaxConns, EnvRetryBudget, EnvProject}
+// EnvNames lists every variable Read reads.
+var EnvNames = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools, EnvServerMaxConns, EnvRetryBudget, EnvProject}
 
 // Settings are the shared settings.
 type Settings struct {

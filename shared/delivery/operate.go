@@ -197,7 +197,7 @@ func (s *Service) status(ctx context.Context, workspaceID, generation string, se
 	default:
 		return out, err
 	}
-	rep, err := st.SetAside(ctx, t, setAsideLimit, publish.MaxMessageBytes)
+	rep, err := st.ReadSetAside(ctx, t, setAsideLimit, publish.MaxMessageBytes)
 	out.SetAside = setAsideReport(rep)
 	return out, err
 }
@@ -210,14 +210,14 @@ type SetAsideResult struct {
 	Retried    int64          `json:"retried,omitempty"`
 }
 
-// SetAside lists up to limit of the active target's set-aside events and,
+// SetAsideEvents lists up to limit of the active target's set-aside events and,
 // with retry, ends their backoff so that the next drain tries them.
-func (s *Service) SetAside(ctx context.Context, workspaceID string, limit int, retry bool) (SetAsideResult, error) {
+func (s *Service) SetAsideEvents(ctx context.Context, workspaceID string, limit int, retry bool) (SetAsideResult, error) {
 	var res SetAsideResult
 	err := s.retrying(ctx, "set-aside", workspaceID, func() error {
 		return s.onActiveTarget(ctx, workspaceID, func(_ registry.Workspace, st *store.Store, t store.Target) error {
 			res.Generation = t.Generation
-			rep, err := st.SetAside(ctx, t, limit, publish.MaxMessageBytes)
+			rep, err := st.ReadSetAside(ctx, t, limit, publish.MaxMessageBytes)
 			if err != nil {
 				return err
 			}
@@ -234,7 +234,7 @@ func (s *Service) SetAside(ctx context.Context, workspaceID string, limit int, r
 // ViewCreator creates a target's latest-state views in a workspace's
 // warehouse. *warehouse.BigQuery is the implementation.
 type ViewCreator interface {
-	CreateViews(ctx context.Context, ws registry.Workspace, t warehouse.Target) ([]string, error)
+	CreateViews(ctx context.Context, ws registry.Workspace, t warehouse.ViewTarget) ([]string, error)
 }
 
 // CreateViews creates or replaces the BigQuery latest-state views of the
@@ -254,18 +254,18 @@ func (s *Service) CreateViews(ctx context.Context, workspaceID string) ([]string
 }
 
 // ViewsTarget is the warehouse's view of a replication target.
-func ViewsTarget(t store.Target) warehouse.Target {
+func ViewsTarget(t store.Target) warehouse.ViewTarget {
 	sel := make([]warehouse.Selection, len(t.Selection))
 	for i, s := range t.Selection {
 		sel[i] = warehouse.Selection{EntityID: s.EntityID, Fields: s.Fields, Relationships: s.Relationships}
 	}
-	return warehouse.Target{Generation: t.Generation, SourceID: t.SourceID, Manifest: t.Manifest, Selection: sel}
+	return warehouse.ViewTarget{Generation: t.Generation, SourceID: t.SourceID, Manifest: t.Manifest, Selection: sel}
 }
 
 // ActiveViewsTarget is what the views of the workspace's active target are
 // built from (warehouse.ViewSpecs).
-func (s *Service) ActiveViewsTarget(ctx context.Context, workspaceID string) (warehouse.Target, error) {
-	var out warehouse.Target
+func (s *Service) ActiveViewsTarget(ctx context.Context, workspaceID string) (warehouse.ViewTarget, error) {
+	var out warehouse.ViewTarget
 	err := s.retrying(ctx, "views", workspaceID, func() error {
 		return s.onActiveTarget(ctx, workspaceID, func(_ registry.Workspace, _ *store.Store, t store.Target) error {
 			out = ViewsTarget(t)

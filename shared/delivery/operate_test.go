@@ -31,7 +31,7 @@ func TestReadsRideOutATransientFault(t *testing.T) {
 		read func(ctx context.Context) error
 	}{
 		{"status", func(ctx context.Context) error { _, err := r.svc.Status(ctx, "w1", "", 10); return err }},
-		{"set-aside", func(ctx context.Context) error { _, err := r.svc.SetAside(ctx, "w1", 10, false); return err }},
+		{"set-aside", func(ctx context.Context) error { _, err := r.svc.SetAsideEvents(ctx, "w1", 10, false); return err }},
 	}
 	for _, rd := range reads {
 		t.Run(rd.name, func(t *testing.T) {

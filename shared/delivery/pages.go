@@ -144,7 +144,7 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 		return PagesResult{}, err
 	}
 	defer st.Release()
-	state, t, err := s.target(ctx, st.store, opts.Generation)
+	state, t, err := s.pagesTarget(ctx, st.store, opts.Generation)
 	if err != nil {
 		return PagesResult{}, err
 	}
@@ -231,9 +231,9 @@ func (r *pageRun) all(ctx context.Context, tracker Tracker, drain func(context.C
 	}
 }
 
-// target returns the workspace's state and the target to work on: the
+// pagesTarget returns the workspace's state and the target to work on: the
 // generation's, or the active one.
-func (s *Service) target(ctx context.Context, st *store.Store, generation string) (store.State, store.Target, error) {
+func (s *Service) pagesTarget(ctx context.Context, st *store.Store, generation string) (store.State, store.Target, error) {
 	state, active, err := st.ActiveTarget(ctx)
 	if generation == "" {
 		if errors.Is(err, store.ErrNoActiveTarget) {

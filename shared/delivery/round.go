@@ -238,10 +238,10 @@ func (u *unit) settle(ctx context.Context, d due, found map[string]bool) {
 	var n int64
 	var requeued []string
 	err := m.withStore(ctx, s, func(l *store.Store) (err error) {
-		if n, err = l.Verify(ctx, m.target, verified); err != nil {
+		if n, err = l.VerifyEvents(ctx, m.target, verified); err != nil {
 			return err
 		}
-		requeued, err = l.Retry(ctx, m.target, absent)
+		requeued, err = l.RetryUnverified(ctx, m.target, absent)
 		return err
 	})
 	if err != nil {

@@ -209,7 +209,7 @@ func TestStress(t *testing.T) {
 	// The load stopped: Pub/Sub takes everything now, the set-aside events
 	// are retried, and everything is delivered and verified.
 	ref.on.Store(false)
-	aside, err := r.svc.SetAside(r.ctx, "w1", 1000, true)
+	aside, err := r.svc.SetAsideEvents(r.ctx, "w1", 1000, true)
 	require.NoError(t, err)
 	t.Logf("set aside when the load stopped: %d", aside.SetAside.Count)
 	_, err = r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})

@@ -94,8 +94,8 @@ type Claim struct {
 	out     bool // a Session's claim, neither finished nor released
 	// legacyEnded: a legacy claim was finished or released.
 	legacyEnded bool
-	locked  bool // the claim may hold claim locks (or the drain's turn)
-	turn    bool // the claim's session holds the drain's turn
+	locked      bool // the claim may hold claim locks (or the drain's turn)
+	turn        bool // the claim's session holds the drain's turn
 	// idlePrior is the session's idle_session_timeout before the claim
 	// (nil: not read), which its release puts back.
 	idlePrior *string

@@ -101,7 +101,7 @@ func TestFigures(t *testing.T) {
 		verify = append(verify, id)
 	}
 	require.NoError(t, rows.Err())
-	_, err = e.store.Verify(e.ctx, tg, verify)
+	_, err = e.store.VerifyEvents(e.ctx, tg, verify)
 	require.NoError(t, err)
 	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT min(accepted_at) FROM _ontology_replication_delivery WHERE verified_at IS NULL AND accepted_at IS NOT NULL`).Scan(&oldestAccepted))
 	due := e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NULL AND accepted_at IS NOT NULL AND next_verify_at <= now()`)

@@ -202,7 +202,7 @@ func TestSetAsideBackoffDoublesForEveryReason(t *testing.T) {
 		require.Len(t, c.Unpublishable, 1, "attempt %d", attempt+1)
 		_, err = c.Finish(e.ctx, c.IDs(), c.Unpublishable)
 		require.NoError(t, err)
-		rep, err := e.store.SetAside(e.ctx, tg, 10, 10_000_000)
+		rep, err := e.store.ReadSetAside(e.ctx, tg, 10, 10_000_000)
 		require.NoError(t, err)
 		require.Len(t, rep.Events, 1)
 		require.Equal(t, want, rep.Events[0].NextAttempt.Sub(rep.Events[0].Since), "attempt %d", attempt+1)

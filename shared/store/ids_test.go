@@ -22,9 +22,9 @@ func TestIDLists(t *testing.T) {
 	ids := b.IDs()
 	for name, op := range map[string]func([]string) (int64, error){
 		"acknowledge": func(ids []string) (int64, error) { return e.store.Acknowledge(e.ctx, tg, ids) },
-		"verify":      func(ids []string) (int64, error) { return e.store.Verify(e.ctx, tg, ids) },
+		"verify":      func(ids []string) (int64, error) { return e.store.VerifyEvents(e.ctx, tg, ids) },
 		"retry": func(ids []string) (int64, error) {
-			requeued, err := e.store.Retry(e.ctx, tg, ids)
+			requeued, err := e.store.RetryUnverified(e.ctx, tg, ids)
 			return int64(len(requeued)), err
 		},
 	} {

@@ -83,14 +83,14 @@ func TestLegacyPaths(t *testing.T) {
 	for _, r := range due {
 		ids = append(ids, r.HistoryID)
 	}
-	n, err = e.store.Verify(e.ctx, tg, ids[:100])
+	n, err = e.store.VerifyEvents(e.ctx, tg, ids[:100])
 	require.NoError(t, err)
 	require.EqualValues(t, 100, n)
 
 	// Legacy retry deletes the receipt of checked, absent events accepted
 	// more than 15 minutes ago, and nothing else.
 	e.exec(t, `UPDATE _ontology_replication_receipts SET accepted_at = now() - interval '20 minutes' WHERE event_id = ANY($1::uuid[])`, ids[100:110])
-	back, err := e.store.Retry(e.ctx, tg, ids[100:120])
+	back, err := e.store.RetryUnverified(e.ctx, tg, ids[100:120])
 	require.NoError(t, err)
 	require.ElementsMatch(t, ids[100:110], back)
 	status, err = e.store.Status(e.ctx, tg)

@@ -26,7 +26,7 @@ func (e *env) verifyAll(t testing.TB, tg store.Target) int64 {
 		for i, r := range due {
 			ids[i] = r.HistoryID
 		}
-		n, err := e.store.Verify(e.ctx, tg, ids)
+		n, err := e.store.VerifyEvents(e.ctx, tg, ids)
 		require.NoError(t, err)
 		total += n
 	}
@@ -55,7 +55,7 @@ func TestUpgradeAndBackfillCarryReceipts(t *testing.T) {
 	for _, r := range due[:700] {
 		ids = append(ids, r.HistoryID)
 	}
-	_, err = e.store.Verify(e.ctx, tg, ids)
+	_, err = e.store.VerifyEvents(e.ctx, tg, ids)
 	require.NoError(t, err)
 	before, err := e.store.Status(e.ctx, tg)
 	require.NoError(t, err)

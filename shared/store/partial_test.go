@@ -87,7 +87,7 @@ func TestReplayPartialResetsExactlyTheSelection(t *testing.T) {
 	customer, err := e.w.Create(e.ctx, "customer", map[string]any{"name": "c"})
 	require.NoError(t, err)
 	ids := e.drainAll(t, first)
-	_, err = e.store.Verify(e.ctx, first, ids[:len(ids)/2])
+	_, err = e.store.VerifyEvents(e.ctx, first, ids[:len(ids)/2])
 	require.NoError(t, err)
 	// A few rows pending again (sent back by the verifier, say) and a few
 	// accepted after the bound.
@@ -192,7 +192,7 @@ func TestReplayPartialResetsExactlyTheSelection(t *testing.T) {
 		ids := e.products(t, 3)
 		events := e.drainAll(t, tg)
 		require.Len(t, events, 3)
-		_, err := e.store.Verify(e.ctx, tg, events)
+		_, err := e.store.VerifyEvents(e.ctx, tg, events)
 		require.NoError(t, err)
 		now, err := e.store.Now(e.ctx)
 		require.NoError(t, err)
@@ -224,7 +224,7 @@ func TestPartialPageLocksTheTargetOnlyToReset(t *testing.T) {
 	tg := e.start(t)
 	keys := e.products(t, 20)
 	ids := e.drainAll(t, tg)
-	_, err := e.store.Verify(e.ctx, tg, ids[:10])
+	_, err := e.store.VerifyEvents(e.ctx, tg, ids[:10])
 	require.NoError(t, err)
 	now, err := e.store.Now(e.ctx)
 	require.NoError(t, err)

@@ -91,13 +91,13 @@ type SetAsideReport struct {
 	InThisProcessOnly bool `json:"-"`
 }
 
-// SetAside reports a target's set-aside events, at most limit of them
+// ReadSetAside reports a target's set-aside events, at most limit of them
 // listed, each with the reason found now: its history row is gone, its
 // table has no capture trigger, its capture is malformed, its message is
 // larger than maxMessageBytes, every publish of it alone failed
 // (ReasonPublishFailed), or else Pub/Sub refused it. The legacy path
 // keeps no set-aside in the database and reports none.
-func (s *Store) SetAside(ctx context.Context, t Target, limit, maxMessageBytes int) (SetAsideReport, error) {
+func (s *Store) ReadSetAside(ctx context.Context, t Target, limit, maxMessageBytes int) (SetAsideReport, error) {
 	var rep SetAsideReport
 	if !t.UsesDelivery() {
 		rep.InThisProcessOnly = true

@@ -80,7 +80,7 @@ func testUnpublishableEventsAreSetAside(t *testing.T, warm bool) {
 			// Another Store (another process) lists it with its reason.
 			other, err := store.New(e.pool, store.Config{})
 			require.NoError(t, err)
-			rep, err := other.SetAside(e.ctx, tg, 10, 10_000_000)
+			rep, err := other.ReadSetAside(e.ctx, tg, 10, 10_000_000)
 			require.NoError(t, err)
 			require.EqualValues(t, 1, rep.Count)
 			require.Len(t, rep.Events, 1)
@@ -111,14 +111,14 @@ func TestSetAsideReasonsAndRetry(t *testing.T) {
 		{HistoryID: large.HistoryID, Reason: store.ReasonTooLarge},
 	})
 	require.NoError(t, err)
-	rep, err := e.store.SetAside(e.ctx, tg, 10, 700)
+	rep, err := e.store.ReadSetAside(e.ctx, tg, 10, 700)
 	require.NoError(t, err)
 	reasons := map[string]store.Reason{}
 	for _, ev := range rep.Events {
 		reasons[ev.HistoryID] = ev.Reason
 	}
 	require.Equal(t, map[string]store.Reason{refused.HistoryID: store.ReasonRejected, large.HistoryID: store.ReasonTooLarge}, reasons)
-	limited, err := e.store.SetAside(e.ctx, tg, 1, 700)
+	limited, err := e.store.ReadSetAside(e.ctx, tg, 1, 700)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, limited.Count)
 	require.Len(t, limited.Events, 1, "listed up to the limit, counted in full")
@@ -133,7 +133,7 @@ func TestSetAsideReasonsAndRetry(t *testing.T) {
 		require.Zero(t, p.Backoff, "fresh again")
 	}
 	again.Release(e.ctx)
-	rep, err = e.store.SetAside(e.ctx, tg, 10, 700)
+	rep, err = e.store.ReadSetAside(e.ctx, tg, 10, 700)
 	require.NoError(t, err)
 	require.Zero(t, rep.Count)
 }

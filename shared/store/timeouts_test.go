@@ -47,11 +47,20 @@ func TestEveryTransactionBoundsItsWaits(t *testing.T) {
 			_, err := claim.Finish(ctx, nil, []store.SetAside{{HistoryID: historyIDs[0], Reason: store.ReasonRejected}})
 			return err
 		}},
-		{"SetAside", func(ctx context.Context, st *store.Store) error { _, err := st.SetAside(ctx, tg, 10, 1000); return err }},
+		{"ReadSetAside", func(ctx context.Context, st *store.Store) error {
+			_, err := st.ReadSetAside(ctx, tg, 10, 1000)
+			return err
+		}},
 		{"RetrySetAside", func(ctx context.Context, st *store.Store) error { _, err := st.RetrySetAside(ctx, tg); return err }},
 		{"DueUnverified", func(ctx context.Context, st *store.Store) error { _, err := st.DueUnverified(ctx, tg); return err }},
-		{"Verify", func(ctx context.Context, st *store.Store) error { _, err := st.Verify(ctx, tg, historyIDs); return err }},
-		{"Retry", func(ctx context.Context, st *store.Store) error { _, err := st.Retry(ctx, tg, historyIDs); return err }},
+		{"VerifyEvents", func(ctx context.Context, st *store.Store) error {
+			_, err := st.VerifyEvents(ctx, tg, historyIDs)
+			return err
+		}},
+		{"RetryUnverified", func(ctx context.Context, st *store.Store) error {
+			_, err := st.RetryUnverified(ctx, tg, historyIDs)
+			return err
+		}},
 		{"Status", func(ctx context.Context, st *store.Store) error { _, err := st.Status(ctx, tg); return err }},
 		{"Figures", func(ctx context.Context, st *store.Store) error { _, err := st.Figures(ctx, tg); return err }},
 		{"InitiallyReady", func(ctx context.Context, st *store.Store) error { _, err := st.InitiallyReady(ctx, tg); return err }},

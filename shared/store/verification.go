@@ -96,10 +96,10 @@ func (s *Store) DueUnverified(ctx context.Context, t Target) ([]Ref, error) {
 	return refs, nil
 }
 
-// Verify marks events seen in the warehouse as verified (history ids). It
+// VerifyEvents marks events seen in the warehouse as verified (history ids). It
 // returns how many were newly verified (at protocol 4; on the legacy path,
 // how many receipts were updated).
-func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int64, error) {
+func (s *Store) VerifyEvents(ctx context.Context, t Target, historyIDs []string) (int64, error) {
 	if len(historyIDs) == 0 {
 		return 0, nil
 	}
@@ -126,12 +126,12 @@ func (s *Store) Verify(ctx context.Context, t Target, historyIDs []string) (int6
 	return n, nil
 }
 
-// Retry handles events that were looked up and found absent (history ids):
+// RetryUnverified handles events that were looked up and found absent (history ids):
 // at protocol 4 each is checked again in 30 seconds, and one accepted more
 // than 15 minutes ago goes back to pending with its receipt deleted; on the
 // legacy path only the latter (the receipt is deleted). It returns the
 // history ids that went back to pending.
-func (s *Store) Retry(ctx context.Context, t Target, missingHistoryIDs []string) ([]string, error) {
+func (s *Store) RetryUnverified(ctx context.Context, t Target, missingHistoryIDs []string) ([]string, error) {
 	if len(missingHistoryIDs) == 0 {
 		return nil, nil
 	}

@@ -45,16 +45,16 @@ func TestVerifyAndRetry(t *testing.T) {
 	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '15 minutes 5 seconds' WHERE event_id = ANY($1::uuid[])`, absentOld)
 	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '14 minutes 55 seconds' WHERE event_id = ANY($1::uuid[])`, absentRecent)
 
-	n, err := e.store.Verify(e.ctx, tg, present)
+	n, err := e.store.VerifyEvents(e.ctx, tg, present)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
-	n, err = e.store.Verify(e.ctx, tg, present)
+	n, err = e.store.VerifyEvents(e.ctx, tg, present)
 	require.NoError(t, err)
 	require.Zero(t, n, "verifying twice counts once")
 	require.EqualValues(t, 2, e.count(t, "SELECT verified_count FROM _ontology_replication_targets"))
 	require.EqualValues(t, 2, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts WHERE verified_at IS NOT NULL"))
 
-	requeued, err := e.store.Retry(e.ctx, tg, append(append([]string{}, absentRecent...), absentOld...))
+	requeued, err := e.store.RetryUnverified(e.ctx, tg, append(append([]string{}, absentRecent...), absentOld...))
 	require.NoError(t, err)
 	require.ElementsMatch(t, absentOld, requeued, "the ones accepted over 15 minutes ago went back to pending")
 	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery
@@ -83,7 +83,7 @@ func TestVerifyAndRetry(t *testing.T) {
 	due, err = e.store.DueUnverified(e.ctx, tg)
 	require.NoError(t, err)
 	require.Len(t, due, 4)
-	_, err = e.store.Verify(e.ctx, tg, ids(due))
+	_, err = e.store.VerifyEvents(e.ctx, tg, ids(due))
 	require.NoError(t, err)
 	ready, err := e.store.InitiallyReady(e.ctx, tg)
 	require.NoError(t, err)
@@ -102,12 +102,12 @@ func TestRetryOnlyTouchesCheckedIDs(t *testing.T) {
 	e.exec(t, `UPDATE _ontology_replication_delivery SET accepted_at = now() - interval '1 hour'`)
 	due, err := e.store.DueUnverified(e.ctx, tg)
 	require.NoError(t, err)
-	back, err := e.store.Retry(e.ctx, tg, []string{due[0].HistoryID})
+	back, err := e.store.RetryUnverified(e.ctx, tg, []string{due[0].HistoryID})
 	require.NoError(t, err)
 	require.Equal(t, []string{due[0].HistoryID}, back)
 	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL`),
 		"an unchecked backlog is never a delivery failure")
-	back, err = e.store.Retry(e.ctx, tg, nil)
+	back, err = e.store.RetryUnverified(e.ctx, tg, nil)
 	require.NoError(t, err)
 	require.Empty(t, back)
 }

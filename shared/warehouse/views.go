@@ -96,11 +96,11 @@ type ViewColumn struct {
 	Storage string // string, integer, number, boolean, date, timestamp or json
 }
 
-// Target is what a replication target's views are built from: its
+// ViewTarget is what a replication target's views are built from: its
 // generation and source, the manifest it was started with and what it
 // selected (the warehouse's own copy of the store's target, so that the
 // warehouse does not depend on the database's package).
-type Target struct {
+type ViewTarget struct {
 	Generation string
 	SourceID   string
 	// Manifest is the ontology manifest (JSON) the generation was started
@@ -123,7 +123,7 @@ type Selection struct {
 // selected fields in query-field order; per selected relationship, its
 // edges' source_id and target_id. Field names are validated as identifiers;
 // names that collide, ignoring case, are an error.
-func ViewSpecs(t Target) ([]ViewSpec, error) {
+func ViewSpecs(t ViewTarget) ([]ViewSpec, error) {
 	var m manifest
 	if err := json.Unmarshal(t.Manifest, &m); err != nil {
 		return nil, fmt.Errorf("target %s: manifest: %w", t.Generation, err)
@@ -174,7 +174,7 @@ func ViewSpecs(t Target) ([]ViewSpec, error) {
 // BigQuery renders the view's query in BigQuery SQL, as replicationViews:
 // JSON_VALUE (JSON_QUERY for json fields), SAFE_CAST for typed fields, and
 // ROW_NUMBER() by revision then event_id, first rank, then tombstones.
-func (v ViewSpec) BigQuery(table string, t Target) string {
+func (v ViewSpec) BigQuery(table string, t ViewTarget) string {
 	var columns []string
 	for _, c := range v.Columns {
 		path := literal("$." + c.Name)
@@ -202,7 +202,7 @@ func (v ViewSpec) BigQuery(table string, t Target) string {
 // Views builds the BigQuery latest-state views of a target (replicationViews
 // of seed 001). table is the events table's `project.dataset.table` (the
 // seed's is always <project>.ontology_internal.events).
-func Views(project, table string, t Target) ([]View, error) {
+func Views(project, table string, t ViewTarget) ([]View, error) {
 	if _, err := identifier(project); err != nil {
 		return nil, err
 	}
@@ -224,7 +224,7 @@ func ViewsDataset(bq registry.BigQuery) string { return cmp.Or(bq.ViewsDataset, 
 // CreateViews creates or replaces the views of the target in the views
 // dataset (ViewsDataset), one CREATE OR REPLACE VIEW statement each, through the
 // BigQuery client. It returns the fully qualified view names.
-func (b *BigQuery) CreateViews(ctx context.Context, ws registry.Workspace, t Target) ([]string, error) {
+func (b *BigQuery) CreateViews(ctx context.Context, ws registry.Workspace, t ViewTarget) ([]string, error) {
 	views, err := Views(ws.BigQuery.Project, tableRef(ws.BigQuery), t)
 	if err != nil {
 		return nil, err

@@ -22,7 +22,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
-func demoTarget(t *testing.T, m sdkfixture.Manifest, sel []sdkfixture.Selection) warehouse.Target {
+func demoTarget(t *testing.T, m sdkfixture.Manifest, sel []sdkfixture.Selection) warehouse.ViewTarget {
 	t.Helper()
 	tg, err := sdkfixture.StaticTarget(m, sel)
 	require.NoError(t, err)

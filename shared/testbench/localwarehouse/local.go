@@ -188,7 +188,7 @@ func pgLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") 
 // PostgreSQL renders the view's query for the local warehouse: the same
 // ranking, tombstones and typed columns as the BigQuery view, in
 // PostgreSQL's JSON operators and safe_* casts.
-func PostgreSQL(v warehouse.ViewSpec, t warehouse.Target) string {
+func PostgreSQL(v warehouse.ViewSpec, t warehouse.ViewTarget) string {
 	var columns []string
 	for _, c := range v.Columns {
 		value := "payload->>" + pgLiteral(c.Name)
@@ -210,7 +210,7 @@ func PostgreSQL(v warehouse.ViewSpec, t warehouse.Target) string {
 // CreateViews creates or replaces the target's latest-state views in the
 // local warehouse and returns their names: the local mode's
 // delivery.ViewCreator, as the BigQuery warehouse is production's.
-func (l *Local) CreateViews(ctx context.Context, _ registry.Workspace, t warehouse.Target) ([]string, error) {
+func (l *Local) CreateViews(ctx context.Context, _ registry.Workspace, t warehouse.ViewTarget) ([]string, error) {
 	specs, err := warehouse.ViewSpecs(t)
 	if err != nil {
 		return nil, err
