@@ -159,6 +159,11 @@ func TestStatusStates(t *testing.T) {
 	require.EqualValues(t, 1, s.SetAside.Count, "an event too large for Pub/Sub is set aside")
 	require.Len(t, s.SetAside.Events, 1)
 	require.Equal(t, string(store.ReasonTooLarge), s.SetAside.Events[0].Reason)
+	require.NotNil(t, s.SetAside.OldestAgeSeconds, "the set-aside lag")
+	require.True(t, s.SetAside.Oldest.Equal(s.SetAside.Events[0].Since.Truncate(time.Microsecond)) || s.SetAside.Oldest.Before(s.SetAside.Events[0].Since),
+		"set aside once: since its first set-aside")
+	table := h.mustRun("status", "--workspace", "w2")
+	require.Regexp(t, `\b1 \(\d+s\)`, table, "the set-aside count with its age")
 
 	// Replaying: initialised, not advanced.
 	st, err := store.New(h.spaces["w2"].pool, store.Config{})

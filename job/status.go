@@ -161,6 +161,9 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 			continue
 		}
 		setAside := fmt.Sprint(s.SetAside.Count)
+		if s.SetAside.OldestAgeSeconds != nil {
+			setAside += " (" + age(s.SetAside.OldestAgeSeconds) + ")"
+		}
 		if s.SetAside.NotShared {
 			setAside = "n/a (protocol 3)"
 		}

@@ -92,6 +92,12 @@ type SetAsideReport struct {
 	Count int64 `json:"count"`
 	// Events lists the oldest of them (up to the limit asked for).
 	Events []SetAsideEvent `json:"events,omitempty"`
+	// Oldest is when the longest set-aside event was first set aside, at
+	// the latest (store.Figures.SetAsideSince), and OldestAgeSeconds its
+	// age: the set-aside lag the alert reads. Absent when none is, and at
+	// protocol 3.
+	Oldest           *time.Time `json:"oldest,omitempty"`
+	OldestAgeSeconds *float64   `json:"oldest_age_seconds,omitempty"`
 	// NotShared: at protocol 3 the set-aside events are kept in the
 	// memory of the process that set them aside, so other processes (this
 	// report's) see none; Note says so.
@@ -188,10 +194,12 @@ func (s *Service) status(ctx context.Context, workspaceID, generation string, se
 	}
 	out.Total, out.Accepted, out.Verified, out.InitiallyReady = counts.Total, counts.Accepted, counts.Verified, counts.InitiallyReady
 	out.Pending, out.DueVerifications, out.OldestPending = counts.Pending, counts.DueVerifications, counts.OldestPending
+	var setAsideSince time.Time
 	switch f, err := st.Figures(ctx, t); {
 	case err == nil:
 		out.Pending, out.Unverified, out.DueVerifications, out.FiguresCapped = f.Pending, f.Unverified, f.DueVerifications, f.Capped
 		out.OldestPending, out.OldestUnverified = f.OldestPending, f.OldestUnverified
+		setAsideSince = f.SetAsideSince
 	case errors.Is(err, store.ErrNoFigures):
 		out.Unverified = counts.Accepted - counts.Verified
 	default:
@@ -199,6 +207,11 @@ func (s *Service) status(ctx context.Context, workspaceID, generation string, se
 	}
 	rep, err := st.ReadSetAside(ctx, t, setAsideLimit, publish.MaxMessageBytes)
 	out.SetAside = setAsideReport(rep)
+	if !setAsideSince.IsZero() {
+		since := setAsideSince.UTC()
+		age := max(time.Since(since), 0).Seconds()
+		out.SetAside.Oldest, out.SetAside.OldestAgeSeconds = &since, &age
+	}
 	return out, err
 }
 

@@ -78,19 +78,27 @@ func (s *Service) logWorkspace(ctx context.Context, r VerifyResult) {
 		attrs = append(attrs, slog.String("generation", r.Generation))
 	}
 	if f := r.Figures; f != nil {
-		pending, unverified := f.Ages(time.Now())
+		// An event set aside waits as a pending one does, for a person:
+		// its lag is reported apart and counts in the outstanding band
+		// (the SLO's), so that an event that will never arrive on its own
+		// makes the SLO bad.
+		now := time.Now()
+		pending, unverified := f.Ages(now)
+		setAside := f.SetAsideAge(now)
+		outstanding := max(pending, unverified, setAside)
 		attrs = append(attrs, slog.Int64("pending", f.Pending), slog.Int64("set_aside", f.SetAside),
 			slog.Int64("unverified", f.Unverified), slog.Int64("due_verifications", f.DueVerifications),
 			slog.Float64("oldest_pending_age_seconds", pending.Seconds()), slog.Float64("oldest_unverified_age_seconds", unverified.Seconds()),
-			slog.Float64("outstanding_age_seconds", max(pending, unverified).Seconds()), slog.Bool("figures_capped", f.Capped),
+			slog.Float64("oldest_set_aside_age_seconds", setAside.Seconds()),
+			slog.Float64("outstanding_age_seconds", outstanding.Seconds()), slog.Bool("figures_capped", f.Capped),
 			slog.String("delivery_lag_band", LagBand(pending)), slog.String("verification_lag_band", LagBand(unverified)),
-			slog.String("outstanding_band", LagBand(max(pending, unverified))))
+			slog.String("set_aside_lag_band", LagBand(setAside)), slog.String("outstanding_band", LagBand(outstanding)))
 	}
 	if r.Figures == nil && r.Outcome == OutcomeFailed {
 		// No figures: the bands say so, and the SLO counts the sample as
 		// bad (its total includes BandUnknown, its good bands do not).
 		attrs = append(attrs, slog.String("delivery_lag_band", BandUnknown), slog.String("verification_lag_band", BandUnknown),
-			slog.String("outstanding_band", BandUnknown))
+			slog.String("set_aside_lag_band", BandUnknown), slog.String("outstanding_band", BandUnknown))
 	}
 	if r.Error != "" {
 		attrs = append(attrs, slog.String("error", r.Error), slog.String("cause", cmp.Or(r.Cause, CauseInternal)))

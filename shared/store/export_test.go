@@ -37,6 +37,9 @@ var SQLFigures = sqlFigures
 // statements take them.
 func Backoffs(s *Store) []int64 { return s.backoffs }
 
+// WaitedBefore is the figures read's fifth parameter.
+func WaitedBefore(s *Store) []int64 { return s.waitedBefore }
+
 // Defaults is the Config a zero Config becomes.
 func Defaults() Config { return Config{}.withDefaults() }
 

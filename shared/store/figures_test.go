@@ -19,7 +19,7 @@ import (
 func referenceFigures(t *testing.T, e *env, tg store.Target) store.Figures {
 	t.Helper()
 	var f store.Figures
-	var oldestPending, oldestUnverified *time.Time
+	var oldestPending, oldestUnverified, setAsideSince *time.Time
 	// A set-aside row: pending, with next_verify_at − last_checked_at one
 	// of the default backoffs (1, 2, 4, … 32 minutes, 1 hour).
 	aside := `(accepted_at IS NULL AND last_checked_at IS NOT NULL AND next_verify_at - last_checked_at IN
@@ -30,9 +30,15 @@ func referenceFigures(t *testing.T, e *env, tg store.Target) store.Figures {
 		min(next_verify_at) FILTER (WHERE accepted_at IS NULL AND NOT `+aside+`),
 		count(*) FILTER (WHERE accepted_at IS NOT NULL AND verified_at IS NULL),
 		count(*) FILTER (WHERE accepted_at IS NOT NULL AND verified_at IS NULL AND next_verify_at <= now()),
-		min(accepted_at) FILTER (WHERE accepted_at IS NOT NULL AND verified_at IS NULL)
+		min(accepted_at) FILTER (WHERE accepted_at IS NOT NULL AND verified_at IS NULL),
+		min(last_checked_at - (SELECT coalesce(sum(b), interval '0') FROM unnest(ARRAY[interval '1 minute', interval '2 minutes',
+		    interval '4 minutes', interval '8 minutes', interval '16 minutes', interval '32 minutes']) b
+		  WHERE b < next_verify_at - last_checked_at)) FILTER (WHERE `+aside+`)
 		FROM _ontology_replication_delivery WHERE generation = $1::uuid`, tg.Generation).
-		Scan(&f.Pending, &f.SetAside, &oldestPending, &f.Unverified, &f.DueVerifications, &oldestUnverified))
+		Scan(&f.Pending, &f.SetAside, &oldestPending, &f.Unverified, &f.DueVerifications, &oldestUnverified, &setAsideSince))
+	if setAsideSince != nil {
+		f.SetAsideSince = *setAsideSince
+	}
 	if oldestPending != nil {
 		f.OldestPending = *oldestPending
 	}
@@ -48,7 +54,9 @@ func requireFigures(t *testing.T, e *env, tg store.Target, want store.Figures) {
 	require.NoError(t, err)
 	require.True(t, got.OldestPending.Equal(want.OldestPending), "oldest pending %v, want %v", got.OldestPending, want.OldestPending)
 	require.True(t, got.OldestUnverified.Equal(want.OldestUnverified), "oldest unverified %v, want %v", got.OldestUnverified, want.OldestUnverified)
+	require.True(t, got.SetAsideSince.Equal(want.SetAsideSince), "set aside since %v, want %v", got.SetAsideSince, want.SetAsideSince)
 	got.OldestPending, got.OldestUnverified, want.OldestPending, want.OldestUnverified = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	got.SetAsideSince, want.SetAsideSince = time.Time{}, time.Time{}
 	require.Equal(t, want, got)
 	require.Equal(t, referenceFigures(t, e, tg), func() store.Figures {
 		f, _ := e.store.Figures(e.ctx, tg)
@@ -119,7 +127,22 @@ func TestFigures(t *testing.T) {
 	_, err = c.Finish(e.ctx, nil, aside)
 	require.NoError(t, err)
 	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT min(next_verify_at) FROM _ontology_replication_delivery WHERE accepted_at IS NULL AND last_checked_at IS NULL`).Scan(&oldestLeft))
-	requireFigures(t, e, tg, store.Figures{Pending: 5, SetAside: 3, OldestPending: oldestLeft, Unverified: 7, DueVerifications: due, OldestUnverified: oldestAccepted})
+	var firstAside time.Time
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT min(last_checked_at) FROM _ontology_replication_delivery WHERE last_checked_at IS NOT NULL AND accepted_at IS NULL`).Scan(&firstAside))
+	requireFigures(t, e, tg, store.Figures{Pending: 5, SetAside: 3, OldestPending: oldestLeft, Unverified: 7, DueVerifications: due, OldestUnverified: oldestAccepted,
+		SetAsideSince: firstAside})
+	// One of them set aside for the third time a minute ago (its backoff
+	// is 4 minutes): it has been set aside since at least 1 + 2 minutes
+	// before that.
+	e.exec(t, `UPDATE _ontology_replication_delivery SET last_checked_at = now() - interval '1 minute', next_verify_at = now() + interval '3 minutes'
+		WHERE event_id = $1::uuid`, aside[0].HistoryID)
+	var thirdTime time.Time
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT last_checked_at FROM _ontology_replication_delivery WHERE event_id = $1::uuid`, aside[0].HistoryID).Scan(&thirdTime))
+	requireFigures(t, e, tg, store.Figures{Pending: 5, SetAside: 3, OldestPending: oldestLeft, Unverified: 7, DueVerifications: due, OldestUnverified: oldestAccepted,
+		SetAsideSince: thirdTime.Add(-3 * time.Minute)})
+	got, err := e.store.Figures(e.ctx, tg)
+	require.NoError(t, err)
+	require.InDelta(t, (4 * time.Minute).Seconds(), got.SetAsideAge(thirdTime.Add(time.Minute)).Seconds(), 0.001)
 
 	// A replay: every unverified and verified event back to pending, queued
 	// now; the set-aside ones are fresh again.
@@ -161,7 +184,7 @@ func TestFiguresPlans(t *testing.T) {
 	tg := e.start(t)
 	fillDelivery(t, e, tg, 1_000_000, 500, 500)
 	var raw string
-	require.NoError(t, e.pool.QueryRow(e.ctx, "EXPLAIN (FORMAT JSON) "+store.SQLFigures, tg.Generation, store.Backoffs(e.store), store.MaxFigureRows, store.MaxFigureCount).Scan(&raw))
+	require.NoError(t, e.pool.QueryRow(e.ctx, "EXPLAIN (FORMAT JSON) "+store.SQLFigures, tg.Generation, store.Backoffs(e.store), store.MaxFigureRows, store.MaxFigureCount, store.WaitedBefore(e.store)).Scan(&raw))
 	var plan []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(raw), &plan))
 	var walk func(node map[string]any, depth int)

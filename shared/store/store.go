@@ -127,6 +127,9 @@ type Store struct {
 	db       DB
 	cfg      Config
 	backoffs []int64 // the set-aside backoffs, in microseconds
+	// waitedBefore is, for each of backoffs, the backoffs an event waited
+	// before it (see waitedBefore).
+	waitedBefore []int64
 
 	mu      sync.Mutex
 	capture *captureTables // cached; reloaded when a table is not found
@@ -160,7 +163,8 @@ func New(db DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("store: no database")
 	}
-	return &Store{db: db, cfg: cfg, backoffs: taggedIntervals(setAsideBackoffs(cfg.SetAsideBackoff, cfg.SetAsideMaxBackoff))}, nil
+	backoffs := taggedIntervals(setAsideBackoffs(cfg.SetAsideBackoff, cfg.SetAsideMaxBackoff))
+	return &Store{db: db, cfg: cfg, backoffs: backoffs, waitedBefore: waitedBefore(backoffs)}, nil
 }
 
 // Errors callers branch on.
