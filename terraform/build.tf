@@ -8,7 +8,26 @@ resource "google_artifact_registry_repository" "images" {
   repository_id = "replication"
   format        = "DOCKER"
   description   = "Ontology replication images (functions, job)."
-  depends_on    = [google_project_service.enabled]
+  labels        = var.labels
+  # Every build pushes two images: keep the newest ten versions of each
+  # (those the services and job can roll back to) and delete the rest once
+  # a month old, so that the repository does not grow forever.
+  cleanup_policy_dry_run = false
+  cleanup_policies {
+    id     = "keep-recent"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = 10
+    }
+  }
+  cleanup_policies {
+    id     = "delete-old"
+    action = "DELETE"
+    condition {
+      older_than = "2592000s"
+    }
+  }
+  depends_on = [google_project_service.enabled]
 }
 
 resource "google_storage_bucket" "build_sources" {
@@ -17,6 +36,7 @@ resource "google_storage_bucket" "build_sources" {
   location                    = var.region
   uniform_bucket_level_access = true
   public_access_prevention    = "enforced"
+  labels                      = var.labels
   lifecycle_rule {
     condition {
       age = 30

@@ -329,23 +329,22 @@ func TestTerraformTableSchemaIsTheGoSchema(t *testing.T) {
 // allowedRoles are every role the deployment grants, anywhere: a literal, a
 // for_each set, a module argument. A role not listed fails the test.
 var allowedRoles = map[string]string{
-	"roles/artifactregistry.writer":       "the build pushes images",
-	"roles/bigquery.dataEditor":           "the Pub/Sub agent writes the events table",
-	"roles/bigquery.dataViewer":           "the verifier reads the events table",
-	"roles/bigquery.jobUser":              "the verifier's lookups and the job's view statements",
-	"roles/bigquery.metadataViewer":       "the Pub/Sub agent reads the table's schema",
-	"roles/cloudsql.client":               "connect to the workspace's instance",
-	"roles/monitoring.metricWriter":       "the Cloud SQL connector exports its own metrics to the instance's project",
-	"roles/cloudsql.instanceUser":         "IAM database login",
-	"roles/iam.serviceAccountUser":        "the build deploys revisions running as the components",
-	"roles/logging.logWriter":             "the build's logs",
-	"roles/pubsub.publisher":              "the components publish; the Pub/Sub agent dead-letters",
-	"roles/pubsub.subscriber":             "the Pub/Sub agent reads the subscription; the job reads dead letters",
-	"roles/run.developer":                 "the build rolls the services forward",
-	"roles/run.invoker":                   "the scheduler invokes the verifier; the gateway the drain",
-	"roles/run.jobsExecutorWithOverrides": "the scheduler runs the job's scheduled audit",
-	"roles/secretmanager.secretAccessor":  "each component reads its registry",
-	"roles/storage.objectUser":            "the build's uploaded sources",
+	"roles/artifactregistry.writer":      "the build pushes images",
+	"roles/bigquery.dataEditor":          "the Pub/Sub agent writes the events table",
+	"roles/bigquery.dataViewer":          "the verifier reads the events table",
+	"roles/bigquery.jobUser":             "the verifier's lookups and the job's view statements",
+	"roles/bigquery.metadataViewer":      "the Pub/Sub agent reads the table's schema",
+	"roles/cloudsql.client":              "connect to the workspace's instance",
+	"roles/monitoring.metricWriter":      "the Cloud SQL connector exports its own metrics to the instance's project",
+	"roles/cloudsql.instanceUser":        "IAM database login",
+	"roles/iam.serviceAccountUser":       "the build deploys revisions running as the components",
+	"roles/logging.logWriter":            "the build's logs",
+	"roles/pubsub.publisher":             "the components publish; the Pub/Sub agent dead-letters",
+	"roles/pubsub.subscriber":            "the Pub/Sub agent reads the subscription; the job reads dead letters",
+	"roles/run.developer":                "the build rolls the services forward",
+	"roles/run.invoker":                  "the scheduler invokes the verifier and runs the scheduled audit's job; the gateway the drain",
+	"roles/secretmanager.secretAccessor": "each component reads its registry",
+	"roles/storage.objectUser":           "the build's uploaded sources",
 }
 
 var roleLiteral = regexp.MustCompile(`"(roles/[A-Za-z0-9._]+)"`)
@@ -626,7 +625,9 @@ func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 			defined["logging.googleapis.com/user/"+metric] = true
 		}
 	}
-	google := map[string]bool{"pubsub.googleapis.com/subscription/num_undelivered_messages": true}
+	google := map[string]bool{"pubsub.googleapis.com/subscription/num_undelivered_messages": true,
+		"pubsub.googleapis.com/subscription/oldest_unacked_message_age": true, "pubsub.googleapis.com/subscription/push_request_count": true,
+		"run.googleapis.com/job/completed_execution_count": true, "cloudsql.googleapis.com/database/postgresql/num_backends": true}
 	metricType := regexp.MustCompile(`metric\.type=\\?"([^"\\]+)\\?"`)
 	check := func(where, text string) int {
 		n := 0
@@ -647,7 +648,17 @@ func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 	}
 	monitoring, err := os.ReadFile("monitoring.tf")
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, check("monitoring.tf", string(monitoring)), 7)
+	alerts, err := os.ReadFile("alerts.tf")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, check("monitoring.tf", string(monitoring))+check("alerts.tf", string(alerts)), 13)
+	// PromQL names a log-based metric logging_googleapis_com:user_<name, / as _>.
+	for _, match := range regexp.MustCompile(`logging_googleapis_com:user_(\w+)`).FindAllStringSubmatch(string(alerts), -1) {
+		found := false
+		for typ := range defined {
+			found = found || strings.ReplaceAll(strings.TrimPrefix(typ, "logging.googleapis.com/user/"), "/", "_") == match[1]
+		}
+		require.True(t, found, "alerts.tf's PromQL reads %s, which no metric defines", match[0])
+	}
 	dashboard, err := os.ReadFile("dashboard.json.tftpl")
 	require.NoError(t, err)
 	parsed := renderDashboard(t, true)
@@ -963,10 +974,10 @@ func TestTerraformPrivateIPNeedsANetwork(t *testing.T) {
 func TestTerraformMonitorsEveryPubSubProject(t *testing.T) {
 	t.Parallel()
 	m := parseModule(t, ".")
-	ws := func(project string) cty.Value {
-		return cty.ObjectVal(map[string]cty.Value{"pubsub_project": cty.StringVal(project)})
+	ws := func(project, sql string) cty.Value {
+		return cty.ObjectVal(map[string]cty.Value{"pubsub_project": cty.StringVal(project), "sql_project": cty.StringVal(sql)})
 	}
-	ctx := &hcl.EvalContext{Functions: map[string]function.Function{"toset": function.New(&function.Spec{
+	ctx := &hcl.EvalContext{Functions: map[string]function.Function{"concat": stdlib.ConcatFunc, "toset": function.New(&function.Spec{
 		Params: []function.Parameter{{Name: "v", Type: cty.DynamicPseudoType}},
 		Type:   function.StaticReturnType(cty.Set(cty.String)),
 		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
@@ -977,7 +988,7 @@ func TestTerraformMonitorsEveryPubSubProject(t *testing.T) {
 		},
 	})}, Variables: map[string]cty.Value{
 		"var":   cty.ObjectVal(map[string]cty.Value{"project": cty.StringVal("acme")}),
-		"local": cty.ObjectVal(map[string]cty.Value{"workspaces": cty.ObjectVal(map[string]cty.Value{"w1": ws("acme"), "w2": ws("ps-two"), "w3": ws("ps-two"), "w4": ws("ps-four")})}),
+		"local": cty.ObjectVal(map[string]cty.Value{"workspaces": cty.ObjectVal(map[string]cty.Value{"w1": ws("acme", "acme"), "w2": ws("ps-two", "sql-two"), "w3": ws("ps-two", "acme"), "w4": ws("ps-four", "sql-two")})}),
 	}}
 	got, diags := m.locals["monitored_projects"].Expr.Value(ctx)
 	require.False(t, diags.HasErrors(), diags.Error())
@@ -986,7 +997,7 @@ func TestTerraformMonitorsEveryPubSubProject(t *testing.T) {
 		projects = append(projects, v.AsString())
 	}
 	sort.Strings(projects)
-	require.Equal(t, []string{"ps-four", "ps-two"}, projects)
+	require.Equal(t, []string{"ps-four", "ps-two", "sql-two"}, projects)
 	mp := m.resources["google_monitoring_monitored_project.pubsub"]
 	require.NotNil(t, mp)
 	require.Contains(t, string(mp.Body.Attributes["for_each"].Expr.Range().SliceBytes(m.source[mp.Body.Attributes["for_each"].Expr.Range().Filename])), "local.monitored_projects")

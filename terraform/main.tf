@@ -94,6 +94,7 @@ module "workspace" {
   location                          = each.value.bigquery_location
   dead_letter_max_delivery_attempts = var.dead_letter_max_delivery_attempts
   deletion_protection               = var.events_table_deletion_protection
+  labels                            = var.labels
   # Keyed by component: the keys are known at plan, whatever the emails.
   publishers  = { for c in local.components : c => "serviceAccount:${google_service_account.component[c].email}" }
   verifier    = "serviceAccount:${google_service_account.component["verify"].email}"

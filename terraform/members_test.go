@@ -225,7 +225,7 @@ func TestTerraformEachRoleGoesToItsMember(t *testing.T) {
 		"replication-job@acme": {"bigquery.dataViewer on bigquery_dataset", "bigquery.jobUser on project", "cloudsql.client on project",
 			"cloudsql.instanceUser on project", "monitoring.metricWriter on project", "pubsub.publisher on pubsub_topic",
 			"pubsub.subscriber on pubsub_subscription", "replicationViews on views dataset", "secretmanager.secretAccessor on secret_manager_secret"},
-		"replication-scheduler@acme": {"run.invoker on cloud_run_v2_service", "run.jobsExecutorWithOverrides on cloud_run_v2_job"},
+		"replication-scheduler@acme": {"run.invoker on cloud_run_v2_job", "run.invoker on cloud_run_v2_service"},
 		"replication-build@acme": {"artifactregistry.writer on artifact_registry_repository", "iam.serviceAccountUser on service_account",
 			"logging.logWriter on project", "run.developer on project", "storage.objectUser on storage_bucket"},
 		"service-123@gcp-sa-pubsub": {"bigquery.dataEditor on bigquery_dataset", "bigquery.metadataViewer on bigquery_dataset",

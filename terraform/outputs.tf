@@ -10,7 +10,7 @@ output "verify_url" {
 
 output "job_name" {
   description = "Cloud Run job to run with `gcloud run jobs execute` (null before it is deployed)."
-  value       = one(google_cloud_run_v2_job.replication[*].name)
+  value       = try(google_cloud_run_v2_job.replication["replication-job"].name, null)
 }
 
 output "image_repository" {

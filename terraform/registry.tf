@@ -36,6 +36,7 @@ resource "google_secret_manager_secret" "registry" {
   for_each  = local.components
   project   = var.project
   secret_id = "replication-registry-${each.key}"
+  labels    = var.labels
   replication {
     auto {}
   }

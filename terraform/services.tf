@@ -29,11 +29,18 @@ moved {
   to   = google_cloud_run_v2_job.replication[0]
 }
 
+moved {
+  from = google_cloud_run_v2_job.replication[0]
+  to   = google_cloud_run_v2_job.replication["replication-job"]
+}
+
 resource "google_cloud_run_v2_service" "drain" {
   count                = local.deploy ? 1 : 0
   project              = var.project
   name                 = "replication-drain"
   location             = var.region
+  deletion_protection  = var.deletion_protection
+  labels               = var.labels
   ingress              = local.drain_ingress[var.drain_exposure]
   invoker_iam_disabled = var.drain_exposure != "invoker"
 
@@ -123,11 +130,13 @@ resource "google_cloud_run_v2_service_iam_member" "drain_invoker" {
 # the same project count as internal) and only the scheduler's identity may
 # invoke it.
 resource "google_cloud_run_v2_service" "verify" {
-  count    = local.deploy ? 1 : 0
-  project  = var.project
-  name     = "replication-verify"
-  location = var.region
-  ingress  = "INGRESS_TRAFFIC_INTERNAL_ONLY"
+  count               = local.deploy ? 1 : 0
+  project             = var.project
+  name                = "replication-verify"
+  location            = var.region
+  deletion_protection = var.deletion_protection
+  labels              = var.labels
+  ingress             = "INGRESS_TRAFFIC_INTERNAL_ONLY"
 
   template {
     service_account = google_service_account.component["verify"].email
@@ -248,21 +257,37 @@ moved {
   to   = google_cloud_scheduler_job.verify["0"]
 }
 
+# The job: replication-job, which people execute with their arguments
+# (runbook), and, with audit_schedule, replication-audit, the same job
+# with `audit` for arguments and no retries, which Cloud Scheduler runs: an
+# audit that finds differences exits 1, a result and not a failure to
+# retry (each retry would read the warehouse again), and only its result
+# lines count in the "warehouse differs" alert (an operator's audit, or
+# typo, run through replication-job pages nobody).
+locals {
+  jobs = local.deploy ? merge(
+    { "replication-job" = { args = ["status"], max_retries = var.job_max_retries } },
+    var.audit_schedule != "" ? { "replication-audit" = { args = ["audit"], max_retries = 0 } } : {},
+  ) : {}
+}
+
 resource "google_cloud_run_v2_job" "replication" {
-  count    = local.deploy ? 1 : 0
-  project  = var.project
-  name     = "replication-job"
-  location = var.region
+  for_each            = local.jobs
+  project             = var.project
+  name                = each.key
+  location            = var.region
+  deletion_protection = var.deletion_protection
+  labels              = var.labels
 
   template {
     task_count = var.job_tasks
     template {
       service_account = google_service_account.component["job"].email
       timeout         = var.job_task_timeout
-      max_retries     = var.job_max_retries
+      max_retries     = each.value.max_retries
       containers {
         image = var.job_image
-        args  = ["status"]
+        args  = each.value.args
         env {
           name  = "REPLICATION_WORKSPACES_FILE"
           value = local.registry_path
@@ -315,10 +340,9 @@ resource "google_cloud_run_v2_job" "replication" {
 }
 
 # The scheduled audit (var.audit_schedule, off by default): Cloud Scheduler
-# runs the job with `audit` in place of its default arguments, through the
-# Cloud Run Admin API's jobs.run with overrides, as the scheduler's account,
-# which may run this job with overrides and nothing else. The result is
-# each workspace's "replication audit" log line (monitoring.tf).
+# runs replication-audit through the Cloud Run Admin API's jobs.run, as the
+# scheduler's account, which may run that job and nothing else. The result
+# is each workspace's "replication audit" log line (monitoring.tf).
 resource "google_cloud_scheduler_job" "audit" {
   count            = local.deploy && var.audit_schedule != "" ? 1 : 0
   project          = var.project
@@ -328,9 +352,8 @@ resource "google_cloud_scheduler_job" "audit" {
   attempt_deadline = "180s"
 
   http_target {
-    uri         = "https://run.googleapis.com/v2/projects/${var.project}/locations/${var.region}/jobs/${google_cloud_run_v2_job.replication[0].name}:run"
+    uri         = "https://run.googleapis.com/v2/projects/${var.project}/locations/${var.region}/jobs/${google_cloud_run_v2_job.replication["replication-audit"].name}:run"
     http_method = "POST"
-    body        = base64encode(jsonencode({ overrides = { containerOverrides = [{ args = ["audit"] }] } }))
     headers     = { "Content-Type" = "application/json" }
     oauth_token {
       service_account_email = google_service_account.scheduler.email
@@ -343,7 +366,7 @@ resource "google_cloud_run_v2_job_iam_member" "audit_runner" {
   count    = local.deploy && var.audit_schedule != "" ? 1 : 0
   project  = var.project
   location = var.region
-  name     = google_cloud_run_v2_job.replication[0].name
-  role     = "roles/run.jobsExecutorWithOverrides"
+  name     = google_cloud_run_v2_job.replication["replication-audit"].name
+  role     = "roles/run.invoker"
   member   = "serviceAccount:${google_service_account.scheduler.email}"
 }

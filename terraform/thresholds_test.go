@@ -23,6 +23,7 @@ import (
 var tfFunctions = map[string]function.Function{
 	"join": stdlib.JoinFunc, "slice": stdlib.SliceFunc, "length": stdlib.LengthFunc, "concat": stdlib.ConcatFunc,
 	"contains": stdlib.ContainsFunc, "keys": stdlib.KeysFunc, "min": stdlib.MinFunc, "max": stdlib.MaxFunc,
+	"floor": stdlib.FloorFunc, "lookup": stdlib.LookupFunc, "upper": stdlib.UpperFunc,
 	"tostring": function.New(&function.Spec{
 		Params: []function.Parameter{{Name: "v", Type: cty.DynamicPseudoType}},
 		Type:   function.StaticReturnType(cty.String),
@@ -96,8 +97,8 @@ func (e *monitoringEval) value(expr hclsyntax.Expression, each map[string]cty.Va
 
 // condition is one alert condition with its values evaluated.
 type condition struct {
-	kind                         string // condition_threshold or condition_absent
-	filter, duration, comparison string
+	kind                         string // condition_threshold, condition_absent or condition_prometheus_query_language
+	filter, duration, comparison string // filter: the PromQL query of the last
 	threshold                    float64
 	alignment, aligner, reducer  string
 	groupBy                      []string
@@ -164,7 +165,12 @@ func (e *monitoringEval) condition(body *hclsyntax.Body, each, iter map[string]c
 	var c namedCondition
 	c.name = str(body, "display_name")
 	for _, blk := range body.Blocks {
-		if blk.Type != "condition_threshold" && blk.Type != "condition_absent" {
+		switch blk.Type {
+		case "condition_threshold", "condition_absent":
+		case "condition_prometheus_query_language":
+			c.kind, c.filter, c.duration = blk.Type, str(blk.Body, "query"), str(blk.Body, "duration")
+			continue
+		default:
 			continue
 		}
 		c.kind = blk.Type
@@ -237,7 +243,8 @@ func TestTerraformAlertThresholds(t *testing.T) {
 	}
 	// The documented defaults.
 	want := map[string]float64{"delivery_lag_alert_minutes": 5, "verification_lag_alert_minutes": 30, "drain_failure_ratio_alert": 0.1,
-		"slo_minutes": 30, "slo_goal": 0.999, "verifier_failure_passes": 3}
+		"slo_minutes": 30, "slo_goal": 0.999, "verifier_failure_passes": 3, "set_aside_alert_minutes": 15,
+		"subscription_backlog_alert_minutes": 10, "drain_failure_min_count": 10, "connections_alert_ratio": 0.9}
 	for name, v := range want {
 		require.Equal(t, v, num(name), "var.%s's default", name)
 	}
@@ -250,6 +257,10 @@ func TestTerraformAlertThresholds(t *testing.T) {
 		fmt.Sprintf("`slo_minutes` (%v)", want["slo_minutes"]),
 		fmt.Sprintf("`slo_goal` (%v%%)", want["slo_goal"]*100),
 		fmt.Sprintf("`verifier_failure_passes`, %v", want["verifier_failure_passes"]),
+		fmt.Sprintf("`set_aside_alert_minutes`, %v", want["set_aside_alert_minutes"]),
+		fmt.Sprintf("`subscription_backlog_alert_minutes`, %v", want["subscription_backlog_alert_minutes"]),
+		fmt.Sprintf("`drain_failure_min_count`, %v", want["drain_failure_min_count"]),
+		fmt.Sprintf("`connections_alert_ratio`, %v%%", want["connections_alert_ratio"]*100),
 	} {
 		require.True(t, strings.Contains(string(readme), doc), "terraform/README.md documents the default: %s", doc)
 	}
@@ -257,15 +268,16 @@ func TestTerraformAlertThresholds(t *testing.T) {
 	counter := `metric.type="logging.googleapis.com/user/replication/`
 	t.Run("lags", func(t *testing.T) {
 		conds := e.conditions("lag")
-		require.Len(t, conds, 2)
-		for instance, minutes := range map[string]float64{"delivery_stall": num("delivery_lag_alert_minutes"), "verification_lag": num("verification_lag_alert_minutes")} {
+		require.Len(t, conds, 3)
+		for instance, minutes := range map[string]float64{"delivery_stall": num("delivery_lag_alert_minutes"), "verification_lag": num("verification_lag_alert_minutes"),
+			"set_aside": num("set_aside_alert_minutes")} {
 			var c condition
 			for k, v := range conds {
 				if strings.HasPrefix(k, instance+"/") {
 					c = v
 				}
 			}
-			label := map[string]string{"delivery_stall": "delivery_lag_band", "verification_lag": "verification_lag_band"}[instance]
+			label := map[string]string{"delivery_stall": "delivery_lag_band", "verification_lag": "verification_lag_band", "set_aside": "set_aside_lag_band"}[instance]
 			require.Contains(t, c.filter, counter+`verifier_workspaces"`, instance)
 			require.Equal(t, bandsFrom(int(minutes), true), oneOf(t, c.filter, "metric.labels."+label), "%s: the bands over %v minutes", instance, minutes)
 			require.Equal(t, "COMPARISON_GT", c.comparison)
@@ -286,23 +298,39 @@ func TestTerraformAlertThresholds(t *testing.T) {
 		}
 	})
 	t.Run("drain failing", func(t *testing.T) {
-		for _, c := range e.conditions("drain_failures") {
-			require.Equal(t, []string{"failed", "misconfigured", "unavailable"}, oneOf(t, c.filter, "metric.labels.outcome"))
-			require.Equal(t, num("drain_failure_ratio_alert"), c.threshold)
-			require.Equal(t, "600s", c.duration)
-			require.Equal(t, []string{"metric.label.workspace"}, c.groupBy)
+		conds := e.conditions("drain_failures")
+		require.Len(t, conds, 1)
+		for _, c := range conds {
+			// One PromQL query: the ratio and the minimum volume, on the
+			// same workspace, over 10 minutes.
+			require.Equal(t, "condition_prometheus_query_language", c.kind)
+			q := strings.Join(strings.Fields(c.filter), " ")
+			metric := `logging_googleapis_com:user_replication_drain_invocations{monitored_resource="cloud_run_revision"`
+			failed := metric + `, outcome=~"failed|unavailable|misconfigured"}[10m]`
+			require.Contains(t, q, fmt.Sprintf(`(sum by (workspace) (increase(%s)) / sum by (workspace) (increase(%s}[10m])) > %v)`, failed, metric, num("drain_failure_ratio_alert")))
+			require.Contains(t, q, fmt.Sprintf(`and on (workspace) (sum by (workspace) (increase(%s)) >= %v)`, failed, num("drain_failure_min_count")))
 		}
 	})
 	t.Run("verifier passes", func(t *testing.T) {
-		conds := e.conditions("verifier")
-		absent := conds["/no verifier pass"]
+		absent := e.conditions("verifier")["/no verifier pass"]
 		require.Equal(t, "condition_absent", absent.kind)
 		require.Equal(t, []string{"ok", "partial_failure"}, oneOf(t, absent.filter, "metric.labels.outcome"),
 			"only passes that ran count: not 401, 403 or a misconfigured service")
 		require.Equal(t, "600s", absent.duration)
-		notReached := conds["/workspaces not reached"]
+		notReached := e.conditions("verifier_not_reaching")["/workspaces not reached"]
 		require.Equal(t, []string{delivery.OutcomeNotReached}, oneOf(t, notReached.filter, "metric.labels.outcome"))
 		require.Equal(t, "900s", notReached.duration)
+	})
+	t.Run("BigQuery subscription", func(t *testing.T) {
+		for _, c := range e.conditions("bigquery_subscription") {
+			require.Contains(t, c.filter, `subscription/oldest_unacked_message_age"`)
+			require.Contains(t, c.filter, `subscription_id=monitoring.regex.full_match(".*-bigquery")`)
+			require.Equal(t, num("subscription_backlog_alert_minutes")*60, c.threshold, "the age is in seconds")
+		}
+		for _, c := range e.conditions("bigquery_write_errors") {
+			require.Contains(t, c.filter, `subscription_id=monitoring.regex.full_match(".*-bigquery")`)
+			require.Contains(t, c.filter, `metric.labels.response_class!="ack"`)
+		}
 	})
 	t.Run("dead letters", func(t *testing.T) {
 		for _, c := range e.conditions("dead_letters") {

@@ -119,9 +119,17 @@ variable "audit_schedule" {
 }
 
 variable "verify_time_budget" {
-  description = "Time budget of one verifier pass (a Go duration); keep it under the scheduler's attempt deadline (120 s)."
+  description = "Time budget of one verifier pass, in seconds (\"50s\") or minutes (\"1m\"); under the scheduler's attempt deadline (120 s)."
   type        = string
   default     = "50s"
+  validation {
+    condition = can(regex("^[0-9]+(s|m)$", var.verify_time_budget)) && (
+      endswith(var.verify_time_budget, "s") ? tonumber(trimsuffix(var.verify_time_budget, "s")) : 60 * tonumber(trimsuffix(var.verify_time_budget, "m"))
+      ) >= 5 && (
+      endswith(var.verify_time_budget, "s") ? tonumber(trimsuffix(var.verify_time_budget, "s")) : 60 * tonumber(trimsuffix(var.verify_time_budget, "m"))
+    ) <= 110
+    error_message = "verify_time_budget must be whole seconds (\"50s\") or minutes (\"1m\") from 5 s to 110 s, under the scheduler's 120 s attempt deadline."
+  }
 }
 
 variable "verify_workers" {
@@ -148,6 +156,10 @@ variable "log_level" {
   description = "Log level of the services and the job: DEBUG, INFO, WARN or ERROR."
   type        = string
   default     = "INFO"
+  validation {
+    condition     = contains(["DEBUG", "INFO", "WARN", "WARNING", "ERROR"], upper(var.log_level))
+    error_message = "log_level must be DEBUG, INFO, WARN or ERROR (a service started with another one exits at once)."
+  }
 }
 
 variable "job_task_timeout" {
@@ -157,15 +169,23 @@ variable "job_task_timeout" {
 }
 
 variable "job_max_retries" {
-  description = "Retries of a failed job task; every page is its own transaction, so a retry resumes."
+  description = "Retries of a failed task of replication-job; every page is its own transaction, so a retry resumes. The scheduled audit's job (replication-audit) never retries: a finding is a result."
   type        = number
   default     = 3
+  validation {
+    condition     = var.job_max_retries >= 0 && var.job_max_retries <= 10 && floor(var.job_max_retries) == var.job_max_retries
+    error_message = "job_max_retries must be a whole number from 0 to 10."
+  }
 }
 
 variable "dead_letter_max_delivery_attempts" {
   description = "Delivery attempts before the BigQuery subscription moves a message to the dead-letter topic (5 to 100)."
   type        = number
   default     = 5
+  validation {
+    condition     = var.dead_letter_max_delivery_attempts >= 5 && var.dead_letter_max_delivery_attempts <= 100 && floor(var.dead_letter_max_delivery_attempts) == var.dead_letter_max_delivery_attempts
+    error_message = "dead_letter_max_delivery_attempts must be a whole number from 5 to 100 (Pub/Sub's bounds)."
+  }
 }
 
 # The connection budget (terraform/README.md): on one workspace database,
@@ -277,9 +297,65 @@ variable "notification_channels" {
 }
 
 variable "alert_emails" {
-  description = "Email addresses the alerts notify (an email notification channel is created for each)."
+  description = "Email addresses the paging alerts notify (an email notification channel is created for each)."
   type        = list(string)
   default     = []
+}
+
+variable "ticket_notification_channels" {
+  description = "Notification channels of the WARNING alerts (tickets: dead letters, workspaces not reached, the scheduled audit, the SLO's slow burn); empty, the default: the paging channels (notification_channels and alert_emails)."
+  type        = list(string)
+  default     = []
+}
+
+variable "set_aside_alert_minutes" {
+  description = "Page when a workspace has had an event set aside (one the drain cannot publish) for longer than this many minutes: 1, 5, 15, 30 or 60."
+  type        = number
+  default     = 15
+  validation {
+    condition     = contains([1, 5, 15, 30, 60], var.set_aside_alert_minutes)
+    error_message = "set_aside_alert_minutes must be 1, 5, 15, 30 or 60, the bands the verifier reports lags in."
+  }
+}
+
+variable "subscription_backlog_alert_minutes" {
+  description = "Page when a BigQuery subscription's oldest unacknowledged message is older than this many minutes (it is not writing to its table)."
+  type        = number
+  default     = 10
+  validation {
+    condition     = var.subscription_backlog_alert_minutes >= 2 && var.subscription_backlog_alert_minutes <= 1440
+    error_message = "subscription_backlog_alert_minutes must be between 2 and 1440."
+  }
+}
+
+variable "drain_failure_min_count" {
+  description = "The drain-failing alert needs at least this many failed or unavailable invocations of a workspace in 10 minutes, besides drain_failure_ratio_alert of them (one 503 in two wake-ups is no page)."
+  type        = number
+  default     = 10
+  validation {
+    condition     = var.drain_failure_min_count >= 1 && floor(var.drain_failure_min_count) == var.drain_failure_min_count
+    error_message = "drain_failure_min_count must be a whole number of at least 1."
+  }
+}
+
+variable "connections_alert_ratio" {
+  description = "Page when a Cloud SQL instance's backends exceed this share of its max_connections (sql_instance_max_connections, or default_sql_max_connections)."
+  type        = number
+  default     = 0.9
+  validation {
+    condition     = var.connections_alert_ratio > 0 && var.connections_alert_ratio <= 1
+    error_message = "connections_alert_ratio must be more than 0 and at most 1."
+  }
+}
+
+variable "audit_result_max_hours" {
+  description = "With audit_schedule set: open a ticket when no scheduled audit has written its result for this many hours (1 to 24; keep it above the schedule's interval)."
+  type        = number
+  default     = 24
+  validation {
+    condition     = var.audit_result_max_hours >= 1 && var.audit_result_max_hours <= 24 && floor(var.audit_result_max_hours) == var.audit_result_max_hours
+    error_message = "audit_result_max_hours must be a whole number from 1 to 24."
+  }
 }
 
 variable "delivery_lag_alert_minutes" {
@@ -309,9 +385,13 @@ variable "workspace_gauges" {
 }
 
 variable "drain_failure_ratio_alert" {
-  description = "Alert when more than this share of a workspace's drain invocations fail or are unavailable over 10 minutes."
+  description = "Page when more than this share of a workspace's drain invocations fail or are unavailable over 10 minutes (and at least drain_failure_min_count of them)."
   type        = number
   default     = 0.1
+  validation {
+    condition     = var.drain_failure_ratio_alert > 0 && var.drain_failure_ratio_alert < 1
+    error_message = "drain_failure_ratio_alert must be between 0 and 1 (a share, not a percentage)."
+  }
 }
 
 variable "slo_minutes" {
@@ -328,6 +408,22 @@ variable "slo_goal" {
   description = "…in this share of workspace-minutes over 28 days."
   type        = number
   default     = 0.999
+  validation {
+    condition     = var.slo_goal > 0 && var.slo_goal < 1
+    error_message = "slo_goal must be between 0 and 1, exclusive (0.999, not 99.9)."
+  }
+}
+
+variable "deletion_protection" {
+  description = "Whether the Cloud Run services and jobs refuse deletion (the provider's default). Set it to false and apply before a terraform destroy (terraform/README.md, Teardown)."
+  type        = bool
+  default     = true
+}
+
+variable "labels" {
+  description = "Labels put on every resource that takes them (services, jobs, topics, subscriptions, datasets, secrets, alert policies), for cost attribution."
+  type        = map(string)
+  default     = {}
 }
 
 variable "events_table_deletion_protection" {

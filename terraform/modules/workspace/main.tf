@@ -8,17 +8,20 @@ locals {
 }
 
 resource "google_pubsub_topic" "events" {
+  labels  = var.labels
   project = var.pubsub_project
   name    = var.topic_id
 }
 
 resource "google_pubsub_topic" "dead_letter" {
+  labels  = var.labels
   project = var.pubsub_project
   name    = "${var.topic_id}-dead-letter"
 }
 
 # Keeps dead letters, so they can be counted and inspected.
 resource "google_pubsub_subscription" "dead_letter" {
+  labels                     = var.labels
   project                    = var.pubsub_project
   name                       = "${var.topic_id}-dead-letter"
   topic                      = google_pubsub_topic.dead_letter.id
@@ -30,6 +33,7 @@ resource "google_pubsub_subscription" "dead_letter" {
 }
 
 resource "google_bigquery_dataset" "internal" {
+  labels     = var.labels
   project    = var.bigquery_project
   dataset_id = var.dataset_id
   location   = var.location
@@ -47,6 +51,7 @@ resource "google_bigquery_dataset" "internal" {
 # on the events dataset, so that whoever may read the views reads them
 # without access to the events table.
 resource "google_bigquery_dataset" "views" {
+  labels     = var.labels
   project    = var.bigquery_project
   dataset_id = var.views_dataset_id
   location   = var.location
@@ -65,6 +70,7 @@ resource "google_bigquery_dataset_access" "views" {
 }
 
 resource "google_bigquery_table" "events" {
+  labels              = var.labels
   project             = var.bigquery_project
   dataset_id          = google_bigquery_dataset.internal.dataset_id
   table_id            = var.table_id
@@ -92,6 +98,7 @@ resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
 }
 
 resource "google_pubsub_subscription" "bigquery" {
+  labels  = var.labels
   project = var.pubsub_project
   name    = "${var.topic_id}-bigquery"
   topic   = google_pubsub_topic.events.id

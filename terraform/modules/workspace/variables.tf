@@ -68,3 +68,9 @@ variable "deletion_protection" {
   type        = bool
   default     = true
 }
+
+variable "labels" {
+  description = "Labels put on the workspace's topics, subscriptions, datasets and table."
+  type        = map(string)
+  default     = {}
+}
