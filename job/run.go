@@ -275,6 +275,9 @@ func (e *env) open(cmd command, workspace string, getenv func(string) string, st
 		Retry:            delivery.RetryPolicy{Budget: settings.RetryBudget},
 		Logger:           e.log,
 		DeadLetterReader: name == "dead-letter" || name == "status",
+		// The read-only commands (status, audit, set-aside) never open a
+		// Pub/Sub client: they run without Pub/Sub credentials.
+		OnDemand: true,
 	})
 	return err
 }

@@ -43,6 +43,11 @@ type OpenConfig struct {
 	// DeadLetterReader builds a reader of the dead-letter subscriptions
 	// when DeadLetters is nil (only `job dead-letter` reads them).
 	DeadLetterReader bool
+	// OnDemand opens the Pub/Sub publisher and dead-letter reader on their
+	// first use rather than here (the job: its read-only commands then
+	// need no Pub/Sub credentials). The services open theirs at start-up,
+	// so that a missing credential fails the deployment, not a wake-up.
+	OnDemand bool
 	// Logger receives the service's logs. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -81,9 +86,16 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		return nil, err
 	}
 	o.close = append(o.close, pools.Close)
+	project := cfg.Registry.Workspaces[0].PubSub.Project
 	pub := cfg.Publisher
-	if pub == nil {
-		p, err := publish.New(ctx, publish.Config{Project: cfg.Registry.Workspaces[0].PubSub.Project, EmulatorHost: cfg.PubSubEmulatorHost})
+	switch {
+	case pub != nil:
+	case cfg.OnDemand:
+		p := newOnDemandPublisher(ctx, publish.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
+		o.close = append(o.close, p.Close)
+		pub = p
+	default:
+		p, err := publish.New(ctx, publish.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
 		if err != nil {
 			o.Close()
 			return nil, err
@@ -102,8 +114,14 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		o.close = append(o.close, func() { _ = wh.Close() })
 	}
 	dead := cfg.DeadLetters
-	if dead == nil && cfg.DeadLetterReader {
-		r, err := deadletter.New(ctx, deadletter.Config{Project: cfg.Registry.Workspaces[0].PubSub.Project, EmulatorHost: cfg.PubSubEmulatorHost})
+	switch {
+	case dead != nil || !cfg.DeadLetterReader:
+	case cfg.OnDemand:
+		r := newOnDemandDeadLetters(ctx, deadletter.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
+		o.close = append(o.close, r.Close)
+		dead = r
+	default:
+		r, err := deadletter.New(ctx, deadletter.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
 		if err != nil {
 			o.Close()
 			return nil, err
