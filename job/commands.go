@@ -35,7 +35,11 @@ func (r pagesResult) text() []string {
 	if r.Resumed {
 		line += " (resumed)"
 	}
-	return []string{line + "; " + drainResult{r.Drained}.text()[0]}
+	lines := []string{line + "; " + drainResult{r.Drained}.text()[0]}
+	if len(r.Unmatched) > 0 {
+		lines = append(lines, fmt.Sprintf("no event of these records was selected: %s", strings.Join(r.Unmatched, ", ")))
+	}
+	return lines
 }
 
 // drainResult is a drain's result as a command shows it.

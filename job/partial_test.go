@@ -154,3 +154,25 @@ func TestPartialReplay(t *testing.T) {
 	h.mustRun("verify")
 	require.EqualValues(t, len(pub), h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
 }
+
+// TestPartialReplayOfNothing: a replay whose selection holds no event
+// exits non-zero and names what matched nothing; one with some records
+// that matched nothing names them and succeeds.
+func TestPartialReplayOfNothing(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	id, err := h.spaces["w1"].w.Create(h.ctx, "product", map[string]any{"title": "p"})
+	require.NoError(t, err)
+	h.mustRun("drain")
+
+	_, logs, err := h.run(h.ctx, "replay", "--workspace", "w1", "--records", "junk")
+	require.ErrorContains(t, err, "the replay's selection holds no event: records junk", logs)
+	require.Equal(t, 1, exitCode(err))
+	_, _, err = h.run(h.ctx, "replay", "--workspace", "w1", "--entity", "product", "--since-revision", "1000000")
+	require.ErrorContains(t, err, "revision 1000000 or later")
+
+	out := h.mustRun("replay", "--workspace", "w1", "--records", id+",junk")
+	require.Contains(t, out, "1 events sent back to pending")
+	require.Contains(t, out, "no event of these records was selected: junk")
+}

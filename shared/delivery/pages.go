@@ -37,8 +37,10 @@ type PagesResult struct {
 	// Resumed reports that work in progress was continued.
 	Resumed bool `json:"resumed,omitempty"`
 	// Selection is a partial replay's selection, with the accepted-before
-	// bound it used (nil for a backfill or a whole-generation replay).
+	// bound it used (nil for a backfill or a whole-generation replay), and
+	// Unmatched the selection's record keys of which it selected no event.
 	Selection *ReplaySelection `json:"selection,omitempty"`
+	Unmatched []string         `json:"unmatched_records,omitempty"`
 	// Drained is the drain of what the pages made pending (zero when the
 	// generation is not the active one).
 	Drained DrainAllResult `json:"drained"`

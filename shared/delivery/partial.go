@@ -1,11 +1,13 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
@@ -46,6 +48,7 @@ func (s *Service) ReplayPartial(ctx context.Context, workspaceID string, opts Pa
 		return PagesResult{}, errors.New("delivery: a partial replay has no restart: run it again with the same selection")
 	}
 	var bound time.Time
+	selected, matched := 0, map[string]bool{}
 	res, err := s.pages(ctx, workspaceID, opts, "replay", func(ctx context.Context, st *store.Store, t store.Target) (pageLoop, error) {
 		if !t.BackfillComplete {
 			return pageLoop{}, fmt.Errorf("generation %s has not been backfilled into the delivery queue: run `job backfill --workspace %s` first", t.Generation, workspaceID)
@@ -78,6 +81,10 @@ func (s *Service) ReplayPartial(ctx context.Context, workspaceID string, opts Pa
 			if err != nil {
 				return 0, false, err
 			}
+			selected += page.Selected
+			for _, k := range page.Keys {
+				matched[k] = true
+			}
 			// The cursor moves only once the page committed: a retried page
 			// reads the same events again.
 			if after = page.Next; after == "" {
@@ -91,5 +98,40 @@ func (s *Service) ReplayPartial(ctx context.Context, workspaceID string, opts Pa
 	if errors.Is(err, ErrInterrupted) && !bound.IsZero() {
 		err = fmt.Errorf("%w; to resume, run the same replay with --accepted-before %s", err, bound.UTC().Format(time.RFC3339Nano))
 	}
-	return res, err
+	if err != nil {
+		return res, err
+	}
+	for _, k := range sel.Records {
+		if !matched[k] {
+			res.Unmatched = append(res.Unmatched, k)
+		}
+	}
+	if selected == 0 {
+		return res, fmt.Errorf("%w: %s", ErrNothingSelected, sel.describe())
+	}
+	if len(res.Unmatched) > 0 {
+		s.log.WarnContext(ctx, "replication: partial replay: records with no event selected", slog.String("workspace", workspaceID),
+			slog.Any("records", res.Unmatched))
+	}
+	return res, nil
+}
+
+// ErrNothingSelected is a partial replay's error when its selection held
+// no event: record keys that are no record of the entities, or a revision
+// past every event.
+var ErrNothingSelected = errors.New("the replay's selection holds no event")
+
+// describe says what a selection asked for, for an error.
+func (r ReplaySelection) describe() string {
+	var parts []string
+	if len(r.Entities) > 0 {
+		parts = append(parts, "entities "+strings.Join(r.Entities, ", "))
+	}
+	if r.SinceRevision > 0 {
+		parts = append(parts, fmt.Sprintf("revision %d or later", r.SinceRevision))
+	}
+	if len(r.Records) > 0 {
+		parts = append(parts, "records "+strings.Join(r.Records, ", "))
+	}
+	return cmp.Or(strings.Join(parts, "; "), "every event")
 }

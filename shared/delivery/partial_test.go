@@ -48,3 +48,27 @@ func TestReplayPartialSendsBackItsSelectionOnly(t *testing.T) {
 	require.Zero(t, again.Rows, "resumed with the same bound: nothing left to send back")
 	require.Len(t, r.srv.Messages(), 305+200)
 }
+
+// TestReplayPartialNamesWhatMatchedNothing: record keys of which no event
+// was selected are named; a selection that holds no event at all (keys
+// that are no record, a revision past every event) is an error, not a
+// replay of nothing reported as done.
+func TestReplayPartialNamesWhatMatchedNothing(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 4)
+	id, err := r.w.Create(r.ctx, "product", map[string]any{"title": "p"})
+	require.NoError(t, err)
+	r.drainAll(t)
+
+	res, err := r.svc.ReplayPartial(r.ctx, "w1", delivery.PagesOptions{}, delivery.ReplaySelection{Records: []string{id, "junk"}})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Rows)
+	require.Equal(t, []string{"junk"}, res.Unmatched)
+
+	for _, sel := range []delivery.ReplaySelection{{Records: []string{"junk"}}, {Entities: []string{"product"}, SinceRevision: 1_000_000}} {
+		res, err = r.svc.ReplayPartial(r.ctx, "w1", delivery.PagesOptions{}, sel)
+		require.ErrorIs(t, err, delivery.ErrNothingSelected, "%+v", sel)
+		require.Zero(t, res.Rows)
+	}
+	require.ErrorContains(t, err, "revision 1000000 or later")
+}

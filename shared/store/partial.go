@@ -95,11 +95,15 @@ type PartialPage struct {
 	// back to pending (the others were pending already, or accepted after
 	// the bound); Verified how many of those had been verified.
 	Selected, Rows, Verified int
+	// Keys are the selection's keys the page selected events of (nil
+	// when the selection has no keys).
+	Keys []string
 }
 
 // sqlPartialScan reads the next PartialScanRows events of an entity by
 // history id ($5 the last id of the previous page, NULL for the first; $9
-// PartialScanRows) and keeps the selected ones: revision at least $6, key among $7 (NULL: any).
+// PartialScanRows) and keeps the selected ones: revision at least $6, key among $7 (NULL: any);
+// with keys, it also returns those of them it selected events of.
 // %[1]s is sqlEntityEvents; $1 generation, $2 source, $3 from_revision, $4
 // entity id. It is the head of sqlPartialPage and sqlPartialPageLegacy.
 const sqlPartialScan = `WITH scanned AS (
@@ -107,10 +111,11 @@ const sqlPartialScan = `WITH scanned AS (
           WHERE ($5::uuid IS NULL OR id > $5::uuid)
           ORDER BY id LIMIT $9::int
        ), selected AS (
-         SELECT id FROM scanned WHERE revision >= $6::bigint AND ($7::text[] IS NULL OR key = ANY ($7::text[]))
+         SELECT id, key FROM scanned WHERE revision >= $6::bigint AND ($7::text[] IS NULL OR key = ANY ($7::text[]))
        ), scan AS (
          SELECT (SELECT count(*) FROM scanned) AS scanned, (SELECT id FROM scanned ORDER BY id DESC LIMIT 1)::text AS last,
-                (SELECT count(*) FROM selected) AS selected
+                (SELECT count(*) FROM selected) AS selected,
+                CASE WHEN $7::text[] IS NOT NULL THEN (SELECT coalesce(array_agg(DISTINCT key), '{}') FROM selected) END AS keys
        )`
 
 // sqlPartialSelect is the protocol-4 page's read: the scan's figures and
@@ -123,7 +128,7 @@ const sqlPartialSelect = sqlPartialScan + `, page AS (
          SELECT event_id FROM _ontology_replication_delivery
           WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT id FROM selected)) AND accepted_at < $8::timestamptz
        )
-       SELECT scan.scanned, scan.last, scan.selected, coalesce((SELECT array_agg(event_id ORDER BY event_id) FROM page), '{}') FROM scan`
+       SELECT scan.scanned, scan.last, scan.selected, scan.keys, coalesce((SELECT array_agg(event_id ORDER BY event_id) FROM page), '{}') FROM scan`
 
 // sqlPartialReset is the protocol-4 page's write, after the target row lock
 // (sqlLockTarget), in the page's transaction: the replay page's reset
@@ -157,7 +162,7 @@ const sqlPartialPageLegacy = sqlPartialScan + `, reset AS (
           WHERE generation = $1::uuid AND event_id = ANY (ARRAY(SELECT id FROM selected)) AND accepted_at < $8::timestamptz
           RETURNING verified_at IS NOT NULL AS verified
        )
-       SELECT scan.scanned, scan.last, scan.selected, (SELECT count(*) FROM reset), (SELECT count(*) FILTER (WHERE verified) FROM reset)
+       SELECT scan.scanned, scan.last, scan.selected, scan.keys, (SELECT count(*) FROM reset), (SELECT count(*) FILTER (WHERE verified) FROM reset)
          FROM scan`
 
 // ReplayPartialPage sends the next page of an entity's selected events
@@ -185,19 +190,20 @@ func (s *Store) ReplayPartialPage(ctx context.Context, t Target, entityID string
 		args := []any{t.Generation, t.SourceID, t.FromRevision, entityID, cursor, sel.SinceRevision, sel.Keys, sel.AcceptedBefore, PartialScanRows}
 		var scanned, selected, rows, verified int64
 		var last *string
+		var keys []string
 		wroteTarget = false
 		if !t.DatabaseAtDelivery() {
-			err := tx.QueryRow(ctx, fmt.Sprintf(sqlPartialPageLegacy, events), args...).Scan(&scanned, &last, &selected, &rows, &verified)
+			err := tx.QueryRow(ctx, fmt.Sprintf(sqlPartialPageLegacy, events), args...).Scan(&scanned, &last, &selected, &keys, &rows, &verified)
 			if err != nil {
 				return err
 			}
 		} else {
-			scan := []any{&scanned, &last, &selected}
+			scan := []any{&scanned, &last, &selected, &keys}
 			if rows, verified, wroteTarget, err = s.resetPartial(ctx, tx, t, fmt.Sprintf(sqlPartialSelect, events), args, scan); err != nil {
 				return err
 			}
 		}
-		page = PartialPage{Scanned: int(scanned), Selected: int(selected), Rows: int(rows), Verified: int(verified)}
+		page = PartialPage{Scanned: int(scanned), Selected: int(selected), Rows: int(rows), Verified: int(verified), Keys: keys}
 		if scanned == PartialScanRows && last != nil {
 			page.Next = *last
 		}
