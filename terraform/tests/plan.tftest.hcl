@@ -303,3 +303,59 @@ run "monitoring" {
     error_message = "lags by workspace, latencies for the fleet"
   }
 }
+
+run "scheduled_audit_is_its_own_job" {
+  command = plan
+
+  variables {
+    functions_image = "europe-west1-docker.pkg.dev/acme/replication/functions@sha256:0000000000000000000000000000000000000000000000000000000000000001"
+    job_image       = "europe-west1-docker.pkg.dev/acme/replication/job@sha256:0000000000000000000000000000000000000000000000000000000000000002"
+    audit_schedule  = "0 3 * * *"
+  }
+
+  assert {
+    condition     = google_cloud_run_v2_job.replication["replication-audit"].template[0].template[0].max_retries == 0
+    error_message = "the scheduled audit never retries: a finding is a result"
+  }
+  assert {
+    condition     = google_cloud_run_v2_job.replication["replication-audit"].template[0].template[0].containers[0].args == tolist(["audit"])
+    error_message = "the audit job audits"
+  }
+  assert {
+    condition     = google_cloud_run_v2_job_iam_member.audit_runner[0].role == "roles/run.invoker"
+    error_message = "the scheduler may run the audit job, without overrides"
+  }
+  assert {
+    condition     = google_cloud_run_v2_job.replication["replication-job"].deletion_protection && google_cloud_run_v2_service.drain[0].deletion_protection
+    error_message = "the services and jobs are protected unless deletion_protection is false"
+  }
+}
+
+run "teardown_unprotects_the_services" {
+  command = plan
+
+  variables {
+    functions_image                  = "europe-west1-docker.pkg.dev/acme/replication/functions@sha256:0000000000000000000000000000000000000000000000000000000000000001"
+    job_image                        = "europe-west1-docker.pkg.dev/acme/replication/job@sha256:0000000000000000000000000000000000000000000000000000000000000002"
+    deletion_protection              = false
+    events_table_deletion_protection = false
+  }
+
+  assert {
+    condition = (
+      !google_cloud_run_v2_service.drain[0].deletion_protection && !google_cloud_run_v2_service.verify[0].deletion_protection
+      && !google_cloud_run_v2_job.replication["replication-job"].deletion_protection
+    )
+    error_message = "with deletion_protection false, a destroy removes the services and the job"
+  }
+}
+
+run "bad_log_level_is_refused" {
+  command = plan
+
+  variables {
+    log_level = "verbose"
+  }
+
+  expect_failures = [var.log_level]
+}
