@@ -170,7 +170,7 @@ func (r deadLetterResult) text() []string {
 	if !r.Complete {
 		more = " (more may remain: --max or the time bound stopped the reading)"
 	}
-	lines := []string{fmt.Sprintf("%s: %d messages, %d events%s", r.Subscription, r.Messages, len(r.Events), more)}
+	lines := []string{fmt.Sprintf("%s: %s, %s%s", r.Subscription, count(r.Messages, "message"), count(len(r.Events), "event"), more)}
 	for _, ev := range r.Events {
 		lines = append(lines, fmt.Sprintf("  event %s  %s %s  %d copies, %d delivery attempts, dead-lettered %s to %s", ev.EventID,
 			cmpOr(ev.EntityID, "-"), cmpOr(ev.RecordKey, "-"), ev.Copies, ev.DeliveryAttempts,
@@ -193,4 +193,12 @@ func runDeadLetter(e *env) error {
 		res, err := e.svc.DeadLetters(ctx, ws.ID, delivery.DeadLetterOptions{Max: e.max, Republish: e.republish, Discard: e.discard, Events: e.events})
 		return deadLetterResult{res}, err
 	})
+}
+
+// count says n things, in the singular for one.
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }

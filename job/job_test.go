@@ -385,6 +385,17 @@ func TestHelp(t *testing.T) {
 			require.Contains(t, cmdOut, "--"+f, "%s documents --%s", c.name, f)
 		}
 	}
+	out, _, err = h.run(h.ctx, "--version")
+	require.NoError(t, err)
+	require.Regexp(t, `^replication job \S+, go1\.\d+`, out, "the build's version and Go's")
+}
+
+// TestCount: one thing, or several.
+func TestCount(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int]string{0: "0 messages", 1: "1 message", 2: "2 messages"} {
+		require.Equal(t, want, count(n, "message"))
+	}
 }
 
 // TestJSONIsOneDocument: --json writes one document, whatever the number

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"golang.org/x/term"
 )
 
 // progressOutput decides how long work shows progress: a live line on a
@@ -26,13 +27,24 @@ type progressOutput struct {
 }
 
 func newProgressOutput(w io.Writer, log *slog.Logger) *progressOutput {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			tty = true
-		}
+	return &progressOutput{w: w, tty: isTerminal(w), log: log, now: time.Now}
+}
+
+// fit cuts a live line to the terminal's width, so that it neither wraps
+// nor leaves a tail behind when it is redrawn.
+func (o *progressOutput) fit(line string) string {
+	f, ok := o.w.(*os.File)
+	if !ok {
+		return line
 	}
-	return &progressOutput{w: w, tty: tty, log: log, now: time.Now}
+	width, _, err := term.GetSize(int(f.Fd()))
+	if err != nil || width <= 1 {
+		return line
+	}
+	if r := []rune(line); len(r) > width-1 {
+		return string(r[:width-2]) + "…"
+	}
+	return line
 }
 
 // logEvery is how many pages pass between two progress log lines when the
@@ -92,7 +104,7 @@ func (p *progress) Add(n int) {
 	if p.out.tty {
 		if p.out.shows(p) && now.Sub(p.printed) >= 100*time.Millisecond {
 			p.printed = now
-			fmt.Fprintf(p.out.w, "\r\033[K%s", p.line(now))
+			fmt.Fprintf(p.out.w, "\r\033[K%s", p.out.fit(p.line(now)))
 		}
 		return
 	}
@@ -118,7 +130,7 @@ func (p *progress) Done(err error) {
 		attrs = append(attrs, slog.String("cause", delivery.Cause(err)), slog.String("error", err.Error()))
 	}
 	if p.out.tty {
-		fmt.Fprintf(p.out.w, "\r\033[K%s, %s\n", p.line(now), word)
+		fmt.Fprintf(p.out.w, "\r\033[K%s\n", p.out.fit(p.line(now)+", "+word))
 		return
 	}
 	p.out.log.Log(context.Background(), level, p.operation+" "+word, attrs...)

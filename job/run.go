@@ -3,19 +3,15 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/term"
 
 	"github.com/segmentstream/ontology-replication/shared/config"
 	"github.com/segmentstream/ontology-replication/shared/database"
@@ -75,7 +71,7 @@ func usage() string {
 		fmt.Fprintf(&b, "  %-12s %s\n", c.name, c.summary)
 	}
 	b.WriteString("\n`job <command> -h` lists a command's flags. The registry comes from REPLICATION_WORKSPACES\n")
-	b.WriteString("or REPLICATION_WORKSPACES_FILE. The local mode is `go run ./job/local`.")
+	b.WriteString("or REPLICATION_WORKSPACES_FILE. The local mode is `go run ./job/local`; `job --version` says which build this is.")
 	return b.String()
 }
 
@@ -124,8 +120,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stderr, usage())
 		return usagef("no command given (job -h lists them)")
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch args[0] {
+	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, usage())
+		return nil
+	case "--version", "version":
+		fmt.Fprintln(stdout, version())
 		return nil
 	}
 	name, args := args[0], args[1:]
@@ -423,27 +423,4 @@ func first(s []string, n int) []string {
 		return s
 	}
 	return append(slices.Clone(s[:n]), fmt.Sprintf("and %d more", len(s)-n))
-}
-
-// writeJSON writes one JSON document: indented on a terminal, compact
-// otherwise.
-func (e *env) writeJSON(v any) error {
-	enc := json.NewEncoder(e.stdout)
-	if isTerminal(e.stdout) {
-		enc.SetIndent("", "  ")
-	}
-	return enc.Encode(v)
-}
-
-// isTerminal reports whether w is a terminal (not a pipe, a file or
-// /dev/null).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && term.IsTerminal(int(f.Fd()))
-}
-
-// oneLine flattens a multi-line message (pgx's errors carry details on
-// later lines) into one line.
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }

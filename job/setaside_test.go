@@ -212,7 +212,7 @@ func TestDeadLetterCommand(t *testing.T) {
 	require.Contains(t, logs, `"record_key":"k1"`)
 	require.NotContains(t, logs, `"event_id":"e-other"`, "only the chosen event is discarded")
 	out = h.mustRun("dead-letter", "--workspace", "w1")
-	require.Contains(t, out, "1 messages, 1 events")
+	require.Contains(t, out, "1 message, 1 event")
 	require.Contains(t, out, "event e-other")
 
 	out = h.mustRun("dead-letter", "--workspace", "w1", "--republish")

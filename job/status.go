@@ -157,7 +157,11 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tDELIVERY LAG\tUNVERIFIED\tVERIFICATION LAG\tDUE\tSET ASIDE\tDEAD LETTERS\tOLDEST DEAD LETTER")
 	for _, s := range all {
 		if s.Error != "" {
-			fmt.Fprintf(tw, "%s\t%d\t%s\terror: %s\n", s.Workspace, s.Protocol, s.Generation, s.Error)
+			protocol := "-" // not read
+			if s.Protocol != 0 {
+				protocol = fmt.Sprint(s.Protocol)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\terror: %s\n", s.Workspace, protocol, cmpOr(s.Generation, "-"), s.Error)
 			continue
 		}
 		setAside := fmt.Sprint(s.SetAside.Count)
