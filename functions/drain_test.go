@@ -86,10 +86,23 @@ func TestDrainPublishesTheOldestEventsInBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, expected, 250)
 
-	code, body := h.wake("w1")
-	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, map[string]any{"workspace": "w1", "generation": ws.gen.Generation, "state": "active",
-		"published": 250.0, "batches": 3.0, "more": false, "bytes": body["bytes"]}, body)
+	// One wake-up goes on while more are pending, for up to the drain's
+	// 2 s: on a busy machine the next wake-up takes what is left.
+	published, batches, bytes := 0.0, 0.0, 0.0
+	for {
+		code, body := h.wake("w1")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Equal(t, map[string]any{"workspace": "w1", "generation": ws.gen.Generation, "state": "active",
+			"published": body["published"], "batches": body["batches"], "more": body["more"], "bytes": body["bytes"]}, body)
+		published += body["published"].(float64)
+		batches += body["batches"].(float64)
+		bytes += body["bytes"].(float64)
+		if body["more"] == false {
+			break
+		}
+	}
+	require.Equal(t, 250.0, published)
+	require.Equal(t, 3.0, batches)
 	require.Equal(t, []int{100, 100, 50}, requests.get(), "one batch of at most 100 events per Publish request")
 	msgs := h.pubsub.Messages()
 	require.Len(t, msgs, 250)
@@ -113,9 +126,9 @@ func TestDrainPublishesTheOldestEventsInBatches(t *testing.T) {
 		}
 		size += event.MessageBytes(len(m.Data))
 	}
-	require.EqualValues(t, size, body["bytes"])
+	require.EqualValues(t, size, bytes)
 
-	code, body = h.wake("w1")
+	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, 0.0, body["published"])
 	require.Len(t, h.pubsub.Messages(), 250)

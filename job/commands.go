@@ -172,15 +172,15 @@ func (r deadLetterResult) text() []string {
 	}
 	lines := []string{fmt.Sprintf("%s: %s, %s%s", r.Subscription, count(r.Messages, "message"), count(len(r.Events), "event"), more)}
 	for _, ev := range r.Events {
-		lines = append(lines, fmt.Sprintf("  event %s  %s %s  %d copies, %d delivery attempts, dead-lettered %s to %s", ev.EventID,
-			cmpOr(ev.EntityID, "-"), cmpOr(ev.RecordKey, "-"), ev.Copies, ev.DeliveryAttempts,
+		lines = append(lines, fmt.Sprintf("  event %s  %s %s  %s, %s, dead-lettered %s to %s", ev.EventID,
+			cmpOr(ev.EntityID, "-"), cmpOr(ev.RecordKey, "-"), count(ev.Copies, "copy"), count(ev.DeliveryAttempts, "delivery attempt"),
 			ev.FirstDeadLettered.UTC().Format(time.RFC3339), ev.LastDeadLettered.UTC().Format(time.RFC3339)))
 	}
 	if r.Republished > 0 {
-		lines = append(lines, fmt.Sprintf("republished %d messages to the events topic", r.Republished))
+		lines = append(lines, fmt.Sprintf("republished %s to the events topic", count(r.Republished, "message")))
 	}
 	if r.Discarded > 0 {
-		lines = append(lines, fmt.Sprintf("discarded %d messages (each event is in the log: %q)", r.Discarded, delivery.LogDeadLetterDiscarded))
+		lines = append(lines, fmt.Sprintf("discarded %s (each event is in the log: %q)", count(r.Discarded, "message"), delivery.LogDeadLetterDiscarded))
 	}
 	if len(r.NotFound) > 0 {
 		lines = append(lines, "not among the messages read: "+strings.Join(r.NotFound, ", "))
@@ -197,8 +197,11 @@ func runDeadLetter(e *env) error {
 
 // count says n things, in the singular for one.
 func count(n int, thing string) string {
-	if n == 1 {
+	switch {
+	case n == 1:
 		return "1 " + thing
+	case strings.HasSuffix(thing, "y"):
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(thing, "y"))
 	}
 	return fmt.Sprintf("%d %ss", n, thing)
 }

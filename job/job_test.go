@@ -396,6 +396,7 @@ func TestCount(t *testing.T) {
 	for n, want := range map[int]string{0: "0 messages", 1: "1 message", 2: "2 messages"} {
 		require.Equal(t, want, count(n, "message"))
 	}
+	require.Equal(t, "2 copies", count(2, "copy"))
 }
 
 // TestJSONIsOneDocument: --json writes one document, whatever the number

@@ -216,7 +216,7 @@ func TestDeadLetterCommand(t *testing.T) {
 	require.Contains(t, out, "event e-other")
 
 	out = h.mustRun("dead-letter", "--workspace", "w1", "--republish")
-	require.Contains(t, out, "republished 1 messages")
+	require.Contains(t, out, "republished 1 message")
 	republished := 0
 	for _, m := range h.pubsub.Messages() {
 		if m.Topic == "projects/p1/topics/events-w1" && (string(m.Data) == other || string(m.Data) == data) {

@@ -79,6 +79,17 @@ func TestTerraformAlertsPageOrTicket(t *testing.T) {
 		})
 	}
 	require.GreaterOrEqual(t, n, 12)
+	// Each threshold fires above its bound: a reversed comparison never
+	// fires (every bound here is a count, an age or a ratio to exceed).
+	for key := range e.m.resources {
+		if name, ok := strings.CutPrefix(key, "google_monitoring_alert_policy."); ok && name != "connections" {
+			for cname, c := range e.conditions(name) {
+				if c.kind == "condition_threshold" {
+					require.Equal(t, "COMPARISON_GT", c.comparison, "%s %s", name, cname)
+				}
+			}
+		}
+	}
 	for _, name := range []string{"lag", "bigquery_subscription", "drain_failures", "workspace_failing", "verifier", "connections"} {
 		require.True(t, pages[name], "%s pages", name)
 	}

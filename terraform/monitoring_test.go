@@ -199,6 +199,15 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, failedLines, "one failure line per pass")
+	// Every pass that ran (one that verified, two with a failed workspace)
+	// is one the "no verifier pass" alert counts as a pass.
+	e := newMonitoringEval(t)
+	ran := oneOf(t, e.conditions("verifier")["/no verifier pass"].filter, "metric.labels.outcome")
+	passes := byMessage[functions.LogVerify]
+	require.Len(t, passes, 3)
+	for _, l := range passes {
+		require.Contains(t, ran, l["outcome"], "a pass that ran, logged as %v, would page \"no verifier pass\"", l["outcome"])
+	}
 	for metric, spec := range value("log_distributions") {
 		s := spec.(map[string]any)
 		matching := byMessage[messages[s["line"].(string)]]

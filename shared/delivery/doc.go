@@ -170,9 +170,9 @@
 //     a whole replay. The result says how many events went back and the bound
 //     it used (`selection.accepted_before` in `--json`), and names the
 //     `--records` keys of which no event was selected (`unmatched_records`).
-//     A selection that holds no event at all (keys that are no record, a
-//     revision past every event) is an error, ErrNothingSelected (exit 1),
-//     not a replay of nothing reported as done.
+//     A selection by records or revision that holds no event at all (keys
+//     that are no record, a revision past every event) is an error,
+//     ErrNothingSelected (exit 1), not a replay of nothing reported as done.
 //   - Resume. Stopped at any point, run it again with the `--accepted-before`
 //     its line gives (the interrupted run says so): what it already sent back
 //     is pending or was accepted after that bound, so the rerun neither starts

@@ -106,7 +106,7 @@ func (s *Service) ReplayPartial(ctx context.Context, workspaceID string, opts Pa
 			res.Unmatched = append(res.Unmatched, k)
 		}
 	}
-	if selected == 0 {
+	if selected == 0 && (len(sel.Records) > 0 || sel.SinceRevision > 0) {
 		return res, fmt.Errorf("%w: %s", ErrNothingSelected, sel.describe())
 	}
 	if len(res.Unmatched) > 0 {
@@ -118,7 +118,8 @@ func (s *Service) ReplayPartial(ctx context.Context, workspaceID string, opts Pa
 
 // ErrNothingSelected is a partial replay's error when its selection held
 // no event: record keys that are no record of the entities, or a revision
-// past every event.
+// past every event. (Entities alone that have no event yet are no error: a
+// replay of an entity across a fleet meets workspaces that have none.)
 var ErrNothingSelected = errors.New("the replay's selection holds no event")
 
 // describe says what a selection asked for, for an error.

@@ -23,7 +23,8 @@ import (
 // The rules: the table reference (`project.dataset.table`) is the events
 // table; `x IN UNNEST(@a)` is `x = ANY(@a)`; `CAST(e AS INT64)` and
 // `CAST(e AS STRING)` are bq_int64(e) and bq_string(e) (a STRING of the
-// form 0x… casts as hexadecimal, as in BigQuery); a subquery in FROM gets
+// form 0x… casts as hexadecimal, as in BigQuery, an error past INT64's
+// range); a subquery in FROM gets
 // the alias PostgreSQL 15 requires; `_PARTITIONTIME` is ingested_at and
 // `TIMESTAMP_TRUNC(t, DAY)` date_trunc; each named parameter becomes a
 // positional one of its BigQuery type. The functions BigQuery has and
@@ -39,8 +40,17 @@ CREATE OR REPLACE FUNCTION "if"(boolean, anyelement, anyelement) RETURNS anyelem
   'SELECT CASE WHEN $1 THEN $2 ELSE $3 END';
 CREATE OR REPLACE FUNCTION to_hex(text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT $1';
 CREATE OR REPLACE FUNCTION substr(text, integer, bigint) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT substr($1, $2, $3::int)';
-CREATE OR REPLACE FUNCTION bq_int64(text) RETURNS bigint LANGUAGE sql IMMUTABLE AS
-  $$ SELECT CASE WHEN $1 LIKE '0x%' THEN ('x' || lpad(substr($1, 3), 16, '0'))::bit(64)::bigint ELSE $1::bigint END $$;
+CREATE OR REPLACE FUNCTION bq_int64(v text) RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  IF v NOT LIKE '0x%' THEN
+    RETURN v::bigint;
+  END IF;
+  -- As BigQuery: a hexadecimal past INT64's range is an error, not a wrap.
+  IF length(v) > 18 OR length(v) = 18 AND position(lower(substr(v, 3, 1)) IN '89abcdef') > 0 THEN
+    RAISE EXCEPTION 'Bad int64 value: %', v;
+  END IF;
+  RETURN ('x' || lpad(substr(v, 3), 16, '0'))::bit(64)::bigint;
+END $$;
 CREATE OR REPLACE FUNCTION bq_int64(numeric) RETURNS bigint LANGUAGE sql IMMUTABLE AS 'SELECT $1::bigint';
 CREATE OR REPLACE FUNCTION bq_string(anyelement) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT $1::text';
 `
