@@ -2,6 +2,7 @@ package localwarehouse
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 )
@@ -211,7 +213,7 @@ func (l *Local) runBigQuery(ctx context.Context, q bqserver.Query) (bqserver.Res
 	}
 	rows, err := l.pool.Query(ctx, sql, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
 	if err != nil {
-		return bqserver.Result{}, fmt.Errorf("localwarehouse: %w in %s", err, sql)
+		return bqserver.Result{}, queryError(err, sql)
 	}
 	defer rows.Close()
 	var res bqserver.Result
@@ -229,5 +231,19 @@ func (l *Local) runBigQuery(ctx context.Context, q bqserver.Query) (bqserver.Res
 		}
 		res.Rows = append(res.Rows, cells)
 	}
-	return res, rows.Err()
+	if err := rows.Err(); err != nil {
+		return bqserver.Result{}, queryError(err, sql)
+	}
+	return res, nil
+}
+
+// queryError answers a query the database refused as BigQuery answers an
+// invalid query or a failed cast: 400 invalidQuery, which no client
+// retries; anything else (a lost connection) stays a server error.
+func queryError(err error, sql string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return &bqserver.Error{Status: 400, Reason: "invalidQuery", Message: pgErr.Message}
+	}
+	return fmt.Errorf("localwarehouse: %w in %s", err, sql)
 }
