@@ -191,3 +191,67 @@ func TestTerraformServicesCanBeDestroyed(t *testing.T) {
 	jobs := string(m.locals["jobs"].Expr.Range().SliceBytes(m.source[m.locals["jobs"].Expr.Range().Filename]))
 	require.Contains(t, jobs, fmt.Sprintf("%q = { args = [%q], max_retries = 0 }", "replication-audit", "audit"))
 }
+
+// TestTerraformEnablesEveryAPIItUses: each resource type of the deployment
+// project is served by an API that apis.tf enables (a type whose API is
+// left out fails the first apply on a fresh project).
+func TestTerraformEnablesEveryAPIItUses(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, ".")
+	// toset([…]) of string literals: the literals.
+	call, ok := m.locals["services"].Expr.(*hclsyntax.FunctionCallExpr)
+	require.True(t, ok && call.Name == "toset", "local.services is toset([...])")
+	enabled, diags := call.Args[0].Value(nil)
+	require.False(t, diags.HasErrors(), diags.Error())
+	apis := map[string]bool{}
+	for _, v := range enabled.AsValueSlice() {
+		apis[v.AsString()] = true
+	}
+	// The API of each resource type's prefix (the longest prefix wins).
+	serving := map[string]string{
+		"google_artifact_registry": "artifactregistry.googleapis.com", "google_bigquery": "bigquery.googleapis.com",
+		"google_cloud_run": "run.googleapis.com", "google_cloud_scheduler": "cloudscheduler.googleapis.com",
+		"google_logging": "logging.googleapis.com", "google_monitoring": "monitoring.googleapis.com",
+		"google_pubsub": "pubsub.googleapis.com", "google_secret_manager": "secretmanager.googleapis.com",
+		"google_service_account": "iam.googleapis.com", "google_project_iam": "cloudresourcemanager.googleapis.com",
+		"google_sql": "sqladmin.googleapis.com", "google_storage": "storage.googleapis.com",
+		"google_project_service": "serviceusage.googleapis.com",
+	}
+	for _, dir := range []string{".", "modules/workspace"} {
+		for key := range parseModule(t, dir).resources {
+			typ, _, _ := strings.Cut(key, ".")
+			if !strings.HasPrefix(typ, "google_") {
+				continue
+			}
+			api, longest := "", 0
+			for prefix, a := range serving {
+				if strings.HasPrefix(typ, prefix) && len(prefix) > longest {
+					api, longest = a, len(prefix)
+				}
+			}
+			require.NotEmpty(t, api, "%s: which API serves it? (add its prefix here)", typ)
+			if api == "serviceusage.googleapis.com" {
+				continue // enabled before the first plan (terraform/README.md)
+			}
+			require.True(t, apis[api], "%s needs %s, which apis.tf does not enable", typ, api)
+		}
+	}
+}
+
+// TestTerraformDeadLetterRolesLandOnTheirTopic: Pub/Sub's agent may
+// publish to the dead-letter topic (not the events topic: dead-lettering
+// would fail) and subscribe to the BigQuery subscription.
+func TestTerraformDeadLetterRolesLandOnTheirTopic(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, "modules/workspace")
+	attr := func(key, name string) string {
+		b, ok := m.resources[key]
+		require.True(t, ok, key)
+		a, ok := b.Body.Attributes[name]
+		require.True(t, ok, "%s.%s", key, name)
+		return string(a.Expr.Range().SliceBytes(m.source[a.Expr.Range().Filename]))
+	}
+	require.Equal(t, "google_pubsub_topic.dead_letter.name", attr("google_pubsub_topic_iam_member.dead_letter_publisher", "topic"))
+	require.Equal(t, `"roles/pubsub.publisher"`, attr("google_pubsub_topic_iam_member.dead_letter_publisher", "role"))
+	require.Equal(t, "google_pubsub_subscription.bigquery.name", attr("google_pubsub_subscription_iam_member.agent_subscriber", "subscription"))
+}
