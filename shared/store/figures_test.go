@@ -263,3 +263,32 @@ func BenchmarkFigures(b *testing.B) {
 	b.ReportMetric(large/1e6, "ms/read@1e6")
 	b.ReportMetric(large/small, "ratio")
 }
+
+// TestFiguresAtTheRowCap: past MaxFigureRows outstanding rows the times
+// and the set-aside split come from the first of them only, and the
+// figures say so (Capped); below it they are exact. The counts themselves
+// stay exact up to MaxFigureCount.
+func TestFiguresAtTheRowCap(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                string
+		pending, unverified int
+		capped              bool
+	}{
+		{"below the cap", store.MaxFigureRows - 1, 0, false},
+		{"pending rows past it", store.MaxFigureRows + 1, 0, true},
+		{"unverified rows past it", 0, store.MaxFigureRows + 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, &sdkfixture.V4Template)
+			tg := e.start(t)
+			fillDelivery(t, e, tg, tc.pending+tc.unverified, tc.pending, tc.unverified)
+			f, err := e.store.Figures(e.ctx, tg)
+			require.NoError(t, err)
+			require.Equal(t, tc.capped, f.Capped)
+			require.EqualValues(t, tc.pending, f.Pending, "the count is exact")
+			require.EqualValues(t, tc.unverified, f.Unverified, "the count is exact")
+		})
+	}
+}
