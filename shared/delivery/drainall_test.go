@@ -2,9 +2,13 @@ package delivery_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
@@ -74,4 +78,92 @@ func TestDrainAllTakesTurnsWithWhile(t *testing.T) {
 	require.Equal(t, 3, turns)
 	require.Equal(t, 3*120+40, res.Published)
 	r.requireEachAcknowledgedOnce(t, r.svc)
+}
+
+// flakyPublisher refuses the calls whose numbers fail lists (from 1) with
+// UNAVAILABLE, as Pub/Sub does in an outage, and passes the others on.
+type flakyPublisher struct {
+	delivery.Publisher
+	fail  map[int64]bool
+	calls atomic.Int64
+}
+
+func (p *flakyPublisher) Publish(ctx context.Context, topic string, data [][]byte) ([]string, error) {
+	if p.fail[p.calls.Add(1)] {
+		return nil, status.Error(codes.Unavailable, "injected outage")
+	}
+	return p.Publisher.Publish(ctx, topic, data)
+}
+
+// TestDrainAllProgressRenewsTheRetryBudget: a long drain meets a fault,
+// makes progress, meets another: each fault after progress gets a new
+// session with a budget of its own, so the drain finishes however many
+// faults its length meets. The budget here is too short for any retry: the
+// new sessions are what carries the drain on.
+func TestDrainAllProgressRenewsTheRetryBudget(t *testing.T) {
+	t.Parallel()
+	flaky := &flakyPublisher{fail: map[int64]bool{2: true, 4: true}}
+	r := newRig(t, 2, withPublisher(func(p delivery.Publisher) delivery.Publisher { flaky.Publisher = p; return flaky }),
+		withService(func(c *delivery.Config) {
+			c.Retry = delivery.RetryPolicy{Initial: 50 * time.Millisecond, Max: 50 * time.Millisecond, Budget: time.Millisecond}
+		}))
+	r.products(t, 500)
+	res, err := r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
+	require.NoError(t, err, "each fault came after progress")
+	require.Equal(t, 500, res.Published)
+	require.GreaterOrEqual(t, flaky.calls.Load(), int64(7), "five batches and the two refused publishes, at least")
+	require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+
+	// Without progress first, the same budget gives up at the first fault.
+	flaky.fail = map[int64]bool{flaky.calls.Load() + 1: true}
+	r.products(t, 10)
+	_, err = r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
+	require.ErrorContains(t, err, "injected outage")
+}
+
+// heldPublisher holds every Publish until released, saying when one is
+// held (a pstest reactor cannot: the server holds its lock while reactors
+// run, so a second request would wait for the first).
+type heldPublisher struct {
+	delivery.Publisher
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (p *heldPublisher) Publish(ctx context.Context, topic string, data [][]byte) ([]string, error) {
+	p.entered <- struct{}{}
+	select {
+	case <-p.open:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return p.Publisher.Publish(ctx, topic, data)
+}
+
+// TestDrainAllKeepsDrainsBatchesOut: with Drains 4, four batches are
+// claimed and in Publish at once, and the drain finishes once Pub/Sub
+// answers.
+func TestDrainAllKeepsDrainsBatchesOut(t *testing.T) {
+	t.Parallel()
+	held := &heldPublisher{entered: make(chan struct{}, 100), open: make(chan struct{})}
+	r := newRig(t, 2, withPublisher(func(p delivery.Publisher) delivery.Publisher { held.Publisher = p; return held }))
+	r.products(t, 1000)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{Drains: 4})
+		done <- err
+	}()
+	for i := range 4 {
+		select {
+		case <-held.entered:
+		case err := <-done:
+			t.Fatalf("the drain ended with %d batches out: %v", i, err)
+		case <-time.After(time.Minute): // only when it never comes
+			close(held.open)
+			t.Fatalf("%d batches out at once, want 4", i)
+		}
+	}
+	close(held.open)
+	require.NoError(t, <-done)
+	require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
