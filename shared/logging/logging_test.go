@@ -182,6 +182,24 @@ func TestLinesAreBounded(t *testing.T) {
 			}
 		})
 	}
+	// An error is written as its text (cut when huge), not as the value's
+	// fields (which an error rarely exports: "{}").
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("drain: %w", errors.New("pubsub unavailable")), `^drain: pubsub unavailable$`},
+		{errors.New("unknown key id " + huge), `^unknown key id k+…\[\d+ bytes left out\]$`},
+	} {
+		var buf bytes.Buffer
+		logging.New(&buf, logging.Config{Level: slog.LevelDebug}).Error("replication drain", "error", c.err)
+		var line map[string]any
+		require.NoError(t, json.Unmarshal(buf.Bytes(), &line), buf.String())
+		text, ok := line["error"].(string)
+		require.True(t, ok, "the error is a string field: %v", line["error"])
+		require.Regexp(t, c.want, text)
+	}
+
 	var buf bytes.Buffer
 	logging.New(&buf, logging.Config{Level: slog.LevelDebug}).Info("x", "path", logging.Untrusted("/a\nb"+huge))
 	require.Contains(t, buf.String(), `\"/a\\nb`, "quoted: the newline shows")
