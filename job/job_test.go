@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -515,4 +516,28 @@ func TestFailedWorkSaysSo(t *testing.T) {
 	require.NotNil(t, failed, logs)
 	require.Equal(t, "ERROR", failed["severity"])
 	require.Equal(t, delivery.CausePubSubMisconfigured, failed["cause"])
+}
+
+// TestStatusJSONKeys: `job status --json`'s keys are an interface scripts
+// read: the document's keys, read as JSON (not through the structs that
+// write it), are these, so that a rename fails here.
+func TestStatusJSONKeys(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, &sdkfixture.V4Template)
+	h.start("w1")
+	h.products("w1", 2)
+	var docs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(h.mustRun("status", "--json")), &docs))
+	require.Len(t, docs, 1)
+	var keys []string
+	for k := range docs[0] {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	require.Equal(t, []string{"accepted", "backfill_complete", "baseline_complete", "dead_letters", "due_verifications", "enabled",
+		"generation", "initially_ready", "oldest_pending", "oldest_pending_age_seconds", "pending", "protocol", "replay_complete",
+		"set_aside", "total", "unverified", "verified", "workspace"}, keys)
+	aside, ok := docs[0]["set_aside"].(map[string]any)
+	require.True(t, ok)
+	require.Contains(t, aside, "count")
 }
