@@ -328,3 +328,27 @@ func TestClaimStatementLocksItsCandidates(t *testing.T) {
 	require.Contains(t, plan, "Index Scan using product_history_pkey")
 	require.NotContains(t, plan, "Seq Scan on product_history")
 }
+
+// TestSessionSetAsideBackoffDoubles: an event a session sets aside again
+// and again waits twice as long each time (1, 2, 4 minutes by default), up
+// to the cap, as one set aside by a claim of its own does.
+func TestSessionSetAsideBackoffDoubles(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.start(t)
+	e.products(t, 1)
+	ss := e.openSession(t, e.store)
+	for round, want := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute} {
+		_, _, c := next(t, ss, true)
+		require.NotNil(t, c)
+		require.Len(t, c.Events, 1, "round %d: the event is claimable again", round)
+		id := c.Events[0].HistoryID
+		next(t, ss, false, store.Finishing{Claim: c, SetAside: []store.SetAside{{HistoryID: id, Reason: store.ReasonRejected}}})
+		var interval time.Duration
+		require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT next_verify_at - last_checked_at FROM _ontology_replication_delivery WHERE event_id = $1::uuid`, id).Scan(&interval))
+		require.Equal(t, want, interval, "round %d", round)
+		// Its backoff over: the interval kept, both times moved back.
+		e.exec(t, `UPDATE _ontology_replication_delivery SET last_checked_at = last_checked_at - (next_verify_at - last_checked_at) - interval '1 second',
+			next_verify_at = next_verify_at - (next_verify_at - last_checked_at) - interval '1 second' WHERE event_id = $1::uuid`, id)
+	}
+}
