@@ -128,40 +128,6 @@ func TestVerifyFortyWorkspacesWithSlowBigQuery(t *testing.T) {
 	require.LessOrEqual(t, peak, int64(defaultMaxOpenPools*defaultPoolSize))
 }
 
-// TestVerifySharedTableIsOneLookup: workspaces sharing one events table
-// are looked up together, ten to a query, and the pass reports the
-// queries saved.
-func TestVerifySharedTableIsOneLookup(t *testing.T) {
-	t.Parallel()
-	ids := make([]string, 12)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("s%02d", i)
-	}
-	h := newHarness(t, withWorkspaces(ids...), withSharedTable(), withEnv(EnvSweepBatches, "0"))
-	for _, id := range ids {
-		h.products(id, 7)
-		h.drainAll(id)
-	}
-	var sizes []int
-	var lookups atomic.Int64
-	h.answer(func(q bqserver.Query) (bqserver.Result, error) {
-		lookups.Add(1)
-		sizes = append(sizes, len(q.Params["generations"].Values))
-		return h.landed(q)
-	})
-	code, pass := h.verify("")
-	require.Equal(t, http.StatusOK, code, pass)
-	require.EqualValues(t, 2, lookups.Load(), "12 workspaces of one table: a lookup for ten, one for two")
-	slices.Sort(sizes)
-	require.Equal(t, []int{2, 10}, sizes, "each lookup asks for every member's generation")
-	require.Equal(t, 2, pass.Lookups)
-	require.Equal(t, 10, pass.SharedLookups, "the queries saved")
-	for _, r := range pass.Workspaces {
-		require.Equal(t, 7, r.Verified, r.Workspace)
-		require.EqualValues(t, 7, h.count(r.Workspace, "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL"), r.Workspace)
-	}
-}
-
 // requireTimedOutAtMost: a pass of TestVerifyReportsWorkspacesNotReached
 // answers 200, or, when BigQuery (300 ms a lookup) answered none of its
 // lookups within the 1 s budget on a busy machine, 500: a pass that did no

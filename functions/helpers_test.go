@@ -93,9 +93,6 @@ type harnessConfig struct {
 	workspaces []string
 	legacy     map[string]bool
 	env        map[string]string
-	// sharedTable puts every workspace's events in one BigQuery table;
-	// otherwise each has its own dataset.
-	sharedTable bool
 	// cluster holds the workspaces' databases; default: the shared one.
 	cluster *pgtest.Cluster
 	// lookupTimeout bounds one BigQuery lookup; default 3 s.
@@ -124,11 +121,6 @@ func withLookupTimeout(d time.Duration) option_ {
 // own.
 func withCluster(c *pgtest.Cluster) option_ {
 	return func(c_ *harnessConfig) { c_.cluster = c }
-}
-
-// withSharedTable puts every workspace's events in one BigQuery table.
-func withSharedTable() option_ {
-	return func(c *harnessConfig) { c.sharedTable = true }
 }
 
 // withLegacy makes a workspace's database protocol 3.
@@ -204,9 +196,6 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 		require.NoError(t, err)
 		h.spaces[id] = ws
 		dataset := "ds_" + id
-		if cfg.sharedTable {
-			dataset = "ontology_internal"
-		}
 		spaces = append(spaces, fmt.Sprintf(`{"id": %q, "organization_id": %q, "runtime_subject": %q,
 			"database": {"url": %q}, "pubsub": {"project": "p1", "topic": "events-%s"},
 			"bigquery": {"project": "p1", "dataset": %q, "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, ws.url, id, dataset, bqHTTP.URL))
