@@ -181,8 +181,10 @@ func (e *env) parseFlags(cmd command, args []string) (workspace, help string, er
 		"since-revision": func() { fs.Int64Var(&e.since, "since-revision", 0, flagHelp["since-revision"]) },
 		"accepted-before": func() {
 			fs.Func("accepted-before", flagHelp["accepted-before"], func(v string) (err error) {
-				e.before, err = time.Parse(time.RFC3339Nano, v)
-				return err
+				if e.before, err = time.Parse(time.RFC3339Nano, v); err != nil {
+					return fmt.Errorf("%q is not an RFC 3339 time such as 2026-12-03T01:30:00.123456Z (the bound a stopped replay printed)", v)
+				}
+				return nil
 			})
 		},
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -152,7 +151,7 @@ func (d *bulkDrain) run() error {
 			if d.ctx.Err() != nil && Transient(err) {
 				return nil // interrupted while waiting to retry
 			}
-			return fmt.Errorf("drain: %w", err)
+			return err // retrying named the operation when it retried; the store names its step
 		}
 		if again == nil || d.stopped() {
 			return nil

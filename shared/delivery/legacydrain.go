@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -62,7 +61,7 @@ func (d *bulkDrain) eachRound() (bool, error) {
 			if d.ctx.Err() != nil && Transient(err) {
 				return false, nil // interrupted while waiting to retry
 			}
-			return false, fmt.Errorf("drain: %w", err)
+			return false, err
 		}
 		if r.State != StateActive {
 			d.pause(r.State)
