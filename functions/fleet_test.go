@@ -149,8 +149,7 @@ func requireTimedOutAtMost(t *testing.T, code int, pass delivery.VerifyPass) {
 // lookups of 300 ms: a pass reaches some (each of its 16 workers at most
 // four, a round taking a lookup, whatever the machine's speed); those it
 // does not are reported (never a silent success), the next pass starts
-// with them, and passes in turn reach every workspace within a number of
-// passes the workers' count bounds.
+// with them, and passes in turn reach every workspace.
 func TestVerifyReportsWorkspacesNotReached(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server of its own with 100 databases")
@@ -217,13 +216,14 @@ func TestVerifyReportsWorkspacesNotReached(t *testing.T) {
 	require.Equal(t, unfinished, startedWith, "the next pass starts with the workspaces the last one did not reach or finish")
 	require.NotEqual(t, delivery.OutcomeNotReached, second.Workspaces[0].Outcome)
 
-	// Pass after pass, every workspace is reached: each pass starts where
-	// the last one stopped, and starts at least one workspace per worker
-	// (each starts its first at once, with the whole budget ahead), so
-	// ⌈100 / 16⌉ passes reach them all whatever the machine's speed; twice
-	// that, and the two passes above, bound it. (Whether a reached
-	// workspace's round also ends within a 1 s pass depends on the
-	// machine: verification itself is the other tests'.)
+	// Pass after pass, every workspace is reached: each pass starts with
+	// the workspaces the last one did not reach or finish, so the ones
+	// never reached move to the front. (A workspace whose round cannot end
+	// within a 1 s pass on a saturated machine is cut every time and holds
+	// a worker at the front of each pass, so how many new ones a pass
+	// reaches depends on the machine; that one is reached is what the
+	// rotation promises, and verification itself is the other tests'.)
+	// The bound only stops a rotation that makes no progress.
 	reached := map[string]bool{}
 	note := func(p delivery.VerifyPass) {
 		for _, r := range p.Workspaces {
@@ -233,7 +233,7 @@ func TestVerifyReportsWorkspacesNotReached(t *testing.T) {
 		}
 	}
 	note(second)
-	bound := 2 * ((workspaces + delivery.DefaultVerifyWorkers - 1) / delivery.DefaultVerifyWorkers)
+	bound := 5 * workspaces
 	passes := 0
 	for ; len(reached) < workspaces && passes < bound; passes++ {
 		code, pass := h.verify("")
