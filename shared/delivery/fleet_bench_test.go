@@ -39,6 +39,8 @@ type fleetRig struct {
 	bqURL   string
 	bq      *bqserver.Server
 	pub     *publish.Publisher
+	// seen, when set before a pass, sees every lookup.
+	seen func(q bqserver.Query)
 }
 
 func newFleetRig(tb testing.TB, n, events int) *fleetRig {
@@ -79,6 +81,9 @@ func newFleetRig(tb testing.TB, n, events int) *fleetRig {
 	close(work)
 	wg.Wait()
 	f.bq = bqserver.New(func(ctx context.Context, q bqserver.Query) (bqserver.Result, error) {
+		if f.seen != nil {
+			f.seen(q)
+		}
 		select {
 		case <-time.After(time.Second + rand.N(time.Second)):
 		case <-ctx.Done():
