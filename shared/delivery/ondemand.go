@@ -15,7 +15,8 @@ import (
 // onDemand opens a client on its first use, and again after a failed
 // open: a command that never publishes (job status, audit, set-aside)
 // needs no Pub/Sub credentials and no publish right, and one that does
-// fails at its first publish with the client's error.
+// fails at its first publish with the client's error. Open opens the
+// services' clients through it too, at once (openNow).
 type onDemand[T any] struct {
 	mu     sync.Mutex
 	open   func() (T, error)

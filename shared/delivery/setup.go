@@ -66,6 +66,19 @@ func (o *Opened) Close() {
 	}
 }
 
+// openNow opens a client at once unless onDemand, closing what is open on
+// a failure.
+func openNow[T any](o *Opened, onDemand bool, get func() (T, error)) error {
+	if onDemand {
+		return nil
+	}
+	if _, err := get(); err != nil {
+		o.Close()
+		return err
+	}
+	return nil
+}
+
 // Open builds a Service over the registry with production parts: a pool per
 // workspace, one Pub/Sub publisher (through the emulator when
 // PubSubEmulatorHost is set) and the BigQuery warehouse.
@@ -88,19 +101,12 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 	o.close = append(o.close, pools.Close)
 	project := cfg.Registry.Workspaces[0].PubSub.Project
 	pub := cfg.Publisher
-	switch {
-	case pub != nil:
-	case cfg.OnDemand:
+	if pub == nil {
 		p := newOnDemandPublisher(ctx, publish.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
 		o.close = append(o.close, p.Close)
-		pub = p
-	default:
-		p, err := publish.New(ctx, publish.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
-		if err != nil {
-			o.Close()
+		if err := openNow(o, cfg.OnDemand, p.get); err != nil {
 			return nil, err
 		}
-		o.close = append(o.close, func() { _ = p.Close() })
 		pub = p
 	}
 	o.Warehouse = cfg.Warehouse
@@ -114,19 +120,12 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		o.close = append(o.close, func() { _ = wh.Close() })
 	}
 	dead := cfg.DeadLetters
-	switch {
-	case dead != nil || !cfg.DeadLetterReader:
-	case cfg.OnDemand:
+	if dead == nil && cfg.DeadLetterReader {
 		r := newOnDemandDeadLetters(ctx, deadletter.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
 		o.close = append(o.close, r.Close)
-		dead = r
-	default:
-		r, err := deadletter.New(ctx, deadletter.Config{Project: project, EmulatorHost: cfg.PubSubEmulatorHost})
-		if err != nil {
-			o.Close()
+		if err := openNow(o, cfg.OnDemand, r.get); err != nil {
 			return nil, err
 		}
-		o.close = append(o.close, func() { _ = r.Close() })
 		dead = r
 	}
 	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: cmp.Or[ViewCreator](cfg.Views, o.Warehouse), Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry, Gather: cfg.Gather, QuietInterval: cfg.QuietInterval})
