@@ -205,3 +205,22 @@ func TestClaimSettingsLastAsLongAsTheClaim(t *testing.T) {
 		})
 	}
 }
+
+// TestFinishOfAnEmptyClaim: a claim that took no event has let its locks
+// go already; finishing it with nothing is a no-op, as Claim says, and
+// acknowledging events on it is refused.
+func TestFinishOfAnEmptyClaim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.start(t)
+	_, _, c, err := e.store.ClaimActive(e.ctx)
+	require.NoError(t, err)
+	require.NotNil(t, c)
+	require.Empty(t, c.Events)
+	require.True(t, c.Ended())
+	n, err := c.Finish(e.ctx, nil, nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	_, err = c.Finish(e.ctx, []string{"0193b7a0-0000-7000-8000-000000000000"}, nil)
+	require.ErrorContains(t, err, "the claim has ended")
+}

@@ -26,6 +26,9 @@ const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_co
 // stay pending. It returns the number of receipts written.
 func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
 	if c.Ended() {
+		if c.mode != inSession && len(accepted) == 0 && len(setAside) == 0 {
+			return 0, nil // nothing to acknowledge (a claim that took no event has ended already: see Claim)
+		}
 		return 0, fmt.Errorf("store: acknowledge %d events of %s: the claim has ended", len(accepted), c.target.Generation)
 	}
 	switch c.mode {
