@@ -1,6 +1,7 @@
 package functions
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +48,8 @@ type ServerConfig struct {
 	// ShutdownGrace is how long a stop (Cloud Run's SIGTERM, then SIGKILL
 	// 10 s later) waits for the requests in flight. Default: 8s.
 	ShutdownGrace time.Duration
+	// Logger receives the server's own lines (nil: the functions' logger).
+	Logger *slog.Logger
 }
 
 func (c ServerConfig) withDefaults() ServerConfig {
@@ -77,8 +80,9 @@ const LogServerStopped = "replication functions stopped"
 // pools and clients before it returns.
 func Serve(ctx context.Context, l net.Listener, h http.Handler, cfg ServerConfig) error {
 	cfg = cfg.withDefaults()
+	log := cmp.Or(cfg.Logger, app.log)
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, MaxHeaderBytes: cfg.MaxHeaderBytes,
-		ErrorLog: slog.NewLogLogger(app.log.Handler(), slog.LevelWarn)}
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	select {
@@ -97,7 +101,7 @@ func Serve(ctx context.Context, l net.Listener, h http.Handler, cfg ServerConfig
 	if finished && app.close != nil {
 		app.close()
 	}
-	app.log.Info(LogServerStopped, slog.String("cause", context.Cause(ctx).Error()), slog.Bool("requests_finished", finished),
+	log.Info(LogServerStopped, slog.String("cause", context.Cause(ctx).Error()), slog.Bool("requests_finished", finished),
 		slog.Float64("shutdown_seconds", time.Since(started).Seconds()))
 	return err
 }

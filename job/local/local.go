@@ -63,6 +63,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
+	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
@@ -77,6 +78,8 @@ type localConfig struct {
 	json          bool
 	verifyEvery   time.Duration
 	verifyTimeout time.Duration
+	verifyBudget  time.Duration
+	chaos         chaosConfig
 }
 
 // The local deployment's fixed names.
@@ -109,11 +112,16 @@ type local struct {
 	pubsub   *pstest.Server
 	client   *pubsub.Client
 	faults   *faultSwitch
-	wh       *localwarehouse.Local
-	feeder   *localwarehouse.Feeder
-	issuer   *tokenissuer.Issuer
-	urls     localURLs
-	registry string
+	// pubsubProxy is the product's way to Pub/Sub, bigqueryFaults its way
+	// to BigQuery: where the chaos run puts its wire faults.
+	pubsubProxy    *faultproxy.GRPC
+	bigqueryFaults *faultproxy.HTTP
+	drain          *drainServer
+	wh             *localwarehouse.Local
+	feeder         *localwarehouse.Feeder
+	issuer         *tokenissuer.Issuer
+	urls           localURLs
+	registry       string
 	// svc is the job's Service over this run's parts (the final audit).
 	svc       *delivery.Opened
 	deadCount atomic.Int64
@@ -162,6 +170,9 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.BoolVar(&cfg.json, "json", false, "print the summary as JSON")
 	fs.DurationVar(&cfg.verifyEvery, "verify-every", 2*time.Second, "how often the verifier runs")
 	fs.DurationVar(&cfg.verifyTimeout, "timeout", 3*time.Minute, "how long to wait for full verification after the workload")
+	fs.DurationVar(&cfg.chaos.duration, "chaos", 0, "run the SDK workload for this long under injected faults, then prove nothing was lost (at least 45s)")
+	fs.Uint64Var(&cfg.chaos.seed, "seed", 0, "with --chaos: the fault schedule's seed (default: from the clock, printed)")
+	fs.Float64Var(&cfg.chaos.rate, "rate", 40, "with --chaos: SDK commits per second, over all writers")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:")
@@ -176,6 +187,18 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	}
 	if cfg.records < 20 || cfg.writers < 1 || cfg.writers > 32 {
 		return cfg, usageError{errors.New("local: --records must be at least 20 and --writers between 1 and 32")}
+	}
+	cfg.verifyBudget = 10 * time.Second
+	if cfg.chaos.duration != 0 {
+		if cfg.chaos.duration < minChaos || cfg.keep || cfg.chaos.rate < 1 || cfg.chaos.rate > 500 {
+			return cfg, usageError{errors.New("local: --chaos must be at least 45s, without --keep, and --rate between 1 and 500")}
+		}
+		if cfg.chaos.seed == 0 {
+			cfg.chaos.seed = uint64(time.Now().UnixNano()%1_000_000) + 1
+		}
+		// A slow BigQuery answer then meets the lookup's own 20 s time-out
+		// before the pass's budget.
+		cfg.verifyBudget = 30 * time.Second
 	}
 	return cfg, nil
 }
@@ -207,6 +230,18 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 	progressCtx, stopProgress := context.WithCancel(ctx)
 	progressDone := make(chan struct{})
 	go func() { defer close(progressDone); l.progress.run(progressCtx) }()
+	if cfg.chaos.duration != 0 {
+		rep, err := l.runChaos(ctx)
+		stopProgress()
+		<-progressDone
+		if err != nil {
+			return fmt.Errorf("local: chaos: %w", err)
+		}
+		if err := rep.print(stdout, cfg.json); err != nil {
+			return err
+		}
+		return rep.failure()
+	}
 	sum, err := l.runWorkload(ctx)
 	stopProgress()
 	<-progressDone

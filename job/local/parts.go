@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -20,6 +21,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
@@ -97,8 +99,18 @@ func (l *local) startPubSub(ctx context.Context) error {
 	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: localDeadTopic, AckDeadlineSeconds: 60}); err != nil {
 		return err
 	}
+	// The product reaches Pub/Sub through the fault proxy (the chaos run's
+	// wire faults on Publish; it passes everything otherwise).
+	l.pubsubProxy, err = faultproxy.NewGRPC(l.pubsub.Addr, func(method string) bool { return method == publishMethod })
+	if err != nil {
+		return err
+	}
+	l.cleanup = append(l.cleanup, l.pubsubProxy.Close)
 	return nil
 }
+
+// publishMethod is the RPC the Pub/Sub fault proxy puts its faults on.
+const publishMethod = "/google.pubsub.v1.Publisher/Publish"
 
 // startWarehouse opens the warehouse (fed from the subscription), a
 // BigQuery REST server backed by it for the verifier's lookups, and the
@@ -109,7 +121,8 @@ func (l *local) startWarehouse(ctx context.Context) error {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.wh.Close)
-	if l.urls.bigquery, err = l.serve(bqserver.New(l.wh.QueryHandler())); err != nil {
+	l.bigqueryFaults = &faultproxy.HTTP{Next: bqserver.New(l.wh.QueryHandler())}
+	if l.urls.bigquery, err = l.serve(l.bigqueryFaults); err != nil {
 		return err
 	}
 	l.issuer, err = tokenissuer.New("https://runtime.local", "local-key")
@@ -120,38 +133,76 @@ func (l *local) startWarehouse(ctx context.Context) error {
 	return err
 }
 
-// startFunctions serves the functions through the functions framework,
-// with a registry of this run's parts, and opens the job's Service.
+// startFunctions serves the Drain and Verify functions as two services,
+// each built as functions.NewHandler builds them with a registry of this
+// run's parts, and opens the job's Service. Each component reaches the
+// database under its Cloud Run name (application_name), so that the chaos
+// run can end one component's sessions.
 func (l *local) startFunctions(ctx context.Context) error {
-	l.registry = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
-  "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": {"url": %q},
-    "pubsub": {"project": %q, "topic": "ontology-replication", "dead_letter_subscription": "ontology-replication-dead-letter"},
-    "bigquery": {"project": %q, "dataset": "ontology_internal", "table": "events", "location": "local", "endpoint": %q}}]}`,
-		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, l.urls.ontologyDB, localProject, localProject, l.urls.bigquery)
-	// No Google-signed tokens here: the verifier's caller check is off
-	// (its loop calls it directly).
-	env := map[string]string{"REPLICATION_WORKSPACES": l.registry, "PUBSUB_EMULATOR_HOST": l.pubsub.Addr, "VERIFY_TIME_BUDGET": "10s",
-		"LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off"}
-	handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log})
+	l.registry = l.registryFor("")
+	var err error
+	l.drain, err = startDrainServer(ctx, l.log, func(ctx context.Context) (http.Handler, func(), error) {
+		return l.functionsHandler(ctx, componentDrain)
+	})
 	if err != nil {
 		return err
 	}
-	l.cleanup = append(l.cleanup, closeFunctions)
-	if l.urls.functions, err = l.serve(handler); err != nil {
-		return err
-	}
-	reg, err := registry.Parse([]byte(l.registry))
+	l.cleanup = append(l.cleanup, l.drain.Close)
+	verify, closeVerify, err := l.functionsHandler(ctx, componentVerify)
 	if err != nil {
 		return err
 	}
-	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsub.Addr, Logger: l.log,
+	l.cleanup = append(l.cleanup, closeVerify)
+	verifyURL, err := l.serve(verify)
+	if err != nil {
+		return err
+	}
+	reg, err := registry.Parse([]byte(l.registryFor(componentJob)))
+	if err != nil {
+		return err
+	}
+	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsubProxy.Addr, Logger: l.log,
 		Views: l.wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1}}); err != nil {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.svc.Close)
-	l.urls.drain = l.urls.functions + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
-	l.urls.verify = l.urls.functions + "/Verify"
+	l.urls.drain = l.drain.URL() + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
+	l.urls.verify = verifyURL + "/Verify"
 	return nil
+}
+
+// The components' names, as application_name in PostgreSQL.
+const (
+	componentDrain  = "replication-drain"
+	componentVerify = "replication-verify"
+	componentJob    = "replication-job"
+)
+
+// registryFor is the run's registry, its database URL naming component
+// (none: the registry the sandbox prints).
+func (l *local) registryFor(component string) string {
+	dbURL := l.urls.ontologyDB
+	if component != "" {
+		u, _ := url.Parse(dbURL)
+		q := u.Query()
+		q.Set("application_name", component)
+		u.RawQuery = q.Encode()
+		dbURL = u.String()
+	}
+	return fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
+  "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": {"url": %q},
+    "pubsub": {"project": %q, "topic": "ontology-replication", "dead_letter_subscription": "ontology-replication-dead-letter"},
+    "bigquery": {"project": %q, "dataset": "ontology_internal", "table": "events", "location": "local", "endpoint": %q}}]}`,
+		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, dbURL, localProject, localProject, l.urls.bigquery)
+}
+
+// functionsHandler builds the functions for one component. No
+// Google-signed tokens here: the verifier's caller check is off (its loop
+// calls it directly).
+func (l *local) functionsHandler(ctx context.Context, component string) (http.Handler, func(), error) {
+	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.pubsubProxy.Addr,
+		"VERIFY_TIME_BUDGET": l.cfg.verifyBudget.String(), "LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off"}
+	return functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log})
 }
 
 // serve serves h on a free loopback port until the run ends.

@@ -179,3 +179,15 @@ func ages(s delivery.WorkspaceStatus, now time.Time) (pending, unverified time.D
 	}
 	return pending, unverified
 }
+
+// note prints a line of its own (the chaos run's timeline): on a terminal
+// above the refreshed line.
+func (p *progress) note(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.terminal {
+		fmt.Fprint(p.w, "\r\033[K"+line+"\n")
+		return
+	}
+	fmt.Fprintln(p.w, line)
+}

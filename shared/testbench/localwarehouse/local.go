@@ -282,3 +282,20 @@ func (l *Local) Counts(ctx context.Context) (rows, distinct int64, err error) {
 	err = l.pool.QueryRow(ctx, sqlLocalCounts).Scan(&rows, &distinct)
 	return rows, distinct, err
 }
+
+// EventIDs returns the distinct event ids that landed.
+func (l *Local) EventIDs(ctx context.Context) (map[string]bool, error) {
+	rows, err := l.pool.Query(ctx, `SELECT DISTINCT event_id::text FROM events`)
+	if err != nil {
+		return nil, fmt.Errorf("localwarehouse: event ids: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("localwarehouse: event ids: %w", err)
+	}
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}

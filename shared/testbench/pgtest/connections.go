@@ -116,3 +116,19 @@ func (c *Cluster) WatchClientConnections(t testing.TB) (stop func() int64) {
 		return peak.Load()
 	}
 }
+
+// TerminateBackends ends, as an operator's pg_terminate_backend or a
+// failover would, every session of the current database whose
+// application_name is name, and returns how many it ended. db must be a
+// superuser's (or the sessions' role's) connection.
+func TerminateBackends(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, name string) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid()`, name).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: terminate the sessions of %s: %w", name, err)
+	}
+	return n, nil
+}

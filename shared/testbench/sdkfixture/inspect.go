@@ -118,3 +118,23 @@ func RecordValues(ctx context.Context, db Querier, m Manifest, entity string, co
 	})
 	return out, err
 }
+
+// DeliveryRow is one event's delivery row, as the chaos proofs read it.
+type DeliveryRow struct {
+	EventID, HistoryTable string
+	Accepted, Verified    bool
+}
+
+// DeliveryRows reads every delivery row of a generation.
+func DeliveryRows(ctx context.Context, db Querier, generation string) ([]DeliveryRow, error) {
+	rows, err := db.Query(ctx, `SELECT event_id::text, history_table, accepted_at IS NOT NULL, verified_at IS NOT NULL
+		FROM _ontology_replication_delivery WHERE generation = $1::uuid`, generation)
+	if err != nil {
+		return nil, fmt.Errorf("sdkfixture: delivery rows: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeliveryRow, error) {
+		var d DeliveryRow
+		err := r.Scan(&d.EventID, &d.HistoryTable, &d.Accepted, &d.Verified)
+		return d, err
+	})
+}

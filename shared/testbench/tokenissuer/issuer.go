@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -22,8 +23,11 @@ import (
 type Issuer struct {
 	// URL is the issuer (iss claim).
 	URL string
-	// KeyID is the key's kid.
+	// KeyID is the first key's kid (Rotate replaces the key; CurrentKeyID
+	// names the one in use).
 	KeyID string
+	mu    sync.RWMutex
+	kid   string
 	key   *ecdsa.PrivateKey
 }
 
@@ -33,12 +37,35 @@ func New(url, keyID string) (*Issuer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("identity: generate issuer key: %w", err)
 	}
-	return &Issuer{URL: url, KeyID: keyID, key: key}, nil
+	return &Issuer{URL: url, KeyID: keyID, kid: keyID, key: key}, nil
+}
+
+// Rotate replaces the signing key with a fresh one named keyID: from now
+// on the JWKS serves only the new key (the old one is removed, as an
+// issuer does once its tokens have expired) and tokens are signed with it.
+func (i *Issuer) Rotate(keyID string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("identity: generate issuer key: %w", err)
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.kid, i.key = keyID, key
+	return nil
+}
+
+// CurrentKeyID is the kid of the key in use.
+func (i *Issuer) CurrentKeyID() string {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return i.kid
 }
 
 // JWKS returns the public key set.
 func (i *Issuer) JWKS() []byte {
-	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &i.key.PublicKey, KeyID: i.KeyID, Algorithm: string(jose.ES256), Use: "sig"}}}
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &i.key.PublicKey, KeyID: i.kid, Algorithm: string(jose.ES256), Use: "sig"}}}
 	raw, _ := json.Marshal(set)
 	return raw
 }
@@ -69,11 +96,14 @@ func (i *Issuer) Sign(claims any) (string, error) {
 // SignTyped signs arbitrary claims with the issuer's key and the typ
 // header given (none when empty).
 func (i *Issuer) SignTyped(typ string, claims any) (string, error) {
-	opts := (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), i.KeyID)
+	i.mu.RLock()
+	kid, key := i.kid, i.key
+	i.mu.RUnlock()
+	opts := (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), kid)
 	if typ != "" {
 		opts = opts.WithType(jose.ContentType(typ))
 	}
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: i.key}, opts)
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, opts)
 	if err != nil {
 		return "", fmt.Errorf("identity: signer: %w", err)
 	}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
+)
+
+// TestChaosRun runs `go run ./job/local --chaos 60s` and checks that every
+// fault kind and operation happened and every proof held.
+func TestChaosRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole local pipeline under faults")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	var stdout, stderr logbuf.Buffer
+	err := runLocal(ctx, []string{"--chaos", "60s", "--seed", "7", "--json", "--timeout", "5m"}, func(string) string { return "" }, &stdout, &stderr)
+	var rep chaosReport
+	require.NoError(t, json.Unmarshal([]byte(stdout.String()), &rep), "the report; stderr:\n%s", stderr.String())
+	require.NoError(t, err, "report:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.EqualValues(t, 7, rep.Seed)
+	for _, kind := range append(faultKinds, opReplay, opPartialReplay, opJobDrain, opReplay+"_done", opPartialReplay+"_done", opJobDrain+"_done") {
+		require.Positive(t, rep.Faults[kind], "%s happened", kind)
+	}
+	for _, e := range rep.Timeline {
+		require.False(t, e.Failed, "%+v", e)
+	}
+	require.Positive(t, rep.Commits)
+	require.True(t, rep.FullyVerified)
+	require.Equal(t, rep.Events, rep.Verified)
+	require.Positive(t, rep.DuplicatesReplays, "the replays sent events again")
+	require.Equal(t, rep.Published-rep.Duplicates, int(rep.Events), "each event published, duplicates aside")
+	names := map[string]bool{}
+	for _, p := range rep.Proofs {
+		require.True(t, p.OK, "%s: %s", p.Name, p.Detail)
+		names[p.Name] = true
+	}
+	for _, want := range []string{"every captured event verified", "none accepted but never published", "none verified before it landed", "none lost",
+		"the replay published its events again", "the partial_replay published its events again", "no set-aside event left",
+		"views equal to the source, every column", "job audit equal"} {
+		require.True(t, names[want], "proof %q in the report", want)
+	}
+	require.True(t, strings.Contains(stderr.String(), "chaos ") && strings.Contains(stderr.String(), faultDrainRestart), "the timeline printed as it goes")
+}
+
+// TestChaosSchedule: a seed gives one schedule; every fault kind and
+// operation is in a schedule of the shortest duration, whatever the seed;
+// key rotations are spaced; the faults end before the duration.
+func TestChaosSchedule(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{minChaos, 90 * time.Second, 10 * time.Minute} {
+		t.Run(d.String(), func(t *testing.T) {
+			for seed := uint64(1); seed <= 200; seed++ {
+				steps := schedule(seed, d)
+				require.Equal(t, steps, schedule(seed, d), "seed %d repeats", seed)
+				kinds := map[string]int{}
+				lastRotation := time.Duration(0)
+				for _, s := range steps {
+					kinds[s.Kind]++
+					require.Less(t, s.At+s.For, d+5*time.Second, "seed %d: %+v", seed, s)
+					if s.Kind == faultKeyRotation {
+						require.GreaterOrEqual(t, s.At-lastRotation, rotationSpacing, "seed %d", seed)
+						lastRotation = s.At
+					}
+				}
+				for _, k := range append(faultKinds, opReplay, opPartialReplay, opJobDrain) {
+					require.Positive(t, kinds[k], "seed %d, %v: %s scheduled", seed, d, k)
+				}
+			}
+		})
+	}
+}
+
+// TestChaosFlags: the chaos flags' bounds.
+func TestChaosFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--chaos", "10s"}, {"--chaos", "60s", "--keep"}, {"--chaos", "60s", "--rate", "0"}, {"--chaos", "60s", "--rate", "900"}} {
+		_, err := parseLocalFlags(args, nil)
+		require.ErrorAs(t, err, new(usageError), "%v", args)
+	}
+	cfg, err := parseLocalFlags([]string{"--chaos", "60s"}, nil)
+	require.NoError(t, err)
+	require.NotZero(t, cfg.chaos.seed, "a seed is chosen and printed")
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+)
+
+// published is what Pub/Sub received on the topic: every event id, with
+// when each of its messages was stored.
+type published struct {
+	messages int
+	times    map[string][]time.Time
+}
+
+// readPublished reads the topic's messages from the Pub/Sub server (what
+// it stored, whatever its answers said), each message's event id from its
+// JSON.
+func (l *local) readPublished() published {
+	p := published{times: map[string][]time.Time{}}
+	for _, m := range l.pubsub.Messages() {
+		if m.Topic != localTopic {
+			continue
+		}
+		var body struct {
+			EventID string `json:"event_id"`
+		}
+		_ = json.Unmarshal(m.Data, &body)
+		p.messages++
+		p.times[body.EventID] = append(p.times[body.EventID], m.PublishTime)
+	}
+	return p
+}
+
+// violations are the events that broke a promise, by promise.
+type violations struct {
+	// AcceptedNotPublished: a delivery row accepted while Pub/Sub holds no
+	// message of its event.
+	AcceptedNotPublished map[string]bool
+	// VerifiedNotLanded: a delivery row verified while the warehouse holds
+	// no row of its event.
+	VerifiedNotLanded map[string]bool
+}
+
+// check reads the delivery rows first, then what Pub/Sub stored and what
+// landed, so that a row that moved on between the reads is never a false
+// alarm: an acknowledgement follows its publish, a verification its
+// landing.
+func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.DeliveryRow, published, map[string]bool, error) {
+	rows, err := sdkfixture.DeliveryRows(ctx, l.ontology, l.gen.Generation)
+	if err != nil {
+		return nil, published{}, nil, err
+	}
+	pub := l.readPublished()
+	landed, err := l.wh.EventIDs(ctx)
+	if err != nil {
+		return nil, published{}, nil, err
+	}
+	for i, r := range rows {
+		// The delivery row names the history row; the message and the
+		// warehouse carry the event id derived from it.
+		r.EventID = event.ID(l.gen.SourceID, r.EventID, l.gen.Generation)
+		rows[i] = r
+		if r.Accepted && len(pub.times[r.EventID]) == 0 {
+			v.AcceptedNotPublished[r.EventID] = true
+		}
+		if r.Verified && !landed[r.EventID] {
+			v.VerifiedNotLanded[r.EventID] = true
+		}
+	}
+	return rows, pub, landed, nil
+}
+
+// liveChecker checks the promises every second while the run goes on.
+type liveChecker struct {
+	l      *local
+	mu     sync.Mutex
+	found  violations
+	checks int
+}
+
+func (c *liveChecker) run(ctx context.Context) {
+	c.found = violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		if _, _, _, err := c.l.check(ctx, &c.found); err == nil {
+			c.checks++
+		}
+		c.mu.Unlock()
+	}
+}
+
+// proof is one promise, checked.
+type proof struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// chaosReport is what a chaos run did and proved.
+type chaosReport struct {
+	Seed                 uint64           `json:"seed"`
+	DurationSeconds      float64          `json:"duration_seconds"`
+	RateCommitsPerSecond float64          `json:"rate_commits_per_second"`
+	Commits              int64            `json:"commits"`
+	Changes              map[string]int64 `json:"changes"`
+	Events               int64            `json:"events"`
+	Verified             int64            `json:"verified"`
+	Pending              int64            `json:"pending"`
+	SetAside             int64            `json:"set_aside"`
+	FullyVerified        bool             `json:"fully_verified"`
+	// VerifiedAfterFaultsSecs is the time from the faults' end (and the
+	// operations') to full verification.
+	VerifiedAfterFaultsSecs float64 `json:"verified_after_faults_seconds"`
+	Published               int     `json:"published_messages"`
+	Landed                  int64   `json:"landed_rows"`
+	// Duplicates are the messages beyond one per event, attributed: the
+	// replays sent their events again on purpose; the rest the faults
+	// caused (a lost answer, a publish cut by a stop, a verifier's retry).
+	Duplicates         int                   `json:"duplicates"`
+	DuplicatesReplays  int                   `json:"duplicates_by_replays"`
+	DuplicatesFaults   int                   `json:"duplicates_by_faults"`
+	Faults             map[string]int        `json:"faults"`
+	WakeUps            map[string]int        `json:"wake_ups"`
+	LiveChecks         int                   `json:"live_checks"`
+	Timeline           []timelineEntry       `json:"timeline"`
+	Views              []viewCheck           `json:"views"`
+	Audit              *delivery.AuditReport `json:"audit"`
+	Proofs             []proof               `json:"proofs"`
+	operationsFailures []string
+}
+
+// opErrs records an operation's failure.
+func (c *chaosRun) opErrs(kind string, err error) {
+	if err == nil {
+		return
+	}
+	c.replayMu.Lock()
+	defer c.replayMu.Unlock()
+	c.report.operationsFailures = append(c.report.operationsFailures, kind+": "+err.Error())
+}
+
+// prove checks every promise once the run is over and fills the report.
+func (c *chaosRun) prove(ctx context.Context) error {
+	l, rep := c.l, c.report
+	n := c.nemesis
+	n.mu.Lock()
+	rep.Timeline, rep.WakeUps = n.timeline, n.wakes
+	n.mu.Unlock()
+	rep.Faults = map[string]int{}
+	for _, e := range rep.Timeline {
+		rep.Faults[e.Kind]++
+	}
+	c.checker.mu.Lock()
+	found, checks := c.checker.found, c.checker.checks
+	c.checker.mu.Unlock()
+	rep.LiveChecks = checks
+	if found.AcceptedNotPublished == nil {
+		found = violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}
+	}
+	rows, pub, landed, err := l.check(ctx, &found)
+	if err != nil {
+		return err
+	}
+	rep.Published = pub.messages
+	rep.Landed, _, err = l.wh.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	var lost []string
+	for _, r := range rows {
+		if !landed[r.EventID] {
+			lost = append(lost, r.EventID)
+		}
+	}
+	rep.Duplicates = pub.messages - len(pub.times)
+	for _, r := range c.replays {
+		rep.DuplicatesReplays += r.rows
+	}
+	rep.DuplicatesReplays = min(rep.DuplicatesReplays, rep.Duplicates)
+	rep.DuplicatesFaults = rep.Duplicates - rep.DuplicatesReplays
+	rep.add("every captured event verified", rep.FullyVerified,
+		fmt.Sprintf("%d of %d verified, %d pending, %d set aside", rep.Verified, rep.Events, rep.Pending, rep.SetAside))
+	rep.add("none accepted but never published", len(found.AcceptedNotPublished) == 0,
+		fmt.Sprintf("%d events accepted with no message in Pub/Sub (checked %d times during the run and at the end)%s",
+			len(found.AcceptedNotPublished), checks+1, example(found.AcceptedNotPublished)))
+	rep.add("none verified before it landed", len(found.VerifiedNotLanded) == 0,
+		fmt.Sprintf("%d events verified with no row in the warehouse%s", len(found.VerifiedNotLanded), example(found.VerifiedNotLanded)))
+	rep.add("none lost", len(lost) == 0, fmt.Sprintf("%d of %d captured events not in the warehouse%s", len(lost), len(rows), example(setOf(lost))))
+	c.proveReplays(rows, pub)
+	rep.add("no set-aside event left", rep.SetAside == 0, fmt.Sprintf("%d set aside", rep.SetAside))
+	rep.add("every operation finished", len(rep.operationsFailures) == 0, fmt.Sprintf("%d failed %v", len(rep.operationsFailures), rep.operationsFailures))
+	l.progress.enter("checking the views against the source tables", "")
+	if rep.Views, err = l.checkViews(ctx); err != nil {
+		return err
+	}
+	equal := true
+	for _, v := range rep.Views {
+		equal = equal && v.Match
+	}
+	rep.add("views equal to the source, every column", equal, fmt.Sprintf("%d views compared", len(rep.Views)))
+	l.progress.enter("auditing the warehouse against the source", "")
+	audit, err := l.svc.Audit(ctx, localWorkspace, delivery.AuditOptions{})
+	if err != nil {
+		return err
+	}
+	rep.Audit = &audit
+	rep.add("job audit equal", audit.Equal, fmt.Sprintf("as of revision %d, %d differences", audit.Watermark, audit.Differences))
+	return nil
+}
+
+// proveReplays checks that each replay sent its events through Pub/Sub
+// again: every event in its scope has a message stored after it started
+// (the events captured later were published later anyway).
+func (c *chaosRun) proveReplays(rows []sdkfixture.DeliveryRow, pub published) {
+	for _, r := range c.replays {
+		if r.err != nil {
+			continue
+		}
+		var missing []string
+		scope := 0
+		for _, row := range rows {
+			if r.historyTable != "" && row.HistoryTable != r.historyTable {
+				continue
+			}
+			scope++
+			again := false
+			for _, t := range pub.times[row.EventID] {
+				again = again || !t.Before(r.started)
+			}
+			if !again {
+				missing = append(missing, row.EventID)
+			}
+		}
+		c.report.add(fmt.Sprintf("the %s published its events again", r.kind), len(missing) == 0,
+			fmt.Sprintf("%d of %d events in its scope not published after it started%s", len(missing), scope, example(setOf(missing))))
+	}
+}
+
+func (r *chaosReport) add(name string, ok bool, detail string) {
+	r.Proofs = append(r.Proofs, proof{Name: name, OK: ok, Detail: detail})
+}
+
+func setOf(ids []string) map[string]bool {
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
+}
+
+// example names the first of ids (in order), for a report line.
+func example(ids map[string]bool) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	sorted := make([]string, 0, len(ids))
+	for id := range ids {
+		sorted = append(sorted, id)
+	}
+	sort.Strings(sorted)
+	return " (for example " + sorted[0] + ")"
+}

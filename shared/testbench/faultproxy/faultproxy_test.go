@@ -1,0 +1,131 @@
+package faultproxy_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
+)
+
+const topic = "projects/p/topics/t"
+
+// TestGRPCFaults publishes through the proxy with each fault and checks
+// what the caller saw and what the server stored.
+func TestGRPCFaults(t *testing.T) {
+	t.Parallel()
+	srv := pstest.NewServer()
+	t.Cleanup(func() { _ = srv.Close() })
+	proxy, err := faultproxy.NewGRPC(srv.Addr, func(m string) bool { return m == "/google.pubsub.v1.Publisher/Publish" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	conn, err := grpc.NewClient(proxy.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := pubsubpb.NewPublisherClient(conn)
+	if _, err := client.CreateTopic(t.Context(), &pubsubpb.Topic{Name: topic}); err != nil {
+		t.Fatalf("an unfaulted method passes: %v", err)
+	}
+	cases := []struct {
+		fault  faultproxy.Fault
+		code   codes.Code
+		stored bool
+	}{
+		{faultproxy.Pass, codes.OK, true},
+		{faultproxy.Refuse, codes.Unavailable, false},
+		{faultproxy.Hang, codes.DeadlineExceeded, false},
+		{faultproxy.LoseResponse, codes.DeadlineExceeded, true},
+	}
+	for _, c := range cases {
+		t.Run(c.fault.String(), func(t *testing.T) {
+			proxy.Set(c.fault)
+			before := len(srv.Messages())
+			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+			defer cancel()
+			_, err := client.Publish(ctx, &pubsubpb.PublishRequest{Topic: topic, Messages: []*pubsubpb.PubsubMessage{{Data: []byte(c.fault.String())}}})
+			if got := status.Code(err); got != c.code {
+				t.Fatalf("publish with %v: %v, want %v", c.fault, err, c.code)
+			}
+			if c.fault == faultproxy.LoseResponse {
+				// The server stored it before the answer was withheld.
+				for len(srv.Messages()) == before {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			if stored := len(srv.Messages()) > before; stored != c.stored {
+				t.Fatalf("stored %v, want %v", stored, c.stored)
+			}
+			if proxy.Count(c.fault) == 0 {
+				t.Fatalf("the fault was not counted")
+			}
+		})
+	}
+	t.Run("reset", func(t *testing.T) {
+		proxy.Set(faultproxy.Hang)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := client.Publish(t.Context(), &pubsubpb.PublishRequest{Topic: topic, Messages: []*pubsubpb.PubsubMessage{{Data: []byte("x")}}})
+			errc <- err
+		}()
+		for proxy.Count(faultproxy.Hang) < 2 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n := proxy.Reset(); n == 0 {
+			t.Fatal("no connection reset")
+		}
+		if err := <-errc; status.Code(err) != codes.Unavailable {
+			t.Fatalf("a call on a reset connection: %v, want UNAVAILABLE", err)
+		}
+		proxy.Set(faultproxy.Pass)
+		if _, err := client.Publish(t.Context(), &pubsubpb.PublishRequest{Topic: topic, Messages: []*pubsubpb.PubsubMessage{{Data: []byte("y")}}}); err != nil {
+			t.Fatalf("after a reset the client reconnects: %v", err)
+		}
+	})
+}
+
+// TestHTTPFaults checks each fault of the HTTP handler.
+func TestHTTPFaults(t *testing.T) {
+	t.Parallel()
+	h := &faultproxy.HTTP{Next: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }), Hold: time.Minute}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		fault faultproxy.HTTPFault
+		code  int
+	}{{faultproxy.HTTPPass, http.StatusTeapot}, {faultproxy.HTTPError, http.StatusServiceUnavailable}, {faultproxy.HTTPSlow, 0}} {
+		t.Run(c.fault.String(), func(t *testing.T) {
+			h.Set(c.fault)
+			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+			resp, err := srv.Client().Do(req)
+			if c.code == 0 {
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("a slow answer: %v, want the client's deadline", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != c.code {
+				t.Fatalf("status %d, want %d", resp.StatusCode, c.code)
+			}
+		})
+	}
+}

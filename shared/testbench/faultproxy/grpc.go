@@ -1,0 +1,232 @@
+package faultproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Fault is what the gRPC proxy does to a faulted call.
+type Fault int32
+
+// The gRPC proxy's faults.
+const (
+	// Pass forwards the call and its answer.
+	Pass Fault = iota
+	// Refuse answers UNAVAILABLE without forwarding.
+	Refuse
+	// Hang accepts the call and never answers it: it is held until the
+	// caller gives up, and the server never sees it.
+	Hang
+	// LoseResponse forwards the call (the server acts on it: a publish is
+	// stored) and withholds the answer until the caller gives up.
+	LoseResponse
+	faultKinds
+)
+
+func (f Fault) String() string {
+	return [...]string{"pass", "refuse", "hang", "lose_response"}[f]
+}
+
+// GRPC is a transparent gRPC proxy to one backend that puts a fault on the
+// calls of the methods it was told to fault. It forwards any method,
+// unary or streaming, as raw frames.
+type GRPC struct {
+	// Addr is the proxy's loopback address (host:port), for
+	// PUBSUB_EMULATOR_HOST.
+	Addr    string
+	backend *grpc.ClientConn
+	server  *grpc.Server
+	ln      *trackingListener
+	faulted func(method string) bool
+	fault   atomic.Int32
+	counts  [faultKinds]atomic.Int64
+}
+
+// NewGRPC starts a proxy on a free loopback port in front of backend
+// (host:port, plaintext). faulted chooses the methods (full names such as
+// "/google.pubsub.v1.Publisher/Publish") whose calls get the fault; the
+// others always pass.
+func NewGRPC(backend string, faulted func(method string) bool) (*GRPC, error) {
+	conn, err := grpc.NewClient(backend, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("faultproxy: dial %s: %w", backend, err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("faultproxy: listen: %w", err)
+	}
+	p := &GRPC{Addr: ln.Addr().String(), backend: conn, ln: &trackingListener{Listener: ln, conns: map[net.Conn]bool{}}, faulted: faulted}
+	p.server = grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}), grpc.UnknownServiceHandler(p.forward))
+	go func() { _ = p.server.Serve(p.ln) }()
+	return p, nil
+}
+
+// Set makes the faulted methods' calls from now on get f (Pass ends the
+// fault; calls already held stay held until their callers give up).
+func (p *GRPC) Set(f Fault) { p.fault.Store(int32(f)) }
+
+// Count is how many calls got f so far.
+func (p *GRPC) Count(f Fault) int64 { return p.counts[f].Load() }
+
+// Reset closes every client connection at once with a TCP reset, as a
+// network fault does; the calls on them fail and the clients reconnect.
+// It returns how many connections it reset.
+func (p *GRPC) Reset() int { return p.ln.resetAll() }
+
+// Close stops the proxy.
+func (p *GRPC) Close() {
+	p.server.Stop()
+	p.backend.Close()
+}
+
+// forward is the proxy's handler of every method.
+func (p *GRPC) forward(_ any, ss grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(ss)
+	fault := Pass
+	if p.faulted(method) {
+		fault = Fault(p.fault.Load())
+	}
+	p.counts[fault].Add(1)
+	ctx := ss.Context()
+	switch fault {
+	case Refuse:
+		return status.Error(codes.Unavailable, "faultproxy: injected refusal")
+	case Hang:
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	out := metadata.MD{}
+	for k, v := range md {
+		if !strings.HasPrefix(k, ":") && !strings.HasPrefix(k, "grpc-") && k != "content-type" && k != "user-agent" && k != "te" {
+			out[k] = v
+		}
+	}
+	bctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, out))
+	defer cancel()
+	cs, err := p.backend.NewStream(bctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method, grpc.ForceCodecV2(rawCodec{}))
+	if err != nil {
+		return err
+	}
+	go pumpRequests(ss, cs)
+	if header, err := cs.Header(); err == nil && fault != LoseResponse {
+		_ = ss.SendHeader(header)
+	}
+	for {
+		var f frame
+		if err := cs.RecvMsg(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			if fault == LoseResponse {
+				<-ctx.Done()
+				return status.FromContextError(ctx.Err()).Err()
+			}
+			ss.SetTrailer(cs.Trailer())
+			return err
+		}
+		if fault == LoseResponse {
+			continue
+		}
+		if err := ss.SendMsg(&f); err != nil {
+			return err
+		}
+	}
+}
+
+// pumpRequests copies the caller's frames to the backend.
+func pumpRequests(ss grpc.ServerStream, cs grpc.ClientStream) {
+	for {
+		var f frame
+		if err := ss.RecvMsg(&f); err != nil {
+			_ = cs.CloseSend()
+			return
+		}
+		if err := cs.SendMsg(&f); err != nil {
+			return
+		}
+	}
+}
+
+// frame is one gRPC message, undecoded.
+type frame struct{ data []byte }
+
+// rawCodec passes frames through without decoding them. It is given to the
+// proxy's server and to its calls only, never registered globally.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.(*frame).data)}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	v.(*frame).data = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// trackingListener remembers its open connections so that they can be
+// reset together.
+type trackingListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+}
+
+func (l *trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tracked := &trackedConn{Conn: c, l: l}
+	l.conns[tracked] = true
+	return tracked, nil
+}
+
+func (l *trackingListener) resetAll() int {
+	l.mu.Lock()
+	conns := make([]net.Conn, 0, len(l.conns))
+	for c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	for _, c := range conns {
+		if tcp, ok := c.(*trackedConn).Conn.(*net.TCPConn); ok {
+			_ = tcp.SetLinger(0) // close with RST, not FIN
+		}
+		_ = c.Close()
+	}
+	return len(conns)
+}
+
+type trackedConn struct {
+	net.Conn
+	l    *trackingListener
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
