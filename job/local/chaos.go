@@ -82,7 +82,7 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 			}
 		})
 	}
-	c.nemesis.run(faultCtx)
+	c.nemesis.run(faultCtx, ctx)
 	writers.Wait()
 	close(errs)
 	if err := <-errs; err != nil {

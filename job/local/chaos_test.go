@@ -43,7 +43,7 @@ func TestChaosRun(t *testing.T) {
 		require.True(t, p.OK, "%s: %s", p.Name, p.Detail)
 		names[p.Name] = true
 	}
-	for _, want := range []string{"every captured event verified", "none accepted but never published", "none verified before it landed", "none lost",
+	for _, want := range []string{"every captured event verified", "none accepted but never published", "none verified before it landed", "receipts agree with the delivery rows", "none lost",
 		"the replay published its events again", "the partial_replay published its events again", "no set-aside event left",
 		"views equal to the source, every column", "job audit equal"} {
 		require.True(t, names[want], "proof %q in the report", want)

@@ -47,6 +47,11 @@ type violations struct {
 	// VerifiedNotLanded: a delivery row verified while the warehouse holds
 	// no row of its event.
 	VerifiedNotLanded map[string]bool
+	// ReceiptsDisagreeing: the most receipts seen disagreeing with their
+	// delivery rows at once (sdkfixture.ReceiptMismatches), and one of
+	// them.
+	ReceiptsDisagreeing int
+	ReceiptExample      string
 }
 
 // check reads the delivery rows first, then what Pub/Sub stored and what
@@ -54,6 +59,13 @@ type violations struct {
 // alarm: an acknowledgement follows its publish, a verification its
 // landing.
 func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.DeliveryRow, published, map[string]bool, error) {
+	mismatched, example, err := sdkfixture.ReceiptMismatches(ctx, l.ontology, l.gen.Generation)
+	if err != nil {
+		return nil, published{}, nil, err
+	}
+	if mismatched > v.ReceiptsDisagreeing {
+		v.ReceiptsDisagreeing, v.ReceiptExample = mismatched, example
+	}
 	rows, err := sdkfixture.DeliveryRows(ctx, l.ontology, l.gen.Generation)
 	if err != nil {
 		return nil, published{}, nil, err
@@ -200,6 +212,8 @@ func (c *chaosRun) prove(ctx context.Context) error {
 			len(found.AcceptedNotPublished), checks+1, example(found.AcceptedNotPublished)))
 	rep.add("none verified before it landed", len(found.VerifiedNotLanded) == 0,
 		fmt.Sprintf("%d events verified with no row in the warehouse%s", len(found.VerifiedNotLanded), example(found.VerifiedNotLanded)))
+	rep.add("receipts agree with the delivery rows", found.ReceiptsDisagreeing == 0,
+		fmt.Sprintf("at most %d receipts of pending or unverified events at once%s", found.ReceiptsDisagreeing, example(setOf(nonEmpty(found.ReceiptExample)))))
 	rep.add("none lost", len(lost) == 0, fmt.Sprintf("%d of %d captured events not in the warehouse%s", len(lost), len(rows), example(setOf(lost))))
 	c.proveReplays(rows, pub)
 	rep.add("no set-aside event left", rep.SetAside == 0, fmt.Sprintf("%d set aside", rep.SetAside))
@@ -253,6 +267,13 @@ func (c *chaosRun) proveReplays(rows []sdkfixture.DeliveryRow, pub published) {
 
 func (r *chaosReport) add(name string, ok bool, detail string) {
 	r.Proofs = append(r.Proofs, proof{Name: name, OK: ok, Detail: detail})
+}
+
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
 }
 
 func setOf(ids []string) map[string]bool {

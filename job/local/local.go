@@ -42,6 +42,51 @@
 // once it is in the dead letter — the only write it makes behind the
 // product's back. The ~30 s to full verification are the verifier's
 // 30-second recheck of events it looked for before they landed.
+//
+// # The chaos run
+//
+// With --chaos DURATION the same parts run a steady SDK workload (--rate
+// commits per second over --writers writers, each commit followed by a
+// wake-up) for DURATION while a nemesis injects faults on a schedule drawn
+// from --seed (printed, so that a run can be repeated), in rounds of every
+// kind about 2 s apart, each line printed as it happens:
+//
+//   - end_drain_sessions, end_verifier_sessions, end_job_sessions:
+//     pg_terminate_backend of every session of one component (each reaches
+//     the database under its own application_name, as the Cloud Run
+//     services and the job do)
+//   - pubsub_refuse, pubsub_hang, pubsub_lose_response,
+//     pubsub_reset_connections: on the wire between the product and
+//     Pub/Sub, a gRPC proxy (shared/testbench/faultproxy) in front of the
+//     emulator's listener answers Publish with UNAVAILABLE, holds it
+//     unanswered without forwarding it, forwards it (the message is
+//     stored) and withholds the answer, or resets every connection
+//   - bigquery_slow, bigquery_5xx: in front of the BigQuery REST server,
+//     answers held past the verifier's 20 s lookup time-out, or 503
+//   - key_rotation: the issuer serves a new key only and signs the tokens
+//     with it (at least 35 s apart: the drain refetches keys for an
+//     unknown key id at most once per 30 s, and refuses the tokens, 401,
+//     until then)
+//   - drain_restart: the drain server stopped as SIGTERM stops it in
+//     functions/cmd (no new connections, the requests in flight get their
+//     8 s grace, then the instance's pools close) and started again on its
+//     address; the wake-ups meanwhile get no answer
+//
+// and the job's Service runs a whole replay at 30 % of DURATION, a partial
+// replay of the customers at 50 % and a `job drain` at 70 %, each to its
+// end whatever the faults. Every second it checks, reading the delivery
+// rows before what Pub/Sub stored and what landed (so that a row moving
+// on between the reads is never a false alarm), that no accepted event
+// lacks a message in Pub/Sub and no verified event lacks a row in the
+// warehouse. Faults off, it waits for full verification and proves:
+// every captured event verified, with nothing pending or set aside; none
+// accepted but never published; none verified before it landed; none
+// lost (every event in the warehouse); each replay published every event
+// in its scope again after it started; every operation finished; the
+// views equal to the source tables, every column; `job audit` equal. The
+// duplicates are counted: those the replays sent on purpose, and the rest,
+// the faults'. It exits 0 only if every proof holds; --json prints the
+// report with the fault timeline.
 package main
 
 import (

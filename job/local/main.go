@@ -4,6 +4,7 @@
 // Verify functions on localhost, driven by a workload of SDK commits.
 //
 //	go run ./job/local [--records N] [--writers N] [--json] [--keep]
+//	go run ./job/local --chaos DURATION [--seed N] [--rate N] [--json]
 //
 // It is a demonstration and a test bench: it is never deployed, and the
 // deployed job (./job) links none of it.

@@ -142,9 +142,11 @@ func (n *nemesis) countWake(code int) {
 }
 
 // run injects the faults until ctx ends (the duration), in the
-// schedule's order; the operations run beside them, one after another.
-// When it returns every fault is off.
-func (n *nemesis) run(ctx context.Context) {
+// schedule's order; the operations run beside them, one after another,
+// each started at its time even on a machine so slow that the faults
+// ended first, and stopped only by opsCtx. When it returns every fault is
+// off.
+func (n *nemesis) run(ctx, opsCtx context.Context) {
 	start := n.c.started
 	var ops []step
 	for _, s := range n.steps {
@@ -152,7 +154,7 @@ func (n *nemesis) run(ctx context.Context) {
 			ops = append(ops, s)
 		}
 	}
-	n.c.opsWG.Go(func() { n.runOperations(ctx, ops) })
+	n.c.opsWG.Go(func() { n.runOperations(opsCtx, ops) })
 	defer n.allOff()
 	for _, s := range n.steps {
 		if s.Kind == opReplay || s.Kind == opPartialReplay || s.Kind == opJobDrain {
@@ -191,7 +193,7 @@ func (n *nemesis) inject(ctx context.Context, s step) {
 	switch s.Kind {
 	case faultEndDrainSessions, faultEndVerifySessions, faultEndJobSessions:
 		component := map[string]string{faultEndDrainSessions: componentDrain, faultEndVerifySessions: componentVerify, faultEndJobSessions: componentJob}[s.Kind]
-		ended, err := pgtest.TerminateBackends(ctx, l.ontology, component)
+		ended, err := pgtest.TerminateBackends(context.WithoutCancel(ctx), l.ontology, component)
 		detail, failed = fmt.Sprintf("%d sessions of %s ended", ended, component), err != nil
 	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose:
 		f := map[string]faultproxy.Fault{faultPubSubRefuse: faultproxy.Refuse, faultPubSubHang: faultproxy.Hang, faultPubSubLose: faultproxy.LoseResponse}[s.Kind]
@@ -237,8 +239,7 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		if !sleepUntil(ctx, n.c.started.Add(s.At)) {
 			return
 		}
-		// The operation runs to its end even when the faults stop first.
-		octx := context.WithoutCancel(ctx)
+		octx := ctx
 		started := time.Now()
 		n.record(timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind})
 		var detail string

@@ -146,17 +146,27 @@ func (s *Service) pages(ctx context.Context, workspaceID string, opts PagesOptio
 		return PagesResult{}, err
 	}
 	defer st.Release()
-	state, t, err := s.pagesTarget(ctx, st.store, opts.Generation)
-	if err != nil {
-		return PagesResult{}, err
-	}
+	// The set-up is retried through transient faults as the pages are: a
+	// session ended before the first page (a failover) must not fail the
+	// command. A retried start finds its replay in progress and resumes it.
+	var (
+		state store.State
+		t     store.Target
+		loop  pageLoop
+	)
+	err = s.retrying(ctx, operation, workspaceID, func() (err error) {
+		if state, t, err = s.pagesTarget(ctx, st.store, opts.Generation); err != nil || !t.BaselineComplete {
+			return err
+		}
+		loop, err = prepare(ctx, st.store, t)
+		return err
+	})
 	res := PagesResult{Generation: t.Generation}
-	if !t.BaselineComplete {
-		return res, fmt.Errorf("generation %s: %w; run %s after the SDK has finished it", t.Generation, store.ErrBaselineIncomplete, operation)
-	}
-	loop, err := prepare(ctx, st.store, t)
 	if err != nil {
 		return res, err
+	}
+	if !t.BaselineComplete {
+		return res, fmt.Errorf("generation %s: %w; run %s after the SDK has finished it", t.Generation, store.ErrBaselineIncomplete, operation)
 	}
 	res.Resumed = loop.resumed
 	progress := opts.Progress

@@ -1,14 +1,19 @@
 package delivery_test
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -83,4 +88,51 @@ func TestReplayPublishesEveryEventAgain(t *testing.T) {
 	}
 	require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 	require.EqualValues(t, 1, r.count(t, "SELECT count(*) FROM _ontology_replication_targets WHERE replay_complete AND verified_count = 0"))
+}
+
+// TestOperationsRetryTheirSetUp: a transient fault before an operation's
+// first page (here a lock timeout on the targets, as a failover's ended
+// session or a busy moment would give) is retried like its pages' faults,
+// and the operation finishes: the whole replay and the partial one.
+func TestOperationsRetryTheirSetUp(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"replay", "partial replay"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			var logs logbuf.Buffer
+			r := newRig(t, 4, withStore(store.Config{LockTimeout: 100 * time.Millisecond}),
+				withService(func(c *delivery.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }))
+			r.products(t, 30)
+			_, err := r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
+			require.NoError(t, err)
+
+			lock, err := r.pool.Begin(r.ctx)
+			require.NoError(t, err)
+			_, err = lock.Exec(r.ctx, "LOCK TABLE _ontology_replication_targets IN ACCESS EXCLUSIVE MODE")
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				if op == "replay" {
+					_, err = r.svc.Replay(r.ctx, "w1", delivery.PagesOptions{})
+				} else {
+					_, err = r.svc.ReplayPartial(r.ctx, "w1", delivery.PagesOptions{}, delivery.ReplaySelection{Entities: []string{"product"}})
+				}
+				done <- err
+			}()
+			t.Cleanup(func() { _ = lock.Rollback(context.Background()) })
+			for !strings.Contains(logs.String(), "a transient fault; retrying") {
+				select {
+				case err := <-done:
+					t.Fatalf("the operation ended before its set-up's lock timeout was retried: %v", err)
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			require.NoError(t, lock.Rollback(r.ctx))
+			require.NoError(t, <-done)
+			for id, n := range r.publishedTimes(t) {
+				require.Equal(t, 2, n, "event %s published again", id)
+			}
+		})
+	}
 }

@@ -138,3 +138,21 @@ func DeliveryRows(ctx context.Context, db Querier, generation string) ([]Deliver
 		return d, err
 	})
 }
+
+// ReceiptMismatches counts, in one snapshot, the receipts that disagree
+// with their delivery rows at protocol 4: every seed statement that writes
+// one writes the other in the same transaction (the acknowledgement
+// inserts the receipt of the row it accepts; a replay page, a partial
+// replay's and the verifier's retry delete the receipts of the rows they
+// make pending; a verification marks both), so a receipt of a pending row,
+// or a verified receipt of an unverified row, is a statement that skipped
+// its half. It returns an example event id with the count.
+func ReceiptMismatches(ctx context.Context, db Querier, generation string) (n int, example string, err error) {
+	err = db.QueryRow(ctx, `SELECT count(*), coalesce(min(d.event_id::text), '') FROM _ontology_replication_delivery d
+		JOIN _ontology_replication_receipts r ON r.generation = d.generation AND r.event_id = d.event_id
+		WHERE d.generation = $1::uuid AND (d.accepted_at IS NULL OR (r.verified_at IS NOT NULL AND d.verified_at IS NULL))`, generation).Scan(&n, &example)
+	if err != nil {
+		return 0, "", fmt.Errorf("sdkfixture: receipts against delivery rows: %w", err)
+	}
+	return n, example, nil
+}
