@@ -20,7 +20,8 @@ type chaosConfig struct {
 }
 
 // minChaos is the shortest chaos run: long enough for every fault kind
-// and operation to happen at least once (the key rotation waits 35 s).
+// and operation to happen at least once, and the verifier's passes to meet
+// the BigQuery faults.
 const minChaos = 45 * time.Second
 
 // chaosRun is one chaos run: the workload, the nemesis, the operations

@@ -62,7 +62,7 @@ func TestChaosSchedule(t *testing.T) {
 				steps := schedule(seed, d)
 				require.Equal(t, steps, schedule(seed, d), "seed %d repeats", seed)
 				kinds := map[string]int{}
-				lastRotation := time.Duration(0)
+				lastRotation := -rotationSpacing
 				for _, s := range steps {
 					kinds[s.Kind]++
 					require.Less(t, s.At+s.For, d+5*time.Second, "seed %d: %+v", seed, s)

@@ -64,9 +64,9 @@
 //   - bigquery_slow, bigquery_5xx: in front of the BigQuery REST server,
 //     answers held past the verifier's 20 s lookup time-out, or 503
 //   - key_rotation: the issuer serves a new key only and signs the tokens
-//     with it (at least 35 s apart: the drain refetches keys for an
-//     unknown key id at most once per 30 s, and refuses the tokens, 401,
-//     until then)
+//     with it (at least 35 s apart: the drain fetches the keys for an
+//     unknown key id at most once per 30 s, and refuses the tokens of a
+//     second new key, 401, until then)
 //   - drain_restart: the drain server stopped as SIGTERM stops it in
 //     functions/cmd (no new connections, the requests in flight get their
 //     8 s grace, then the instance's pools close) and started again on its

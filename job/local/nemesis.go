@@ -52,17 +52,17 @@ type step struct {
 // faults come in rounds, each round every kind once in a shuffled order,
 // about 2 s apart, until 90 % of the duration; the whole replay at 30 %,
 // the partial replay at 50 %, `job drain` at 70 %. A key rotation comes
-// no sooner than rotationSpacing after the start and after the last one:
-// the drain refetches the keys for an unknown key id at most once per 30 s
-// (identity.Config.RefetchInterval), and a rotation sooner after a fetch
-// has every wake-up refused (401) until then, which would hide the other
-// faults from the wake-ups.
+// no sooner than rotationSpacing after the last one: the drain fetches the
+// keys for an unknown key id at most once per 30 s
+// (identity.Config.RefetchInterval), so a second rotation sooner has every
+// wake-up refused (401) until then, which would hide the other faults from
+// the wake-ups.
 func schedule(seed uint64, d time.Duration) []step {
 	rng := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
 	gap := min(2500*time.Millisecond, time.Duration(float64(d)*0.85)/time.Duration(len(faultKinds)+1))
 	var steps []step
 	at := gap / 2
-	lastRotation, rotationDue := time.Duration(0), false
+	lastRotation, rotationDue := -rotationSpacing, false
 	for at < d*9/10 {
 		kinds := append([]string(nil), faultKinds...)
 		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
@@ -100,8 +100,7 @@ func schedule(seed uint64, d time.Duration) []step {
 	return steps
 }
 
-// rotationSpacing is the least time between key rotations, and from the
-// start to the first.
+// rotationSpacing is the least time between key rotations.
 const rotationSpacing = 35 * time.Second
 
 // timelineEntry is one fault or operation as it happened.

@@ -18,7 +18,10 @@
 // with an unknown key id (the issuer rotated its keys) waits for a refetch,
 // at most one per RefetchInterval (30 s) shared by every request waiting,
 // so forged key ids cost the issuer one fetch per interval, also while it
-// fails. Failed fetches back off from 1 s to RefetchInterval. Keys that
+// fails. The interval counts from the last fetch an unknown key id caused,
+// not from the first fetch or a background refresh, so that a rotation
+// right after one is taken at once; a token with another unknown key id
+// within the interval is refused (the drain's 401). Failed fetches back off from 1 s to RefetchInterval. Keys that
 // could not be refreshed for MaxStaleness (1 hour) are no longer trusted:
 // tokens are then refused as unverifiable (ErrKeysUnavailable, the drain's
 // 503) until the issuer answers.

@@ -51,7 +51,12 @@ type keyCache struct {
 	keys        *jose.JSONWebKeySet
 	fetchedAt   time.Time // the last successful fetch
 	lastAttempt time.Time // the last fetch started
-	failures    int       // consecutive failed fetches
+	// lastUnknown is when an unknown key id last started a fetch: the
+	// fetches before it (the first, the background refreshes) do not
+	// count against unknownKeyInterval, so that a rotation right after
+	// one is taken at once.
+	lastUnknown time.Time
+	failures    int // consecutive failed fetches
 	lastErr     error
 	inflight    chan struct{}   // closed when the running fetch ends; nil when none runs
 	fetches     int64           // fetches started (tests and logs)
@@ -145,11 +150,13 @@ func (c *keyCache) key(ctx context.Context, kid, alg string) (jose.JSONWebKey, e
 		switch {
 		case c.inflight != nil:
 			wait = c.inflight
-		case c.now().Sub(c.lastAttempt) >= c.unknownKeyInterval:
+		case c.now().Sub(c.lastUnknown) >= c.unknownKeyInterval:
+			c.lastUnknown = c.now()
 			wait = c.startLocked()
 		default:
 			c.mu.Unlock()
-			return jose.JSONWebKey{}, fmt.Errorf("%w: unknown key id %q (the keys were fetched %v ago)", ErrInvalidToken, kid, c.sinceAttempt())
+			return jose.JSONWebKey{}, fmt.Errorf("%w: unknown key id %q (the keys were fetched for an unknown key id %v ago)", ErrInvalidToken, kid,
+				c.now().Sub(c.lastUnknown).Round(time.Second))
 		}
 		c.mu.Unlock()
 		if err := waitFor(ctx, wait); err != nil {
@@ -188,10 +195,6 @@ func (c *keyCache) key(ctx context.Context, kid, alg string) (jose.JSONWebKey, e
 		return k, nil
 	}
 	return jose.JSONWebKey{}, fmt.Errorf("%w: unknown key id %q", ErrInvalidToken, kid)
-}
-
-func (c *keyCache) sinceAttempt() time.Duration {
-	return c.now().Sub(c.lastAttempt).Round(time.Second)
 }
 
 // unavailableLocked is the error for a request that found no usable keys.

@@ -263,7 +263,6 @@ func TestKeysRotation(t *testing.T) {
 
 	// The issuer adds k2 and signs with it: the first k2 token refetches.
 	iss.addKey("k2")
-	clk.advance(31 * time.Second)
 	_, err := v.Verify(ctx, iss.token("k2", clk.now()))
 	require.NoError(t, err)
 	require.EqualValues(t, 2, iss.hits.Load())
@@ -279,6 +278,34 @@ func TestKeysRotation(t *testing.T) {
 	require.EqualValues(t, 3, iss.hits.Load(), "refreshed past the TTL")
 	_, err = v.Verify(ctx, iss.token("k1", clk.now()))
 	require.ErrorIs(t, err, ErrInvalidToken, "a key the issuer withdrew is not trusted")
+}
+
+// TestKeysRotationRightAfterAFetch: an issuer that replaces its key
+// (the new one served, the old removed) right after the keys were fetched
+// is followed at once, not an interval later; another unknown key id
+// within the interval is refused without a fetch, and one after it
+// fetches again.
+func TestKeysRotationRightAfterAFetch(t *testing.T) {
+	t.Parallel()
+	clk, iss, v := verifying(t)
+	ctx := context.Background()
+	_, err := v.Verify(ctx, iss.token("k1", clk.now()))
+	require.NoError(t, err)
+	fetched := iss.hits.Load()
+
+	iss.addKey("k2")
+	iss.publish("k2")
+	_, err = v.Verify(ctx, iss.token("k2", clk.now()))
+	require.NoError(t, err, "the rotated key is fetched at once")
+	require.Equal(t, fetched+1, iss.hits.Load())
+
+	_, err = v.Verify(ctx, iss.token("forged", clk.now()))
+	require.ErrorIs(t, err, ErrInvalidToken)
+	require.Equal(t, fetched+1, iss.hits.Load(), "a second unknown key id within the interval fetches nothing")
+	clk.advance(31 * time.Second)
+	_, err = v.Verify(ctx, iss.token("forged-2", clk.now()))
+	require.ErrorIs(t, err, ErrInvalidToken)
+	require.Equal(t, fetched+2, iss.hits.Load(), "after the interval it fetches again")
 }
 
 func TestKeysForgedKeyIDsWhileFailing(t *testing.T) {
