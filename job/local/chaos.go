@@ -27,16 +27,18 @@ const minChaos = 45 * time.Second
 // chaosRun is one chaos run: the workload, the nemesis, the operations
 // and the live proofs, and what they recorded.
 type chaosRun struct {
-	l        *local
-	nemesis  *nemesis
-	checker  *liveChecker
-	report   *chaosReport
-	started  time.Time
-	token    *tokenSource
-	commits  atomic.Int64
-	changes  sync.Map // kind → *atomic.Int64
-	opsWG    sync.WaitGroup
-	replayMu sync.Mutex
+	l       *local
+	nemesis *nemesis
+	checker *liveChecker
+	report  *chaosReport
+	started time.Time
+	token   *tokenSource
+	commits atomic.Int64
+	// wakesInFlight counts the wake-ups sent and not answered yet.
+	wakesInFlight atomic.Int64
+	changes       sync.Map // kind → *atomic.Int64
+	opsWG         sync.WaitGroup
+	replayMu      sync.Mutex
 	// replays are the replays run, with when each started: the proofs
 	// check that each sent its events through Pub/Sub again.
 	replays []replayRecord
@@ -136,7 +138,10 @@ func (c *chaosRun) writer(ctx context.Context, i int) error {
 		if err != nil {
 			return err
 		}
-		c.nemesis.countWake(l.wake(ctx, token))
+		c.wakesInFlight.Add(1)
+		code := l.wake(ctx, token)
+		c.wakesInFlight.Add(-1)
+		c.nemesis.countWake(code)
 	}
 }
 

@@ -67,10 +67,13 @@
 //     with it (at least 35 s apart: the drain fetches the keys for an
 //     unknown key id at most once per 30 s, and refuses the tokens of a
 //     second new key, 401, until then)
-//   - drain_restart: the drain server stopped as SIGTERM stops it in
-//     functions/cmd (no new connections, the requests in flight get their
-//     8 s grace, then the instance's pools close) and started again on its
-//     address; the wake-ups meanwhile get no answer
+//   - drain_restart: with --chaos the drain is the deployed entry point
+//     (functions/cmd, FUNCTION_TARGET=Drain, built at the start) run as a
+//     process; it gets SIGTERM with wake-ups in flight (its own stop: no
+//     new connections, the requests in flight get their 8 s grace),
+//     SIGKILL 10 s later if still alive, as Cloud Run does, and a new
+//     process starts on the same port; the wake-ups meanwhile get no
+//     answer
 //
 // and the job's Service runs a whole replay at 30 % of DURATION, a partial
 // replay of the customers at 50 % and a `job drain` at 70 %, each to its
@@ -161,12 +164,15 @@ type local struct {
 	// to BigQuery: where the chaos run puts its wire faults.
 	pubsubProxy    *faultproxy.GRPC
 	bigqueryFaults *faultproxy.HTTP
-	drain          *drainServer
-	wh             *localwarehouse.Local
-	feeder         *localwarehouse.Feeder
-	issuer         *tokenissuer.Issuer
-	urls           localURLs
-	registry       string
+	// drainProc is the chaos run's drain process.
+	drainProc *drainProcess
+	// logs receives the drain process's lines (with LOG_LEVEL set).
+	logs     io.Writer
+	wh       *localwarehouse.Local
+	feeder   *localwarehouse.Feeder
+	issuer   *tokenissuer.Issuer
+	urls     localURLs
+	registry string
 	// svc is the job's Service over this run's parts (the final audit).
 	svc       *delivery.Opened
 	deadCount atomic.Int64
@@ -264,7 +270,10 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 			return fmt.Errorf("local: LOG_LEVEL: %w", err)
 		}
 	}
-	l := &local{cfg: cfg, log: logging.New(stderr, logging.Config{Level: level}), out: stdout, logLevel: level.String()}
+	l := &local{cfg: cfg, log: logging.New(stderr, logging.Config{Level: level}), out: stdout, logLevel: level.String(), logs: io.Discard}
+	if getenv("LOG_LEVEL") != "" {
+		l.logs = stderr
+	}
 	defer l.close()
 	l.progress = newProgress(stderr, l)
 	l.progress.commits = l.commits.Load

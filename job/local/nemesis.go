@@ -218,14 +218,18 @@ func (n *nemesis) inject(ctx context.Context, s step) {
 		err := l.issuer.Rotate(kid)
 		detail, failed = "new key "+kid+" served, the old one removed, tokens signed again", err != nil
 	case faultDrainRestart:
-		// In the background: the stop waits for the requests in flight.
+		// At a moment a wake-up is in flight (2 s at most), and in the
+		// background: the stop waits for the requests in flight.
+		for wait := time.Now().Add(2 * time.Second); n.c.wakesInFlight.Load() == 0 && time.Now().Before(wait); {
+			time.Sleep(time.Millisecond)
+		}
+		inFlight := n.c.wakesInFlight.Load()
 		n.c.opsWG.Go(func() {
-			started := time.Now()
-			err := l.drain.restart(context.WithoutCancel(ctx))
+			stopped, err := l.drainProc.restart(context.WithoutCancel(ctx))
 			n.record(timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind + "_done",
-				Detail: fmt.Sprintf("stopped (requests in flight given their grace) and started again in %.1fs", time.Since(started).Seconds()), Failed: err != nil})
+				Detail: fmt.Sprintf("the old process stopped in %.1fs; a new one serves", stopped.Seconds()), Failed: err != nil})
 		})
-		detail = "SIGTERM's stop of the drain server, with requests in flight"
+		detail = fmt.Sprintf("SIGTERM to the drain process with %d wake-ups in flight", inFlight)
 	}
 	n.record(timelineEntry{AtSeconds: at.Seconds(), Kind: s.Kind, ForSeconds: s.For.Seconds(), Detail: detail, Failed: failed})
 }

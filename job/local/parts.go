@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -137,17 +138,15 @@ func (l *local) startWarehouse(ctx context.Context) error {
 // each built as functions.NewHandler builds them with a registry of this
 // run's parts, and opens the job's Service. Each component reaches the
 // database under its Cloud Run name (application_name), so that the chaos
-// run can end one component's sessions.
+// run can end one component's sessions. The chaos run's drain is the
+// deployed entry point run as a process (drainProcess), so that its
+// restart is a real SIGTERM.
 func (l *local) startFunctions(ctx context.Context) error {
 	l.registry = l.registryFor("")
-	var err error
-	l.drain, err = startDrainServer(ctx, l.log, func(ctx context.Context) (http.Handler, func(), error) {
-		return l.functionsHandler(ctx, componentDrain)
-	})
+	drainURL, err := l.startDrain(ctx)
 	if err != nil {
 		return err
 	}
-	l.cleanup = append(l.cleanup, l.drain.Close)
 	verify, closeVerify, err := l.functionsHandler(ctx, componentVerify)
 	if err != nil {
 		return err
@@ -166,9 +165,33 @@ func (l *local) startFunctions(ctx context.Context) error {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.svc.Close)
-	l.urls.drain = l.drain.URL() + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
+	l.urls.drain = drainURL + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
 	l.urls.verify = verifyURL + "/Verify"
 	return nil
+}
+
+// startDrain serves the drain: in this process, or with --chaos as a
+// process of the deployed entry point.
+func (l *local) startDrain(ctx context.Context) (string, error) {
+	if l.cfg.chaos.duration == 0 {
+		drain, closeDrain, err := l.functionsHandler(ctx, componentDrain)
+		if err != nil {
+			return "", err
+		}
+		l.cleanup = append(l.cleanup, closeDrain)
+		return l.serve(drain)
+	}
+	dir, err := os.MkdirTemp("", "replication-local-")
+	if err != nil {
+		return "", err
+	}
+	l.cleanup = append(l.cleanup, func() { _ = os.RemoveAll(dir) })
+	env := []string{"REPLICATION_WORKSPACES=" + l.registryFor(componentDrain), "PUBSUB_EMULATOR_HOST=" + l.pubsubProxy.Addr, "LOG_LEVEL=" + l.logLevel}
+	if l.drainProc, err = buildDrainProcess(ctx, dir, env, l.logs); err != nil {
+		return "", err
+	}
+	l.cleanup = append(l.cleanup, l.drainProc.Close)
+	return l.drainProc.URL(), nil
 }
 
 // The components' names, as application_name in PostgreSQL.
