@@ -541,3 +541,11 @@ func TestStatusJSONKeys(t *testing.T) {
 	require.True(t, ok)
 	require.Contains(t, aside, "count")
 }
+
+// TestReplayProgressLine: the status line of a replay in progress: the
+// events sent back in all, their share, and each entity's.
+func TestReplayProgressLine(t *testing.T) {
+	t.Parallel()
+	got := replayProgressLine([]delivery.EntityProgress{{Entity: "customer", Done: 250, Total: 1000}, {Entity: "order", Done: 750, Total: 1000}})
+	require.Equal(t, "1000 of 2000 events sent back (50%): customer 250 of 1000, order 750 of 1000", got)
+}

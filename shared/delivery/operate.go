@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,9 +64,44 @@ type WorkspaceStatus struct {
 	FiguresCapped bool
 	// SetAside are the events set aside because they cannot be published.
 	SetAside SetAsideReport
+	// ReplayProgress is, while a whole-generation replay runs, how far its
+	// pages went in each entity's events (nil otherwise).
+	ReplayProgress []EntityProgress
 	// LifecycleHeld is a session holding the SDK's lifecycle lock
 	// exclusively, which every SDK write waits for (nil: none).
 	LifecycleHeld *LifecycleHold
+}
+
+// EntityProgress is how far an operation went in one entity's events.
+type EntityProgress struct {
+	// Entity is the entity's name (its view's), or its history table when
+	// the generation no longer names it.
+	Entity string `json:"entity"`
+	// Done counts the events the operation passed, Total those in its
+	// scope.
+	Done  int64 `json:"done"`
+	Total int64 `json:"total"`
+}
+
+// replayProgress reads a running replay's progress by entity.
+func replayProgress(ctx context.Context, st *store.Store, t store.Target) ([]EntityProgress, error) {
+	progress, err := st.ReplayProgress(ctx, t)
+	if err != nil || len(progress) == 0 {
+		return nil, err
+	}
+	names := map[string]string{} // entity id → name
+	if specs, err := warehouse.ViewSpecs(ViewsTarget(t)); err == nil {
+		for _, spec := range specs {
+			if spec.Kind == "entity" {
+				names[spec.EntityID] = spec.Name
+			}
+		}
+	}
+	out := make([]EntityProgress, len(progress))
+	for i, p := range progress {
+		out[i] = EntityProgress{Entity: cmp.Or(names[p.EntityID], p.HistoryTable), Done: p.Done, Total: p.Total}
+	}
+	return out, nil
 }
 
 // LifecycleHold is an exclusive hold of the SDK's lifecycle lock: any
@@ -190,6 +226,9 @@ func (s *Service) status(ctx context.Context, workspaceID, generation string, se
 	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = t.BaselineCursor, t.BackfillCursor, t.ReplayCursor
 	counts, err := st.Status(ctx, t)
 	if err != nil {
+		return out, err
+	}
+	if out.ReplayProgress, err = replayProgress(ctx, st, t); err != nil {
 		return out, err
 	}
 	out.Total, out.Accepted, out.Verified, out.InitiallyReady = counts.Total, counts.Accepted, counts.Verified, counts.InitiallyReady

@@ -55,3 +55,53 @@ func TestReadsRideOutATransientFault(t *testing.T) {
 		})
 	}
 }
+
+// stopAfterPages stops an operation after n pages, by ending its context.
+type stopAfterPages struct {
+	n      int
+	cancel context.CancelFunc
+}
+
+func (s *stopAfterPages) Start(string, string, string, int64) delivery.Tracker { return s }
+func (s *stopAfterPages) Add(int) {
+	if s.n--; s.n == 0 {
+		s.cancel()
+	}
+}
+func (s *stopAfterPages) Done(error) {}
+
+// TestStatusShowsAReplayInProgressByEntity: while a replay's pages run
+// (here one stopped after its first page), status says how far they went
+// in each entity's events; once it is done, nothing.
+func TestStatusShowsAReplayInProgressByEntity(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 4)
+	r.products(t, 1500)
+	_, err := r.w.Create(r.ctx, "customer", map[string]any{"name": "Ada", "email": "ada@example.com"})
+	require.NoError(t, err)
+	r.drainAll(t)
+
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	_, err = r.svc.Replay(ctx, "w1", delivery.PagesOptions{Progress: &stopAfterPages{n: 1, cancel: cancel}})
+	require.ErrorIs(t, err, delivery.ErrInterrupted)
+	st, err := r.svc.Status(r.ctx, "w1", "", 0)
+	require.NoError(t, err)
+	byEntity := map[string]delivery.EntityProgress{}
+	var done int64
+	for _, p := range st.ReplayProgress {
+		byEntity[p.Entity] = p
+		done += p.Done
+	}
+	require.EqualValues(t, store.ReplayPageSize, done, "one page sent back")
+	require.EqualValues(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE history_table = 'product_history'"), byEntity["product"].Total)
+	require.EqualValues(t, 1, byEntity["customer"].Total, "entities by name")
+	require.EqualValues(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), done,
+		"what the page made pending")
+
+	_, err = r.svc.Replay(r.ctx, "w1", delivery.PagesOptions{})
+	require.NoError(t, err)
+	st, err = r.svc.Status(r.ctx, "w1", "", 0)
+	require.NoError(t, err)
+	require.Nil(t, st.ReplayProgress, "no replay runs")
+}

@@ -157,3 +157,58 @@ func (s *Store) BackfillTotal(ctx context.Context, t Target) (int64, error) {
 	}
 	return total, nil
 }
+
+// EntityProgress is how far an operation went in one entity's events.
+type EntityProgress struct {
+	// EntityID names the entity (empty when its history table has no
+	// capture trigger any more); HistoryTable is its history table.
+	EntityID, HistoryTable string
+	// Done counts the events the operation passed; Total those in its
+	// scope.
+	Done, Total int64
+}
+
+// sqlReplayProgress counts, per history table, the replay's events (the
+// pages' scope: sqlReplayRemaining's) and those at or below the cursor,
+// which the pages have made pending again.
+const sqlReplayProgress = `SELECT history_table, count(*) FILTER (WHERE event_id <= $2::uuid), count(*) FROM _ontology_replication_delivery
+     WHERE generation = $1::uuid AND (is_baseline OR revision <= $3::bigint)
+     GROUP BY history_table ORDER BY history_table`
+
+// ReplayProgress reads, while a replay of t runs, how far its pages went in
+// each entity's events (nil when none runs). It reads the generation's
+// delivery rows in the replay's scope once, as ReplayRemaining does.
+func (s *Store) ReplayProgress(ctx context.Context, t Target) ([]EntityProgress, error) {
+	if !t.UsesDelivery() || t.ReplayComplete || t.InitialRevision == nil {
+		return nil, nil
+	}
+	var out []EntityProgress
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlReplayProgress, t.Generation, t.ReplayCursor, *t.InitialRevision)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (EntityProgress, error) {
+			var p EntityProgress
+			err := r.Scan(&p.HistoryTable, &p.Done, &p.Total)
+			return p, err
+		})
+		if err != nil {
+			return err
+		}
+		entities := map[string]string{} // history table → entity id
+		for _, sel := range t.Selection {
+			if table, err := s.entityHistoryTable(ctx, tx, sel.EntityID); err == nil {
+				entities[table] = sel.EntityID
+			}
+		}
+		for i := range out {
+			out[i].EntityID = entities[out[i].HistoryTable]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: read the replay's progress of %s: %w", t.Generation, err)
+	}
+	return out, nil
+}
