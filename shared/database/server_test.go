@@ -2,6 +2,9 @@ package database_test
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -143,4 +146,68 @@ func TestServerBudgetIsPerServerNotPerSpelling(t *testing.T) {
 	defer a2.Release()
 	var one int
 	require.ErrorIs(t, b.Pool.QueryRow(ctx, "SELECT 1").Scan(&one), database.ErrServerBusy, "the budget is spent by the other spelling")
+}
+
+// forward serves a loopback port that forwards every connection to addr:
+// to the product, another server (its budget is per host and port).
+func forward(t *testing.T, addr string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				s, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer s.Close()
+				go func() { _, _ = io.Copy(s, c); s.Close() }()
+				_, _ = io.Copy(c, s)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestServerBudgetTakesNothingFromAnotherServer: a server whose budget is
+// spent never closes another server's idle connection to make room (that
+// would free nothing on the full server): the caller waits for its own
+// server's place, and the other server's connection stays.
+func TestServerBudgetTakesNothingFromAnotherServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pools, err := database.New(database.Config{ApplicationName: "server-other-test", MaxConns: 1, ServerMaxConns: 1})
+	require.NoError(t, err)
+	defer pools.Close()
+	first := pgtest.NewDatabase(t, nil)
+	first += map[bool]string{true: "&", false: "?"}[strings.Contains(first, "?")] + "connect_timeout=1"
+	u, err := url.Parse(pgtest.NewDatabase(t, nil))
+	require.NoError(t, err)
+	u.Host = forward(t, u.Host)
+	acquire := func(id, dbURL string) *database.Lease {
+		l, err := pools.Acquire(ctx, registry.Workspace{ID: id, Database: registry.Database{URL: dbURL}})
+		require.NoError(t, err)
+		t.Cleanup(l.Release)
+		return l
+	}
+	a, b, other := acquire("a", first), acquire("b", first), acquire("other", u.String())
+	require.Len(t, pools.ServerConns(), 2, "two servers")
+
+	var one int
+	require.NoError(t, other.Pool.QueryRow(ctx, "SELECT 1").Scan(&one))
+	require.Eventually(t, func() bool { return other.Pool.Stat().IdleConns() == 1 }, 30*time.Second, time.Millisecond,
+		"the other server's connection, idle")
+	held, err := a.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer held.Release()
+
+	require.ErrorIs(t, b.Pool.QueryRow(ctx, "SELECT 1").Scan(&one), database.ErrServerBusy, "b waits for its own server's place")
+	require.Equal(t, int32(1), other.Pool.Stat().IdleConns(), "the other server's idle connection was left alone")
 }
