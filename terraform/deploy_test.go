@@ -794,6 +794,24 @@ func TestTerraformInstanceBudgetIsTheCodes(t *testing.T) {
 		want := c.drainInstances*min(c.drainCap, c.drainPool*c.databases) + 1*min(c.verifyCap, c.verifyPool*c.databases) + c.jobTasks*min(c.jobCap, c.job*c.databases)
 		require.EqualValues(t, want, n, "%+v", c)
 	}
+	// Each process's pool per workspace, in the registry the component
+	// reads (max_conns), is the pool size the budget counts.
+	poolVars := map[string]int{"drain_pool_size": 2, "verifier_pool_size": 3, "job_pool_size": 5}
+	vars := map[string]cty.Value{}
+	for k, v := range poolVars {
+		vars[k] = cty.NumberIntVal(int64(v))
+	}
+	pools, diags := m.locals["pool_size"].Expr.Value(&hcl.EvalContext{Variables: map[string]cty.Value{"var": cty.ObjectVal(vars)}})
+	require.False(t, diags.HasErrors(), diags.Error())
+	for c, v := range map[string]string{"drain": "drain_pool_size", "verify": "verifier_pool_size", "job": "job_pool_size"} {
+		n, _ := pools.GetAttr(c).AsBigFloat().Int64()
+		require.EqualValues(t, poolVars[v], n, "the %s pool the budget counts", c)
+	}
+	registryExpr := m.locals["registry"].Expr
+	registrySource := string(registryExpr.Range().SliceBytes(m.source[registryExpr.Range().Filename]))
+	require.Regexp(t, `max_conns\s*=\s*local\.pool_size\[c\]\s*\n`, registrySource, "the registry's max_conns is the budget's pool size")
+	require.Equal(t, 1, strings.Count(registrySource, "max_conns"))
+
 	for name, def := range map[string]int{"drain_server_max_connections": 4, "verifier_server_max_connections": database.DefaultServerMaxConns, "job_server_max_connections": database.DefaultServerMaxConns} {
 		v, diags := m.variables[name].Body.Attributes["default"].Expr.Value(nil)
 		require.False(t, diags.HasErrors())
