@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -144,7 +145,7 @@ func (r setAsideResult) text() []string {
 	}
 	for _, ev := range r.SetAside.Events {
 		lines = append(lines, fmt.Sprintf("  %s  event %s  %s  %s  since %s, next attempt %s, attempts %d", ev.HistoryID, ev.EventID,
-			cmpOr(ev.HistoryTable, "(baseline)"), ev.Reason, ev.Since.UTC().Format(time.RFC3339), ev.NextAttempt.UTC().Format(time.RFC3339), ev.Attempts))
+			cmp.Or(ev.HistoryTable, "(baseline)"), ev.Reason, ev.Since.UTC().Format(time.RFC3339), ev.NextAttempt.UTC().Format(time.RFC3339), ev.Attempts))
 		if ev.Detail != "" {
 			lines = append(lines, "    "+ev.Detail)
 		}
@@ -173,7 +174,7 @@ func (r deadLetterResult) text() []string {
 	lines := []string{fmt.Sprintf("%s: %s, %s%s", r.Subscription, count(r.Messages, "message"), count(len(r.Events), "event"), more)}
 	for _, ev := range r.Events {
 		lines = append(lines, fmt.Sprintf("  event %s  %s %s  %s, %s, dead-lettered %s to %s", ev.EventID,
-			cmpOr(ev.EntityID, "-"), cmpOr(ev.RecordKey, "-"), count(ev.Copies, "copy"), count(ev.DeliveryAttempts, "delivery attempt"),
+			cmp.Or(ev.Entity, ev.EntityID, "-"), cmp.Or(ev.RecordKey, "-"), count(ev.Copies, "copy"), count(ev.DeliveryAttempts, "delivery attempt"),
 			ev.FirstDeadLettered.UTC().Format(time.RFC3339), ev.LastDeadLettered.UTC().Format(time.RFC3339)))
 	}
 	if r.Republished > 0 {

@@ -10,8 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"golang.org/x/term"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
 // progressOutput decides how long work shows progress: a live line on a

@@ -184,7 +184,7 @@ func TestDeadLetterCommand(t *testing.T) {
 	published := time.Now()
 	out := h.mustRun("dead-letter", "--workspace", "w1")
 	require.Contains(t, out, "3 messages, 2 events")
-	require.Contains(t, out, "event e-dead  ent_product k1  2 copies, 5 delivery attempts")
+	require.Contains(t, out, "event e-dead  product k1  2 copies, 5 delivery attempts")
 	out = h.mustRun("dead-letter", "--workspace", "w1", "--json")
 	var doc struct {
 		Workspaces []struct {

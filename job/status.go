@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -165,7 +166,7 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 			if s.Protocol != 0 {
 				protocol = fmt.Sprint(s.Protocol)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\terror: %s\n", s.Workspace, protocol, cmpOr(s.Generation, "-"), s.Error)
+			fmt.Fprintf(tw, "%s\t%s\t%s\terror: %s\n", s.Workspace, protocol, cmp.Or(s.Generation, "-"), s.Error)
 			continue
 		}
 		setAside := fmt.Sprint(s.SetAside.Count)
@@ -198,7 +199,7 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		if h := s.LifecycleHeld; h != nil {
 			holders := make([]string, len(h.Holders))
 			for i, b := range h.Holders {
-				holders[i] = fmt.Sprintf("pid %d (%s)", b.PID, cmpOr(b.Application, "no application_name"))
+				holders[i] = fmt.Sprintf("pid %d (%s)", b.PID, cmp.Or(b.Application, "no application_name"))
 			}
 			fmt.Fprintf(e.stdout, "\n%s: the SDK's lifecycle lock is held exclusively by %s; %d sessions wait for it, the first for %s (SDK writes wait behind it; pg_terminate_backend ends a stray holder)\n",
 				s.Workspace, strings.Join(holders, ", "), h.Waiting, time.Duration(h.LongestWaitSeconds*float64(time.Second)).Round(time.Millisecond))
@@ -222,7 +223,7 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "HISTORY ID\tEVENT ID\tTABLE\tREASON\tSINCE\tNEXT ATTEMPT\tATTEMPTS")
 		for _, ev := range s.SetAside.Events {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", ev.HistoryID, ev.EventID, cmpOr(ev.HistoryTable, "(baseline)"), ev.Reason,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", ev.HistoryID, ev.EventID, cmp.Or(ev.HistoryTable, "(baseline)"), ev.Reason,
 				ev.Since.UTC().Format(time.RFC3339), ev.NextAttempt.UTC().Format(time.RFC3339), ev.Attempts)
 		}
 		if err := tw.Flush(); err != nil {
@@ -276,13 +277,6 @@ func done(complete bool, cursor any) string {
 		}
 	}
 	return "pending"
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // replayProgressLine says how far a replay's pages went: in all, then by

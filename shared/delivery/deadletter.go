@@ -74,8 +74,12 @@ type DeadLetteredEvent struct {
 	// message (empty when it is not an event).
 	Generation string `json:"generation,omitempty"`
 	EntityID   string `json:"entity_id,omitempty"`
-	RecordKey  string `json:"record_key,omitempty"`
-	Revision   string `json:"revision,omitempty"`
+	// Entity is the entity's name, as --entity takes it (the active
+	// generation's; empty when it names no such entity or could not be
+	// read).
+	Entity    string `json:"entity,omitempty"`
+	RecordKey string `json:"record_key,omitempty"`
+	Revision  string `json:"revision,omitempty"`
 	// Copies is how many of its messages the subscription holds: one per
 	// time it was published and could not be written.
 	Copies int `json:"copies"`
@@ -139,8 +143,10 @@ func (s *Service) DeadLetters(ctx context.Context, workspaceID string, opts Dead
 			rest = append(rest, e.messages...)
 		}
 	}
+	names := s.entityNames(ctx, workspaceID)
 	for i := range rep.Events {
 		rep.Events[i].messages = nil
+		rep.Events[i].Entity = names[rep.Events[i].EntityID]
 	}
 	for _, id := range opts.Events {
 		if byEvent[id] == nil {

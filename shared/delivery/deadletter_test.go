@@ -47,7 +47,7 @@ func TestDeadLetters(t *testing.T) {
 	e := byID["e-dead"]
 	require.Equal(t, 2, e.Copies)
 	require.Equal(t, 7, e.DeliveryAttempts, "the most attempts of one copy")
-	require.Equal(t, []string{"ent_product", "k1", "41"}, []string{e.EntityID, e.RecordKey, e.Revision})
+	require.Equal(t, []string{"ent_product", "product", "k1", "41"}, []string{e.EntityID, e.Entity, e.RecordKey, e.Revision}, "the entity by id and by name")
 	require.Equal(t, 1, byID["e-other"].Copies)
 	require.True(t, slices.ContainsFunc(rep.Events, func(e delivery.DeadLetteredEvent) bool { return strings.Contains(e.EventID, "not an event") }))
 

@@ -89,7 +89,17 @@ func replayProgress(ctx context.Context, st *store.Store, t store.Target) ([]Ent
 	if err != nil || len(progress) == 0 {
 		return nil, err
 	}
-	names := map[string]string{} // entity id → name
+	names := entityNamesOf(t)
+	out := make([]EntityProgress, len(progress))
+	for i, p := range progress {
+		out[i] = EntityProgress{Entity: cmp.Or(names[p.EntityID], p.HistoryTable), Done: p.Done, Total: p.Total}
+	}
+	return out, nil
+}
+
+// entityNamesOf returns a target's entity names (its views') by entity id.
+func entityNamesOf(t store.Target) map[string]string {
+	names := map[string]string{}
 	if specs, err := warehouse.ViewSpecs(ViewsTarget(t)); err == nil {
 		for _, spec := range specs {
 			if spec.Kind == "entity" {
@@ -97,11 +107,21 @@ func replayProgress(ctx context.Context, st *store.Store, t store.Target) ([]Ent
 			}
 		}
 	}
-	out := make([]EntityProgress, len(progress))
-	for i, p := range progress {
-		out[i] = EntityProgress{Entity: cmp.Or(names[p.EntityID], p.HistoryTable), Done: p.Done, Total: p.Total}
-	}
-	return out, nil
+	return names
+}
+
+// entityNames returns the active target's entity names by id, for an
+// operator's output that has only the ids (a dead letter's event): one
+// attempt of at most 5 s, and none when they cannot be read now.
+func (s *Service) entityNames(ctx context.Context, workspaceID string) map[string]string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	names := map[string]string{}
+	_ = s.onActiveTarget(ctx, workspaceID, func(_ registry.Workspace, _ *store.Store, t store.Target) error {
+		names = entityNamesOf(t)
+		return nil
+	})
+	return names
 }
 
 // LifecycleHold is an exclusive hold of the SDK's lifecycle lock: any
