@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
@@ -428,7 +429,7 @@ func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
 	for _, e := range got {
 		require.NotEqual(t, poison, e.RecordKey)
 	}
-	require.Equal(t, 1, strings.Count(h.logs.String(), "replication events set aside"), "logged once")
+	require.Equal(t, 1, strings.Count(h.logs.String(), delivery.LogEventsSetAside), "logged once")
 	require.Contains(t, h.logs.String(), `"reason":"rejected"`)
 
 	// No drain, of this instance or another, sends it again within its backoff.
@@ -442,7 +443,7 @@ func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
 		require.Equal(t, http.StatusOK, code, body)
 	}
 	require.Equal(t, before, pub.requests.Load(), "no request within the backoff")
-	require.Equal(t, 1, strings.Count(h.logs.String(), "replication events set aside"))
+	require.Equal(t, 1, strings.Count(h.logs.String(), delivery.LogEventsSetAside))
 	require.EqualValues(t, 1, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "it stays pending")
 
 	// The backoff passes: one request, alone; refused again, its backoff doubles.
@@ -451,7 +452,7 @@ func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, 1.0, body["set_aside"])
 	require.Equal(t, before+1, pub.requests.Load())
-	require.Equal(t, 2, strings.Count(h.logs.String(), "replication events set aside"))
+	require.Equal(t, 2, strings.Count(h.logs.String(), delivery.LogEventsSetAside))
 	require.EqualValues(t, 1, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery
 		WHERE accepted_at IS NULL AND next_verify_at = last_checked_at + interval '2 minutes'`))
 

@@ -85,7 +85,7 @@ func runDrain(e *env) error {
 	return e.eachWorkspace("drain", func(ctx context.Context, ws registry.Workspace) (any, error) {
 		res, err := e.svc.DrainAll(ctx, ws.ID, delivery.DrainAllOptions{Drains: e.drains(ws), Progress: e.progress})
 		if err == nil && res.Paused {
-			e.log.WarnContext(ctx, "drain stopped: replication is paused or has no active target; the next run carries on",
+			e.log.WarnContext(ctx, "replication: drain stopped: replication is paused or has no active target; the next run carries on",
 				"workspace", ws.ID, "state", res.State)
 		}
 		return drainResult{res}, err
@@ -108,7 +108,7 @@ func runVerify(e *env) error {
 			out[i].Err = fmt.Errorf("not reached within the --budget of %v: run verify again, or with a longer budget", e.budget)
 		}
 	}
-	e.log.Info("verify pass", "workspaces", len(pass.Workspaces), "lookups", pass.Lookups, "shared_lookups", pass.SharedLookups,
+	e.log.Info("replication verify pass", "workspaces", len(pass.Workspaces), "lookups", pass.Lookups, "shared_lookups", pass.SharedLookups,
 		"not_reached", len(pass.NotReached))
 	return e.summarise("verify", out)
 }

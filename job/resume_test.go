@@ -360,7 +360,7 @@ func TestReplayKillAndResume(t *testing.T) {
 		out, logs, err := h.run(h.ctx, "replay", "--workspace", "w3")
 		require.NoError(t, err, logs)
 		require.Contains(t, out, "(resumed)")
-		require.Contains(t, logs, "resuming the replay whose pages are done: draining its events")
+		require.Contains(t, logs, "replication: resuming the replay whose pages are done: draining its events")
 		require.EqualValues(t, pending, h.messages("w3")-before, "the rerun only drained what was pending: nothing reset again")
 		require.Zero(t, h.count("w3", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 	})

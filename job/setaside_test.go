@@ -121,7 +121,7 @@ func TestManyRefusedEvents(t *testing.T) {
 			Message string `json:"message"`
 			Count   int    `json:"count"`
 		}
-		if json.Unmarshal([]byte(line), &entry) == nil && strings.HasPrefix(entry.Message, "replication events set aside") {
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Message == delivery.LogEventsSetAside {
 			lines++
 			named += entry.Count
 		}

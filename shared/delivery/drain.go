@@ -211,7 +211,7 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 		res.Published, res.SetAside, res.Bytes = beside.Published, beside.SetAside, beside.Bytes
 		res.Requests, res.PublishTime = res.Requests+beside.Requests, res.PublishTime+beside.PublishTime
 		if err != nil {
-			s.log.WarnContext(ctx, "replication drain: the batch beside an event that failed alone was not drained",
+			s.log.WarnContext(ctx, "replication: the batch beside an event that failed alone was not drained",
 				slog.String("workspace", ws.ID), slog.String("error", err.Error()))
 		}
 	}

@@ -83,7 +83,7 @@ func (s *Service) Replay(ctx context.Context, workspaceID string, opts PagesOpti
 		resumed := false
 		switch {
 		case t.UsesDelivery() && !t.ReplayComplete:
-			s.log.InfoContext(ctx, "resuming the replay in progress", slog.String("workspace", workspaceID), slog.String("generation", t.Generation))
+			s.log.InfoContext(ctx, "replication: resuming the replay in progress", slog.String("workspace", workspaceID), slog.String("generation", t.Generation))
 			resumed = true
 		case t.UsesDelivery() && !opts.Restart && t.InitialRevision != nil:
 			undrained, err := st.ReplayUndrained(ctx, t)
@@ -91,7 +91,7 @@ func (s *Service) Replay(ctx context.Context, workspaceID string, opts PagesOpti
 				return pageLoop{}, err
 			}
 			if undrained {
-				s.log.InfoContext(ctx, "resuming the replay whose pages are done: draining its events", slog.String("workspace", workspaceID),
+				s.log.InfoContext(ctx, "replication: resuming the replay whose pages are done: draining its events", slog.String("workspace", workspaceID),
 					slog.String("generation", t.Generation))
 				return pageLoop{complete: true, resumed: true}, nil
 			}

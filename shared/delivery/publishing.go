@@ -248,7 +248,10 @@ func (s *Service) logSetAside(ctx context.Context, ws registry.Workspace, target
 			events[i]["cause"] = a.Cause.Error()
 		}
 	}
-	s.log.ErrorContext(ctx, "replication events set aside: they cannot be published; the drain retries them after a backoff",
+	s.log.ErrorContext(ctx, LogEventsSetAside,
 		slog.String("workspace", ws.ID), slog.String("generation", target.Generation), slog.Int("count", len(aside)),
 		slog.Any("events", events))
 }
+
+// LogEventsSetAside is the error line of a drain that set events aside.
+const LogEventsSetAside = "replication: events set aside: they cannot be published; the drain retries them after a backoff"

@@ -148,7 +148,7 @@ func (s *Service) countRequeues(workspace string, t store.Target, requeued []str
 	}
 	s.requeues.mu.Unlock()
 	for _, e := range out {
-		s.log.Error("replication event sent back to pending again and again: it keeps not landing in BigQuery (see job dead-letter)",
+		s.log.Error("replication: an event sent back to pending again and again: it keeps not landing in BigQuery (see job dead-letter)",
 			slog.String("workspace", workspace), slog.String("generation", t.Generation), slog.String("history_id", e.HistoryID),
 			slog.String("event_id", e.EventID), slog.Int("times", e.Times))
 	}

@@ -90,7 +90,7 @@ func (c *keyCache) startLocked() chan struct{} {
 		if err != nil {
 			c.failures++
 			c.lastErr = err
-			c.log.Warn("runtime identity: the issuer's signing keys could not be fetched; verifying with the keys held",
+			c.log.Warn("replication: runtime identity: the issuer's signing keys could not be fetched; verifying with the keys held",
 				slog.String("jwks_url", c.url), slog.Int("consecutive_failures", c.failures), slog.String("error", err.Error()),
 				slog.Duration("keys_age", c.ageLocked()))
 		} else {
@@ -301,7 +301,7 @@ func (c *keyCache) logSkipped(i int, rawKey json.RawMessage, why string) {
 	c.skipped[key] = true
 	c.mu.Unlock()
 	if !seen {
-		c.log.Warn("runtime identity: a key of the issuer's set cannot verify tokens and is skipped",
+		c.log.Warn("replication: runtime identity: a key of the issuer's set cannot verify tokens and is skipped",
 			slog.String("jwks_url", c.url), slog.Int("index", i), slog.String("kid", logging.Untrusted(head.KeyID)),
 			slog.String("kty", logging.Untrusted(head.Type)), slog.String("crv", logging.Untrusted(head.Curve)), slog.String("reason", why))
 	}

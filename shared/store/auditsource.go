@@ -309,7 +309,7 @@ func (a *AuditSource) Close(ctx context.Context) {
 	defer cancel()
 	if _, err := a.conn.Exec(ctx, sqlAuditTableDrop+"; "+sqlResetIdle); err != nil {
 		_ = a.conn.Conn().Close(ctx)
-		a.store.cfg.Logger.WarnContext(ctx, "store: could not drop an audit's session table; closed its connection",
+		a.store.cfg.Logger.WarnContext(ctx, "replication: store: could not drop an audit's session table; closed its connection",
 			slog.String("error", err.Error()))
 	}
 	a.conn.Release()

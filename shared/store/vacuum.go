@@ -53,21 +53,21 @@ func (s *Store) targetRowUpdated(ctx context.Context) {
 		var ok bool
 		if err := s.db.QueryRow(ctx, sqlMayVacuumTargets).Scan(&ok); err != nil {
 			if ctx.Err() == nil {
-				s.cfg.Logger.WarnContext(ctx, "store: could not check the VACUUM privilege on the target table", slog.Any("error", err))
+				s.cfg.Logger.WarnContext(ctx, "replication: store: could not check the VACUUM privilege on the target table", slog.Any("error", err))
 			}
 			return
 		}
 		may = &ok
 		s.mayVacuum.Store(may)
 		if !ok {
-			s.cfg.Logger.WarnContext(ctx, "store: this role may not VACUUM _ontology_replication_targets (it needs ownership, or MAINTAIN on PostgreSQL 16 and later); long backfills and replays slow down between autovacuum runs")
+			s.cfg.Logger.WarnContext(ctx, "replication: store: this role may not VACUUM _ontology_replication_targets (it needs ownership, or MAINTAIN on PostgreSQL 16 and later); long backfills and replays slow down between autovacuum runs")
 		}
 	}
 	if !*may {
 		return
 	}
 	if _, err := s.db.Exec(ctx, sqlVacuumTargets); err != nil && ctx.Err() == nil {
-		s.cfg.Logger.WarnContext(ctx, "store: VACUUM of the target table failed; backfill and replay pages slow down until autovacuum runs",
+		s.cfg.Logger.WarnContext(ctx, "replication: store: VACUUM of the target table failed; backfill and replay pages slow down until autovacuum runs",
 			slog.Any("error", err))
 	}
 }
