@@ -48,7 +48,6 @@ type chaosRun struct {
 type replayRecord struct {
 	kind, historyTable string // historyTable empty: the whole generation
 	started            time.Time
-	rows               int
 	err                error
 }
 
@@ -61,7 +60,7 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 		RateCommitsPerSecond: l.cfg.chaos.rate, Changes: map[string]int64{}}}
 	c.token = &tokenSource{issuer: l.issuer}
 	c.nemesis = newNemesis(c, l.cfg.chaos)
-	c.checker = &liveChecker{l: l}
+	c.checker = &liveChecker{l: l, found: violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}}
 	runCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup
 	defer func() {

@@ -99,7 +99,6 @@ type liveChecker struct {
 }
 
 func (c *liveChecker) run(ctx context.Context) {
-	c.found = violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -182,9 +181,6 @@ func (c *chaosRun) prove(ctx context.Context) error {
 	found, checks := c.checker.found, c.checker.checks
 	c.checker.mu.Unlock()
 	rep.LiveChecks = checks
-	if found.AcceptedNotPublished == nil {
-		found = violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}
-	}
 	rows, pub, landed, err := l.check(ctx, &found)
 	if err != nil {
 		return err

@@ -242,7 +242,6 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		if !sleepUntil(ctx, n.c.started.Add(s.At)) {
 			return
 		}
-		octx := ctx
 		started := time.Now()
 		n.record(timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind})
 		var detail string
@@ -251,17 +250,17 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		switch s.Kind {
 		case opReplay:
 			var res delivery.PagesResult
-			res, err = l.svc.Replay(octx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}})
-			rec.rows, detail = res.Rows, fmt.Sprintf("%d events sent back and published again", res.Rows)
+			res, err = l.svc.Replay(ctx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}})
+			detail = fmt.Sprintf("%d events sent back and published again", res.Rows)
 		case opPartialReplay:
 			var res delivery.PagesResult
-			res, err = l.svc.ReplayPartial(octx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}},
+			res, err = l.svc.ReplayPartial(ctx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}},
 				delivery.ReplaySelection{Entities: []string{partialEntity}})
-			rec.rows, rec.historyTable = res.Rows, partialEntity+"_history"
+			rec.historyTable = partialEntity + "_history"
 			detail = fmt.Sprintf("%d %s events sent back and published again", res.Rows, partialEntity)
 		case opJobDrain:
 			var res delivery.DrainAllResult
-			res, err = l.svc.DrainAll(octx, localWorkspace, delivery.DrainAllOptions{})
+			res, err = l.svc.DrainAll(ctx, localWorkspace, delivery.DrainAllOptions{})
 			detail = fmt.Sprintf("%d events published", res.Published)
 		}
 		if err != nil {
