@@ -36,9 +36,11 @@ type chaosRun struct {
 	commits atomic.Int64
 	// wakesInFlight counts the wake-ups sent and not answered yet.
 	wakesInFlight atomic.Int64
-	changes       sync.Map // kind → *atomic.Int64
-	opsWG         sync.WaitGroup
-	replayMu      sync.Mutex
+	// stalled holds the BigQuery subscription's writes while above 0.
+	stalled  atomic.Int64
+	changes  sync.Map // kind → *atomic.Int64
+	opsWG    sync.WaitGroup
+	replayMu sync.Mutex
 	// replays are the replays run, with when each started: the proofs
 	// check that each sent its events through Pub/Sub again.
 	replays []replayRecord
@@ -68,7 +70,7 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 		background.Wait()
 	}()
 	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
-		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries}
+		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries, Stalled: func() bool { return c.stalled.Load() > 0 }}
 	background.Go(func() { _ = l.feeder.Run(runCtx) })
 	background.Go(func() { c.verifyLoop(runCtx) })
 	background.Go(func() { c.checker.run(runCtx) })

@@ -63,6 +63,9 @@
 //     stored) and withholds the answer, or resets every connection
 //   - bigquery_slow, bigquery_5xx: in front of the BigQuery REST server,
 //     answers held past the verifier's 20 s lookup time-out, or 503
+//   - warehouse_stall: the BigQuery subscription (the local warehouse's
+//     feeder) writes nothing for a few seconds, as a lagging subscription:
+//     the events published meanwhile are absent when the verifier looks
 //   - key_rotation: the issuer serves a new key only and signs the tokens
 //     with it (at least 35 s apart: the drain fetches the keys for an
 //     unknown key id at most once per 30 s, and refuses the tokens of a
@@ -77,11 +80,12 @@
 //
 // and the job's Service runs a whole replay at 30 % of DURATION, a partial
 // replay of the customers at 50 % and a `job drain` at 70 %, each to its
-// end whatever the faults. Every second it checks, reading the delivery
+// end whatever the faults, each replay with the BigQuery subscription held
+// for its first 4 s (its events then wait, acknowledged, to be verified). Every second it checks, reading the delivery
 // rows before what Pub/Sub stored and what landed (so that a row moving
 // on between the reads is never a false alarm), that no accepted event
-// lacks a message in Pub/Sub and no verified event lacks a row in the
-// warehouse. Faults off, it waits for full verification and proves:
+// lacks a message in Pub/Sub, no verified event lacks a row in the
+// warehouse, and no receipt disagrees with its delivery row. Faults off, it waits for full verification and proves:
 // every captured event verified, with nothing pending or set aside; none
 // accepted but never published; none verified before it landed; none
 // lost (every event in the warehouse); each replay published every event

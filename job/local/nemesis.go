@@ -27,11 +27,12 @@ const (
 	faultBigQueryError     = "bigquery_5xx"
 	faultKeyRotation       = "key_rotation"
 	faultDrainRestart      = "drain_restart"
+	faultWarehouseStall    = "warehouse_stall"
 )
 
 // faultKinds lists every fault kind; each schedule has all of them.
 var faultKinds = []string{faultEndDrainSessions, faultEndVerifySessions, faultEndJobSessions, faultPubSubRefuse, faultPubSubHang,
-	faultPubSubLose, faultPubSubReset, faultBigQuerySlow, faultBigQueryError, faultKeyRotation, faultDrainRestart}
+	faultPubSubLose, faultPubSubReset, faultBigQuerySlow, faultBigQueryError, faultKeyRotation, faultDrainRestart, faultWarehouseStall}
 
 // The operations the chaos run makes while the faults run, as `job` does.
 const (
@@ -83,7 +84,7 @@ func schedule(seed uint64, d time.Duration) []step {
 			switch k {
 			case faultPubSubRefuse, faultPubSubHang, faultPubSubLose:
 				s.For = gap/4 + time.Duration(rng.Int64N(int64(gap/2)))
-			case faultBigQuerySlow, faultBigQueryError:
+			case faultBigQuerySlow, faultBigQueryError, faultWarehouseStall:
 				// Long enough for a verifier pass to meet it.
 				s.For = 3*time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
 			}
@@ -210,6 +211,8 @@ func (n *nemesis) inject(ctx context.Context, s step) {
 		sleepUntil(ctx, time.Now().Add(s.For))
 		l.bigqueryFaults.Set(faultproxy.HTTPPass)
 		detail = fmt.Sprintf("%d BigQuery requests met it", l.bigqueryFaults.Count(f)-before)
+	case faultWarehouseStall:
+		detail = n.stall(ctx, s.For)
 	case faultKeyRotation:
 		n.mu.Lock()
 		n.rotation++
@@ -234,6 +237,24 @@ func (n *nemesis) inject(ctx context.Context, s step) {
 	n.record(timelineEntry{AtSeconds: at.Seconds(), Kind: s.Kind, ForSeconds: s.For.Seconds(), Detail: detail, Failed: failed})
 }
 
+// stall holds the BigQuery subscription's writes for d (the events
+// published meanwhile land late, and the verifier finds them absent) and
+// says how many messages were published meanwhile.
+func (n *nemesis) stall(ctx context.Context, d time.Duration) string {
+	before := n.c.l.readPublished().messages
+	n.c.stalled.Add(1)
+	sleepUntil(ctx, time.Now().Add(d))
+	n.c.stalled.Add(-1)
+	return fmt.Sprintf("the BigQuery subscription wrote nothing while %d messages were published", n.c.l.readPublished().messages-before)
+}
+
+// replayStall is how long the BigQuery subscription is held from a
+// replay's start: the replayed events are published again, acknowledged and
+// wait to be verified while the warehouse lags, so that a replay that left
+// its events' receipts or a verifier that verifies what did not land
+// shows for seconds, not for the moment before the next pass.
+const replayStall = 4 * time.Second
+
 // runOperations runs the operations one after another at their times,
 // with the job's Service, as `job replay` and `job drain` do.
 func (n *nemesis) runOperations(ctx context.Context, ops []step) {
@@ -243,10 +264,18 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 			return
 		}
 		started := time.Now()
-		n.record(timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind})
+		start := timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind}
+		if s.Kind != opJobDrain {
+			start.Detail = fmt.Sprintf("the BigQuery subscription held for its first %v", replayStall)
+		}
+		n.record(start)
 		var detail string
 		var err error
 		rec := replayRecord{kind: s.Kind, started: started}
+		if s.Kind != opJobDrain {
+			n.c.stalled.Add(1)
+			time.AfterFunc(replayStall, func() { n.c.stalled.Add(-1) })
+		}
 		switch s.Kind {
 		case opReplay:
 			var res delivery.PagesResult

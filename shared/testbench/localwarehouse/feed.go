@@ -39,6 +39,9 @@ type Feeder struct {
 	// redelivered for ever.
 	DeadLetterTopic string
 	MaxDeliveries   int
+	// Stalled, when set and true, holds the feeding (nothing is pulled),
+	// as a BigQuery subscription that lags: the chaos run's stall.
+	Stalled func() bool
 
 	written, refused, deadLettered atomic.Int64
 	deliveries                     map[string]int // refused message id → deliveries so far
@@ -56,6 +59,13 @@ func (f *Feeder) Refused() int64 { return f.refused.Load() }
 // Run feeds until ctx ends.
 func (f *Feeder) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
+		if f.Stalled != nil && f.Stalled() {
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
 		resp, err := f.Client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{Subscription: f.Subscription, MaxMessages: 500})
 		if err != nil {
 			if ctx.Err() != nil {
