@@ -546,6 +546,6 @@ func TestStatusJSONKeys(t *testing.T) {
 // events sent back in all, their share, and each entity's.
 func TestReplayProgressLine(t *testing.T) {
 	t.Parallel()
-	got := replayProgressLine([]delivery.EntityProgress{{Entity: "customer", Done: 250, Total: 1000}, {Entity: "order", Done: 750, Total: 1000}})
+	got := progressLine([]delivery.EntityProgress{{Entity: "customer", Done: 250, Total: 1000}, {Entity: "order", Done: 750, Total: 1000}}, "sent back")
 	require.Equal(t, "1000 of 2000 events sent back (50%): customer 250 of 1000, order 750 of 1000", got)
 }

@@ -28,10 +28,13 @@ type workspaceStatus struct {
 	// ReplayProgress is, while a replay runs, how far its pages went in
 	// each entity's events.
 	ReplayProgress []delivery.EntityProgress `json:"replay_progress,omitempty"`
-	Total          int64                     `json:"total"`
-	Accepted       int64                     `json:"accepted"`
-	Verified       int64                     `json:"verified"`
-	InitiallyReady bool                      `json:"initially_ready"`
+	// BackfillProgress is, while a backfill runs, how many of each
+	// entity's events (and of the baselines) it has enqueued.
+	BackfillProgress []delivery.EntityProgress `json:"backfill_progress,omitempty"`
+	Total            int64                     `json:"total"`
+	Accepted         int64                     `json:"accepted"`
+	Verified         int64                     `json:"verified"`
+	InitiallyReady   bool                      `json:"initially_ready"`
 	// Pending counts the events waiting to be published (set-aside ones
 	// apart, in SetAside); OldestPending is when the oldest of them was
 	// queued or sent back, and its age the delivery lag.
@@ -91,7 +94,7 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 	out.Generation = st.Generation
 	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = st.BaselineComplete, st.BackfillComplete, st.ReplayComplete
 	out.BaselineCursor, out.BackfillCursor, out.ReplayCursor = rawCursor(st.BaselineCursor), rawCursor(st.BackfillCursor), st.ReplayCursor
-	out.ReplayProgress = st.ReplayProgress
+	out.ReplayProgress, out.BackfillProgress = st.ReplayProgress, st.BackfillProgress
 	out.Total, out.Accepted, out.Verified, out.InitiallyReady = st.Total, st.Accepted, st.Verified, st.InitiallyReady
 	out.Pending, out.Unverified, out.DueVerifications, out.FiguresCapped = st.Pending, st.Unverified, st.DueVerifications, st.FiguresCapped
 	now := time.Now()
@@ -207,7 +210,10 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 	}
 	for _, s := range all {
 		if len(s.ReplayProgress) > 0 {
-			fmt.Fprintf(e.stdout, "\n%s: replay in progress: %s\n", s.Workspace, replayProgressLine(s.ReplayProgress))
+			fmt.Fprintf(e.stdout, "\n%s: replay in progress: %s\n", s.Workspace, progressLine(s.ReplayProgress, "sent back"))
+		}
+		if len(s.BackfillProgress) > 0 {
+			fmt.Fprintf(e.stdout, "\n%s: backfill in progress: %s\n", s.Workspace, progressLine(s.BackfillProgress, "enqueued"))
 		}
 	}
 	for _, s := range all {
@@ -279,14 +285,14 @@ func done(complete bool, cursor any) string {
 	return "pending"
 }
 
-// replayProgressLine says how far a replay's pages went: in all, then by
-// entity.
-func replayProgressLine(progress []delivery.EntityProgress) string {
+// progressLine says how far a replay's or a backfill's pages went: in
+// all, then by entity.
+func progressLine(progress []delivery.EntityProgress, did string) string {
 	var done, total int64
 	parts := make([]string, len(progress))
 	for i, p := range progress {
 		done, total = done+p.Done, total+p.Total
 		parts[i] = fmt.Sprintf("%s %d of %d", p.Entity, p.Done, p.Total)
 	}
-	return fmt.Sprintf("%d of %d events sent back (%d%%): %s", done, total, done*100/max(total, 1), strings.Join(parts, ", "))
+	return fmt.Sprintf("%d of %d events %s (%d%%): %s", done, total, did, done*100/max(total, 1), strings.Join(parts, ", "))
 }

@@ -65,8 +65,10 @@ type WorkspaceStatus struct {
 	// SetAside are the events set aside because they cannot be published.
 	SetAside SetAsideReport
 	// ReplayProgress is, while a whole-generation replay runs, how far its
-	// pages went in each entity's events (nil otherwise).
-	ReplayProgress []EntityProgress
+	// pages went in each entity's events; BackfillProgress, while a
+	// backfill runs, how many of each entity's events (and of the
+	// baselines, as entity "baselines") it has enqueued (nil otherwise).
+	ReplayProgress, BackfillProgress []EntityProgress
 	// LifecycleHeld is a session holding the SDK's lifecycle lock
 	// exclusively, which every SDK write waits for (nil: none).
 	LifecycleHeld *LifecycleHold
@@ -83,18 +85,27 @@ type EntityProgress struct {
 	Total int64 `json:"total"`
 }
 
-// replayProgress reads a running replay's progress by entity.
-func replayProgress(ctx context.Context, st *store.Store, t store.Target) ([]EntityProgress, error) {
-	progress, err := st.ReplayProgress(ctx, t)
-	if err != nil || len(progress) == 0 {
-		return nil, err
-	}
+// operationProgress reads a running replay's and backfill's progress by
+// entity.
+func operationProgress(ctx context.Context, st *store.Store, t store.Target) (replay, backfill []EntityProgress, err error) {
 	names := entityNamesOf(t)
-	out := make([]EntityProgress, len(progress))
-	for i, p := range progress {
-		out[i] = EntityProgress{Entity: cmp.Or(names[p.EntityID], p.HistoryTable), Done: p.Done, Total: p.Total}
+	named := func(progress []store.EntityProgress) []EntityProgress {
+		var out []EntityProgress
+		for _, p := range progress {
+			name := cmp.Or(names[p.EntityID], p.HistoryTable)
+			if p.EntityID == "" && p.HistoryTable == "" {
+				name = "baselines"
+			}
+			out = append(out, EntityProgress{Entity: name, Done: p.Done, Total: p.Total})
+		}
+		return out
 	}
-	return out, nil
+	r, err := st.ReplayProgress(ctx, t)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := st.BackfillProgress(ctx, t)
+	return named(r), named(b), err
 }
 
 // entityNamesOf returns a target's entity names (its views') by entity id.
@@ -248,7 +259,7 @@ func (s *Service) status(ctx context.Context, workspaceID, generation string, se
 	if err != nil {
 		return out, err
 	}
-	if out.ReplayProgress, err = replayProgress(ctx, st, t); err != nil {
+	if out.ReplayProgress, out.BackfillProgress, err = operationProgress(ctx, st, t); err != nil {
 		return out, err
 	}
 	out.Total, out.Accepted, out.Verified, out.InitiallyReady = counts.Total, counts.Accepted, counts.Verified, counts.InitiallyReady

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 // TestReadsRideOutATransientFault: the operator's reads (status, the
@@ -56,19 +57,17 @@ func TestReadsRideOutATransientFault(t *testing.T) {
 	}
 }
 
-// stopAfterPages stops an operation after n pages, by ending its context.
-type stopAfterPages struct {
-	n      int
-	cancel context.CancelFunc
-}
+// stopAtFirstRows stops an operation after its first page that had rows,
+// by ending its context.
+type stopAtFirstRows struct{ cancel context.CancelFunc }
 
-func (s *stopAfterPages) Start(string, string, string, int64) delivery.Tracker { return s }
-func (s *stopAfterPages) Add(int) {
-	if s.n--; s.n == 0 {
+func (s stopAtFirstRows) Start(string, string, string, int64) delivery.Tracker { return s }
+func (s stopAtFirstRows) Add(rows int) {
+	if rows > 0 {
 		s.cancel()
 	}
 }
-func (s *stopAfterPages) Done(error) {}
+func (s stopAtFirstRows) Done(error) {}
 
 // TestStatusShowsAReplayInProgressByEntity: while a replay's pages run
 // (here one stopped after its first page), status says how far they went
@@ -83,7 +82,7 @@ func TestStatusShowsAReplayInProgressByEntity(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
-	_, err = r.svc.Replay(ctx, "w1", delivery.PagesOptions{Progress: &stopAfterPages{n: 1, cancel: cancel}})
+	_, err = r.svc.Replay(ctx, "w1", delivery.PagesOptions{Progress: stopAtFirstRows{cancel}})
 	require.ErrorIs(t, err, delivery.ErrInterrupted)
 	st, err := r.svc.Status(r.ctx, "w1", "", 0)
 	require.NoError(t, err)
@@ -104,4 +103,40 @@ func TestStatusShowsAReplayInProgressByEntity(t *testing.T) {
 	st, err = r.svc.Status(r.ctx, "w1", "", 0)
 	require.NoError(t, err)
 	require.Nil(t, st.ReplayProgress, "no replay runs")
+}
+
+// TestStatusShowsABackfillInProgressByEntity: while the backfill of a
+// database upgraded from protocol 3 runs (here stopped after its first
+// page of events), status says how many of the baselines and of each entity's
+// events it has enqueued, of all; once it is done, nothing.
+func TestStatusShowsABackfillInProgressByEntity(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 4, withTemplate(&sdkfixture.V3Template))
+	r.products(t, 1500)
+	require.NoError(t, sdkfixture.Upgrade(r.ctx, r.pool, sdkfixture.Demo))
+
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	res, err := r.svc.Backfill(ctx, "w1", delivery.PagesOptions{Progress: stopAtFirstRows{cancel}})
+	require.ErrorIs(t, err, delivery.ErrInterrupted)
+	st, err := r.svc.Status(r.ctx, "w1", "", 0)
+	require.NoError(t, err)
+	byEntity := map[string]delivery.EntityProgress{}
+	var done, total int64
+	for _, p := range st.BackfillProgress {
+		byEntity[p.Entity] = p
+		done, total = done+p.Done, total+p.Total
+	}
+	require.EqualValues(t, res.Rows, done, "what the page enqueued")
+	require.EqualValues(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery"), done)
+	require.EqualValues(t, 1500, byEntity["product"].Total)
+	require.EqualValues(t, store.ReplayPageSize, byEntity["product"].Done, "a page of products: %+v, %d rows in %d pages", st.BackfillProgress, res.Rows, res.Pages)
+	require.EqualValues(t, r.count(t, "SELECT count(*) FROM _ontology_replication_baselines"), byEntity["baselines"].Total)
+	require.Less(t, done, total)
+
+	_, err = r.svc.Backfill(r.ctx, "w1", delivery.PagesOptions{})
+	require.NoError(t, err)
+	st, err = r.svc.Status(r.ctx, "w1", "", 0)
+	require.NoError(t, err)
+	require.Nil(t, st.BackfillProgress, "no backfill runs")
 }

@@ -212,3 +212,59 @@ func (s *Store) ReplayProgress(ctx context.Context, t Target) ([]EntityProgress,
 	}
 	return out, nil
 }
+
+// sqlBackfillProgress counts, per history table (NULL: the baselines), the
+// delivery rows a backfill of the target has enqueued so far: the
+// baselines, and the history in its revision range ($2, $3].
+const sqlBackfillProgress = `SELECT coalesce(history_table, ''), count(*) FROM _ontology_replication_delivery
+     WHERE generation = $1::uuid AND (is_baseline OR (revision > $2::bigint AND revision <= $3::bigint))
+     GROUP BY 1`
+
+// BackfillProgress reads, while a backfill of t runs, how far it went: the
+// baselines (an entry with no entity and no history table) and each
+// selected entity's history, enqueued of all (nil when none runs). It
+// counts the generation's delivery rows and each history table's rows in
+// the backfill's range once, as BackfillTotal does.
+func (s *Store) BackfillProgress(ctx context.Context, t Target) ([]EntityProgress, error) {
+	if !t.UsesDelivery() || t.BackfillComplete || t.BackfillRevision == nil {
+		return nil, nil
+	}
+	var out []EntityProgress
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlBackfillProgress, t.Generation, t.FromRevision, *t.BackfillRevision)
+		if err != nil {
+			return err
+		}
+		done := map[string]int64{}
+		var table string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&table, &n}, func() error { done[table] = n; return nil }); err != nil {
+			return err
+		}
+		baselines := EntityProgress{Done: done[""]}
+		if err := tx.QueryRow(ctx, sqlBackfillRemainingBaselines, t.Generation).Scan(&baselines.Total); err != nil {
+			return err
+		}
+		out = append(out, baselines)
+		for _, sel := range t.Selection {
+			table, err := s.entityHistoryTable(ctx, tx, sel.EntityID)
+			if err != nil {
+				return err
+			}
+			ident, err := s.historyTable(ctx, tx, table)
+			if err != nil {
+				return err
+			}
+			p := EntityProgress{EntityID: sel.EntityID, HistoryTable: table, Done: done[table]}
+			if err := tx.QueryRow(ctx, fmt.Sprintf(sqlBackfillRemainingHistory, ident), t.SourceID, t.FromRevision, *t.BackfillRevision).Scan(&p.Total); err != nil {
+				return err
+			}
+			out = append(out, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: read the backfill's progress of %s: %w", t.Generation, err)
+	}
+	return out, nil
+}
