@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
-	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -66,7 +65,7 @@ func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.Delivery
 	if mismatched > v.ReceiptsDisagreeing {
 		v.ReceiptsDisagreeing, v.ReceiptExample = mismatched, example
 	}
-	rows, err := sdkfixture.DeliveryRows(ctx, l.ontology, l.gen.Generation)
+	rows, err := sdkfixture.DeliveryRows(ctx, l.ontology, l.gen)
 	if err != nil {
 		return nil, published{}, nil, err
 	}
@@ -75,11 +74,7 @@ func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.Delivery
 	if err != nil {
 		return nil, published{}, nil, err
 	}
-	for i, r := range rows {
-		// The delivery row names the history row; the message and the
-		// warehouse carry the event id derived from it.
-		r.EventID = event.ID(l.gen.SourceID, r.EventID, l.gen.Generation)
-		rows[i] = r
+	for _, r := range rows {
 		if r.Accepted && len(pub.times[r.EventID]) == 0 {
 			v.AcceptedNotPublished[r.EventID] = true
 		}
@@ -207,7 +202,7 @@ func (c *chaosRun) prove(ctx context.Context) error {
 	rep.add("none verified before it landed", len(found.VerifiedNotLanded) == 0,
 		fmt.Sprintf("%d events verified with no row in the warehouse%s", len(found.VerifiedNotLanded), example(found.VerifiedNotLanded)))
 	rep.add("receipts agree with the delivery rows", found.ReceiptsDisagreeing == 0,
-		fmt.Sprintf("at most %d receipts of pending or unverified events at once%s", found.ReceiptsDisagreeing, example(setOf(nonEmpty(found.ReceiptExample)))))
+		fmt.Sprintf("at most %d receipts of pending or unverified events at once%s", found.ReceiptsDisagreeing, example(setOf(nonEmpty(found.ReceiptExample, "history row ")))))
 	rep.add("none lost", len(lost) == 0, fmt.Sprintf("%d of %d captured events not in the warehouse%s", len(lost), len(rows), example(setOf(lost))))
 	c.proveReplays(rows, pub)
 	rep.add("no set-aside event left", rep.SetAside == 0, fmt.Sprintf("%d set aside", rep.SetAside))
@@ -286,11 +281,12 @@ func (r *chaosReport) add(name string, ok bool, detail string) {
 	r.Proofs = append(r.Proofs, proof{Name: name, OK: ok, Detail: detail})
 }
 
-func nonEmpty(s string) []string {
+// nonEmpty returns s with prefix, or nothing when s is empty.
+func nonEmpty(s, prefix string) []string {
 	if s == "" {
 		return nil
 	}
-	return []string{s}
+	return []string{prefix + s}
 }
 
 func setOf(ids []string) map[string]bool {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/segmentstream/ontology-replication/shared/event"
 )
 
 // Querier runs a query: a connection, a pool or a transaction.
@@ -121,20 +123,25 @@ func RecordValues(ctx context.Context, db Querier, m Manifest, entity string, co
 
 // DeliveryRow is one event's delivery row, as the chaos proofs read it.
 type DeliveryRow struct {
-	EventID, HistoryTable string
-	Accepted, Verified    bool
+	// HistoryID is the row's event_id column: the history (or baseline)
+	// row's id; EventID is the event id its message carries (event.ID).
+	HistoryID, EventID string
+	// HistoryTable is empty for a baseline.
+	HistoryTable       string
+	Accepted, Verified bool
 }
 
-// DeliveryRows reads every delivery row of a generation.
-func DeliveryRows(ctx context.Context, db Querier, generation string) ([]DeliveryRow, error) {
-	rows, err := db.Query(ctx, `SELECT event_id::text, history_table, accepted_at IS NOT NULL, verified_at IS NOT NULL
-		FROM _ontology_replication_delivery WHERE generation = $1::uuid`, generation)
+// DeliveryRows reads every delivery row of g's generation.
+func DeliveryRows(ctx context.Context, db Querier, g Generation) ([]DeliveryRow, error) {
+	rows, err := db.Query(ctx, `SELECT event_id::text, coalesce(history_table, ''), accepted_at IS NOT NULL, verified_at IS NOT NULL
+		FROM _ontology_replication_delivery WHERE generation = $1::uuid`, g.Generation)
 	if err != nil {
 		return nil, fmt.Errorf("sdkfixture: delivery rows: %w", err)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeliveryRow, error) {
 		var d DeliveryRow
-		err := r.Scan(&d.EventID, &d.HistoryTable, &d.Accepted, &d.Verified)
+		err := r.Scan(&d.HistoryID, &d.HistoryTable, &d.Accepted, &d.Verified)
+		d.EventID = event.ID(g.SourceID, d.HistoryID, g.Generation)
 		return d, err
 	})
 }
