@@ -226,7 +226,7 @@ func (s *Service) VerifyAll(ctx context.Context, opts VerifyAllOptions) VerifyPa
 	}
 	pass.NotReached = notReached
 	if len(notReached) > 0 {
-		s.log.WarnContext(ctx, "replication: the verifier's pass's budget did not reach every workspace; the next pass starts with them",
+		s.log.WarnContext(ctx, "replication: verifier: the pass's budget did not reach every workspace; the next pass starts with them",
 			slog.Int("not_reached", len(notReached)), slog.Int("workspaces", len(pass.Workspaces)), slog.Duration("budget", budget))
 	}
 	// Remember when each workspace's verification last came to an end, so
