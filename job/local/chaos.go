@@ -48,9 +48,12 @@ type chaosRun struct {
 
 // replayRecord is one replay the run made, for the proofs.
 type replayRecord struct {
-	kind, historyTable string // historyTable empty: the whole generation
-	started            time.Time
-	err                error
+	kind string
+	// scope is the events it must publish again (nil: the whole
+	// generation's, every event captured before it started).
+	scope   map[string]bool
+	started time.Time
+	err     error
 }
 
 // runChaos runs the chaos mode: the SDK workload at the chosen rate for

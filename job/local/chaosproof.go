@@ -234,7 +234,7 @@ func (c *chaosRun) replayDuplicates(rows []sdkfixture.DeliveryRow, pub published
 	n := 0
 	for _, r := range c.replays {
 		for _, row := range rows {
-			if r.historyTable != "" && row.HistoryTable != r.historyTable {
+			if r.scope != nil && !r.scope[row.EventID] {
 				continue
 			}
 			before, after := false, false
@@ -260,7 +260,7 @@ func (c *chaosRun) proveReplays(rows []sdkfixture.DeliveryRow, pub published) {
 		var missing []string
 		scope := 0
 		for _, row := range rows {
-			if r.historyTable != "" && row.HistoryTable != r.historyTable {
+			if r.scope != nil && !r.scope[row.EventID] {
 				continue
 			}
 			scope++

@@ -89,7 +89,9 @@
 // every captured event verified, with nothing pending or set aside; none
 // accepted but never published; none verified before it landed; none
 // lost (every event in the warehouse); each replay published every event
-// in its scope again after it started; every operation finished; the
+// in its scope again after it started (the whole replay: every event; the
+// partial one: the customers' events accepted when it started, which its
+// accepted-before bound selects); every operation finished; the
 // views equal to the source tables, every column; `job audit` equal. The
 // duplicates are counted: those the replays sent on purpose, and the rest,
 // the faults'. It exits 0 only if every proof holds; --json prints the

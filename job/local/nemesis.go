@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 // The nemesis's fault kinds. Each reaches the product only through a
@@ -263,7 +265,20 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		if !sleepUntil(ctx, n.c.started.Add(s.At)) {
 			return
 		}
+		rec := replayRecord{kind: s.Kind}
+		if s.Kind == opPartialReplay {
+			// Its scope: the customers' events accepted before it starts,
+			// which its bound (the database's clock once it starts) selects.
+			// One published before and accepted after that bound is not
+			// selected, by design.
+			scope, err := n.acceptedEvents(ctx, partialEntity+"_history")
+			if err != nil {
+				rec.err = fmt.Errorf("read the partial replay's scope: %w", err)
+			}
+			rec.scope = scope
+		}
 		started := time.Now()
+		rec.started = started
 		start := timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind}
 		if s.Kind != opJobDrain {
 			start.Detail = fmt.Sprintf("the BigQuery subscription held for its first %v", replayStall)
@@ -271,7 +286,6 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		n.record(start)
 		var detail string
 		var err error
-		rec := replayRecord{kind: s.Kind, started: started}
 		if s.Kind != opJobDrain {
 			n.c.stalled.Add(1)
 			time.AfterFunc(replayStall, func() { n.c.stalled.Add(-1) })
@@ -285,7 +299,6 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 			var res delivery.PagesResult
 			res, err = l.svc.ReplayPartial(ctx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}},
 				delivery.ReplaySelection{Entities: []string{partialEntity}})
-			rec.historyTable = partialEntity + "_history"
 			detail = fmt.Sprintf("%d %s events sent back and published again", res.Rows, partialEntity)
 		case opJobDrain:
 			var res delivery.DrainAllResult
@@ -295,16 +308,32 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		if err != nil {
 			detail = err.Error()
 		}
-		rec.err = err
+		rec.err = cmp.Or(err, rec.err)
 		if s.Kind != opJobDrain {
 			n.c.replayMu.Lock()
 			n.c.replays = append(n.c.replays, rec)
 			n.c.replayMu.Unlock()
 		}
-		n.c.opErrs(s.Kind, err)
+		n.c.opErrs(s.Kind, rec.err)
 		n.record(timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind + "_done", ForSeconds: time.Since(started).Seconds(),
 			Detail: detail, Failed: err != nil})
 	}
+}
+
+// acceptedEvents returns the event ids of a history table's accepted
+// events.
+func (n *nemesis) acceptedEvents(ctx context.Context, historyTable string) (map[string]bool, error) {
+	rows, err := sdkfixture.DeliveryRows(ctx, n.c.l.ontology, n.c.l.gen)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, r := range rows {
+		if r.Accepted && r.HistoryTable == historyTable {
+			out[r.EventID] = true
+		}
+	}
+	return out, nil
 }
 
 // partialEntity is the entity the partial replay selects.

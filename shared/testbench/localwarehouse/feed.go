@@ -44,7 +44,10 @@ type Feeder struct {
 	Stalled func() bool
 
 	written, refused, deadLettered atomic.Int64
-	deliveries                     map[string]int // refused message id → deliveries so far
+	// writeFailed counts the messages nacked because their write failed
+	// (redelivered, as a BigQuery subscription retries).
+	writeFailed atomic.Int64
+	deliveries  map[string]int // refused message id → deliveries so far
 }
 
 // DeadLettered is how many messages were moved to the dead-letter topic.
@@ -53,8 +56,13 @@ func (f *Feeder) DeadLettered() int64 { return f.deadLettered.Load() }
 // Written is how many messages were written to the table.
 func (f *Feeder) Written() int64 { return f.written.Load() }
 
-// Refused is how many deliveries were refused (nacked).
+// Refused is how many deliveries were refused (nacked) because they did
+// not fit.
 func (f *Feeder) Refused() int64 { return f.refused.Load() }
+
+// WriteFailed is how many deliveries were nacked because their write
+// failed (a busy database); they are redelivered.
+func (f *Feeder) WriteFailed() int64 { return f.writeFailed.Load() }
 
 // Run feeds until ctx ends.
 func (f *Feeder) Run(ctx context.Context) error {
@@ -76,7 +84,7 @@ func (f *Feeder) Run(ctx context.Context) error {
 			continue
 		}
 		var fit [][]byte
-		var ack, nack []string
+		var ack, nack, fitAcks []string
 		for _, m := range resp.ReceivedMessages {
 			data := m.GetMessage().GetData()
 			if _, err := decode(data); err != nil || (f.Refuse != nil && f.Refuse(data)) {
@@ -85,28 +93,31 @@ func (f *Feeder) Run(ctx context.Context) error {
 					continue
 				}
 				nack = append(nack, m.AckId)
+				f.refused.Add(1)
 				continue
 			}
 			fit = append(fit, data)
-			ack = append(ack, m.AckId)
+			fitAcks = append(fitAcks, m.AckId)
 		}
 		if len(fit) > 0 {
 			if err := f.Warehouse.Ingest(ctx, fit); err != nil {
 				if errors.Is(err, context.Canceled) {
 					return nil
 				}
+				// Only the messages written are redelivered: one moved to
+				// the dead-letter topic is acknowledged all the same.
 				f.Logger.Warn("local warehouse: write failed; the messages will be redelivered", slog.Any("error", err))
-				nack = append(nack, ack...)
-				ack = nil
+				f.writeFailed.Add(int64(len(fit)))
+				nack = append(nack, fitAcks...)
 			} else {
 				f.written.Add(int64(len(fit)))
+				ack = append(ack, fitAcks...)
 			}
 		}
 		if len(ack) > 0 {
 			_ = f.Client.SubscriptionAdminClient.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: f.Subscription, AckIds: ack})
 		}
 		if len(nack) > 0 {
-			f.refused.Add(int64(len(nack)))
 			_ = f.Client.SubscriptionAdminClient.ModifyAckDeadline(ctx, &pubsubpb.ModifyAckDeadlineRequest{
 				Subscription: f.Subscription, AckIds: nack, AckDeadlineSeconds: 0})
 		}
