@@ -152,16 +152,7 @@ func (c *chaosRun) writer(ctx context.Context, i int) error {
 // verifyLoop calls the verifier every --verify-every, as Cloud Scheduler
 // does, one pass at a time.
 func (c *chaosRun) verifyLoop(ctx context.Context) {
-	t := time.NewTicker(c.l.cfg.verifyEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.l.callVerify(ctx)
-		}
-	}
+	every(ctx, c.l.cfg.verifyEvery, func() { c.l.callVerify(ctx) })
 }
 
 // awaitVerification waits, up to --timeout, for every event to be

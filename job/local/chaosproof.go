@@ -94,20 +94,13 @@ type liveChecker struct {
 }
 
 func (c *liveChecker) run(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, time.Second, func() {
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		if _, _, _, err := c.l.check(ctx, &c.found); err == nil {
 			c.checks++
 		}
-		c.mu.Unlock()
-	}
+	})
 }
 
 // proof is one promise, checked.

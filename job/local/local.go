@@ -330,18 +330,7 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 func (l *local) keepServing(ctx context.Context) {
 	l.printKeep(l.out)
 	go func() { _ = l.feeder.Run(ctx) }()
-	go func() {
-		t := time.NewTicker(l.cfg.verifyEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				l.callVerify(ctx)
-			}
-		}
-	}()
+	go every(ctx, l.cfg.verifyEvery, func() { l.callVerify(ctx) })
 	<-ctx.Done()
 	fmt.Fprintln(l.out, "stopping and cleaning up")
 }
@@ -389,6 +378,20 @@ for example:
   go run ./job replay --entity customer    # send the customers back; they land again
   go run ./job audit                       # the warehouse against the source: exit 0 when equal
 `, l.urls.ontologyDB, l.urls.warehouseDB, token, localOrganization, l.urls.drain, l.urls.verify, l.urls.bigquery, l.pubsub.Addr, compact(l.registry))
+}
+
+// every calls fn every d until ctx ends, one call at a time.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
 }
 
 func compact(s string) string {

@@ -8,8 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"golang.org/x/term"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
 // progress shows a local run as it goes, on stderr: on a terminal one line

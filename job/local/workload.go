@@ -67,18 +67,7 @@ func (w *workload) startBackground() {
 		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries}
 	w.background.Go(func() { _ = l.feeder.Run(w.runCtx) })
 	w.background.Go(func() { l.watchDeadLetters(w.runCtx, &w.deadDone) })
-	w.background.Go(func() {
-		t := time.NewTicker(l.cfg.verifyEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-w.runCtx.Done():
-				return
-			case <-t.C:
-				w.verify()
-			}
-		}
-	})
+	w.background.Go(func() { every(w.runCtx, l.cfg.verifyEvery, w.verify) })
 }
 
 // verify runs the verifier once and counts what it retried.
