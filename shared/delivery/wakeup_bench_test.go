@@ -40,9 +40,10 @@ const (
 	// before its wake-ups coalesced (the verifier's sweep's drainOnce).
 	wakeEach = "each"
 	// wakeFloor: no wake-up; one drainer takes everything pending every
-	// 10 ms with the least SQL (sdkfixture.FloorDrain: one statement per
-	// 100 events that claims, reads and accepts, nothing published): a
-	// coalescing floor no drain with the seed's protocol can reach.
+	// 10 ms (REPLICATION_WAKEUP_FLOOR_EVERY) with the least SQL
+	// (sdkfixture.FloorDrain: one statement per 100 events that claims,
+	// reads and accepts, nothing published): a coalescing floor no drain
+	// with the seed's protocol can reach.
 	wakeFloor = "floor"
 )
 
@@ -58,7 +59,8 @@ type wakeRig struct {
 	w         *sdkfixture.Writer
 	gen       string
 	instances []*delivery.Service
-	trips     *counter // the drains' round trips
+	trips     *counter      // the drains' round trips
+	every     time.Duration // the floor's interval (10 ms; REPLICATION_WAKEUP_FLOOR_EVERY)
 }
 
 func newWakeRig(b *testing.B) *wakeRig {
@@ -130,6 +132,11 @@ func newWakeRig(b *testing.B) *wakeRig {
 		require.NoError(b, err)
 		r.instances = append(r.instances, svc)
 	}
+	r.every = 10 * time.Millisecond
+	if v := os.Getenv("REPLICATION_WAKEUP_FLOOR_EVERY"); v != "" {
+		r.every, err = time.ParseDuration(v)
+		require.NoError(b, err)
+	}
 	// Warm: pools, prepared statements, the capture tables.
 	for _, svc := range r.instances {
 		_, err := r.w.Create(ctx, "product", map[string]any{"title": "warm"})
@@ -175,7 +182,7 @@ func (r *wakeRig) run(b *testing.B, way string, rate int, d time.Duration) wakeP
 		floorDone = make(chan struct{})
 		go func() {
 			defer close(floorDone)
-			t := time.NewTicker(10 * time.Millisecond)
+			t := time.NewTicker(r.every)
 			defer t.Stop()
 			for {
 				for {
@@ -264,6 +271,7 @@ func (r *wakeRig) run(b *testing.B, way string, rate int, d time.Duration) wakeP
 		}
 	}
 	byApp := cpu.Stop()
+	ph.statements = r.statementsOf(b, drainRole) - statements0 // before the debug print resets them
 	if os.Getenv("REPLICATION_WAKEUP_DEBUG") != "" {
 		rows, err := r.admin.Query(r.ctx, `SELECT calls, round((total_exec_time + total_plan_time)::numeric, 1) || ' (plan ' || round(total_plan_time::numeric, 1) || ')', left(regexp_replace(query, '\s+', ' ', 'g'), 90)
 			FROM pg_stat_statements s JOIN pg_roles u ON u.oid = s.userid WHERE u.rolname = $1 ORDER BY total_exec_time + total_plan_time DESC LIMIT 14`, drainRole)
@@ -281,7 +289,6 @@ func (r *wakeRig) run(b *testing.B, way string, rate int, d time.Duration) wakeP
 		require.NoError(b, err)
 	}
 	ph.writerCPU, ph.drainCPU = byApp["sdk-writer"], byApp[drainApp]
-	ph.statements = r.statementsOf(b, drainRole) - statements0
 	if way != wakeFloor {
 		ph.trips = r.trips.n.Load() - trips0
 	}
@@ -339,7 +346,8 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // PostgreSQL CPU per commit (backends by application_name, from /proc) of
 // the writers, the drain and the floor, the drain's ratio to the writers'
 // and to the floor's, statements per commit (pg_stat_statements by role)
-// and round trips per commit, and commit → accepted latency p50 and p99.
+// and round trips per commit, and commit → accepted latency p50 and p99
+// (the floor's too: what its interval costs in latency).
 // Run with
 //
 //	go test -run='^$' -bench=WakeUps -benchtime=1x -timeout=60m ./shared/delivery/
@@ -415,6 +423,8 @@ func BenchmarkWakeUps(b *testing.B) {
 			b.ReportMetric(float64(percentile(c.latencies, 0.99).Microseconds())/1000, "p99_ms")
 			b.ReportMetric(float64(percentile(e.latencies, 0.5).Microseconds())/1000, "each_p50_ms")
 			b.ReportMetric(float64(percentile(e.latencies, 0.99).Microseconds())/1000, "each_p99_ms")
+			b.ReportMetric(float64(percentile(f.latencies, 0.5).Microseconds())/1000, "floor_p50_ms")
+			b.ReportMetric(float64(percentile(f.latencies, 0.99).Microseconds())/1000, "floor_p99_ms")
 		})
 	}
 }
