@@ -38,7 +38,9 @@ const maxReadTables = 4
 // partial index _ontology_delivery_pending, so that the read does not grow
 // with retained history, each try-locked for the claim, the claimed ones
 // found again by version and, when another transaction touched them, locked
-// FOR NO KEY UPDATE SKIP LOCKED for the statement (see above), each with
+// by primary key FOR NO KEY UPDATE SKIP LOCKED for the statement with the
+// pending predicate, written so that no partial index matches it (see
+// above, and Finding rows by key), each with
 // whether it was claimed, its lock's key, whether it is still pending, and
 // its row's last set-aside backoff (next_verify_at −
 // last_checked_at, in microseconds). The claims are put in order by the uuid
@@ -73,7 +75,8 @@ var sqlCandidates = `WITH candidates AS MATERIALIZED (
      WHERE ctid = ANY (ARRAY(SELECT at FROM claims WHERE claimed))
   ), held AS MATERIALIZED (
     SELECT event_id FROM _ontology_replication_delivery
-     WHERE ctid = ANY (ARRAY(SELECT at FROM seen WHERE NOT newest)) AND accepted_at IS NULL AND ` + sqlClaimable + `
+     WHERE generation = (SELECT generation FROM candidates LIMIT 1) AND event_id = ANY (ARRAY(SELECT event_id FROM seen WHERE NOT newest))
+       AND (CASE WHEN accepted_at IS NULL AND ` + sqlClaimable + ` THEN true END)
        FOR NO KEY UPDATE SKIP LOCKED
   ), still AS (
     SELECT claims.*, claimed AND (event_id IN (SELECT event_id FROM seen WHERE newest) OR event_id IN (SELECT event_id FROM held)) AS pending

@@ -89,15 +89,20 @@
 //     touched since) is the newest: still pending. Any other (an
 //     acknowledgement committed after the snapshot, or one still running,
 //     or a row lock or update left behind) is locked FOR NO KEY UPDATE SKIP
-//     LOCKED by that version's ctid, with the pending predicate: a row an
-//     acknowledgement or a replay page is still updating (the SDK's own,
-//     which honour no claim) is skipped; a version that was only locked, or
-//     whose update rolled back, is still the newest and is kept when the
-//     predicate holds; a version another transaction updated and committed
-//     is left out, pending or not, because PostgreSQL's recheck of a locked
-//     row in READ COMMITTED evaluates the conditions on the newest version,
-//     whose ctid is another one. Such a row stays pending for the next
-//     claim (its lock is released with the claim's). An acknowledgement
+//     LOCKED by its primary key, with the pending predicate, which
+//     PostgreSQL's recheck of a locked row in READ COMMITTED evaluates on
+//     the row's newest version: a row an acknowledgement or a replay page is
+//     still updating (the SDK's own, which honour no claim) is skipped; a
+//     version that was only locked, or whose update rolled back, is still
+//     the newest and is kept when the predicate holds; a row another
+//     transaction updated and committed is kept only while its newest
+//     version is pending and claimable, so an acknowledgement committed
+//     after the snapshot leaves it out (its lock is released with the
+//     claim's). The row is found by key, not by the version's ctid, so
+//     that this rests on the predicate alone, not on how the server
+//     rechecks a TID condition on a newer version
+//     (TestClaimLeavesARowAcknowledgedAfterItsSnapshot pauses the
+//     statement after its snapshot to hold it). An acknowledgement
 //     that ran before the try-lock has always written its xmax by then: it
 //     updated the row before it committed and unlocked. The row locks last
 //     as long as the claim's statement; an acknowledgement or a replay page

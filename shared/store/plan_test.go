@@ -52,9 +52,9 @@ func TestClaimUsesGenericPlans(t *testing.T) {
 
 // TestClaimGenericPlanReadsByIndex: the candidates' statement's generic
 // plan, the one every claim runs (TestClaimUsesGenericPlans), walks the
-// pending index from the oldest, locks what others touched and reads each
-// event by its history table's primary key, with 2,000 pending events of
-// 3,000.
+// pending index from the oldest, locks what others touched by primary key
+// and reads each event by its history table's primary key, with 2,000
+// pending events of 3,000.
 func TestClaimGenericPlanReadsByIndex(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
@@ -81,6 +81,7 @@ func TestClaimGenericPlanReadsByIndex(t *testing.T) {
 	plan := strings.Join(lines, "\n")
 	require.Contains(t, plan, "Index Scan using _ontology_delivery_pending", plan)
 	require.Contains(t, plan, "LockRows", plan)
+	require.Contains(t, plan, "Index Scan using _ontology_replication_delivery_pkey", "rows others touched locked by key")
 	require.Contains(t, plan, "Index Scan using product_history_pkey", plan)
 	require.NotContains(t, plan, "Seq Scan on _ontology_replication_delivery", plan)
 	_, err = conn.Exec(e.ctx, `DEALLOCATE candidates; RESET plan_cache_mode`)
