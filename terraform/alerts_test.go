@@ -159,6 +159,8 @@ func TestTerraformValidatesItsVariables(t *testing.T) {
 		{"set_aside_alert_minutes", []cty.Value{cty.NumberIntVal(15)}, []cty.Value{cty.NumberIntVal(10)}},
 		{"connections_alert_ratio", []cty.Value{cty.NumberFloatVal(0.9)}, []cty.Value{cty.NumberIntVal(90)}},
 		{"audit_result_max_hours", []cty.Value{cty.NumberIntVal(24)}, []cty.Value{cty.NumberIntVal(48), cty.NumberIntVal(0)}},
+		{"iam_propagation_wait", []cty.Value{cty.StringVal("0s"), cty.StringVal("90s"), cty.StringVal("2m")},
+			[]cty.Value{cty.StringVal("60"), cty.StringVal("1m30s"), cty.StringVal("a minute"), cty.StringVal("")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			def, diags := m.variables[tc.name].Body.Attributes["default"].Expr.Value(nil)

@@ -148,6 +148,15 @@ func unresolved(m *tfModule) []string {
 			if b.Type == "variable" && attr == "type" {
 				return // a type constraint, not references
 			}
+			if attr == "provider" && (b.Type == "resource" || b.Type == "data") {
+				// A provider's local name, which required_providers declares.
+				for _, tr := range expr.Variables() {
+					if !requiredProviders(m)[tr.RootName()] {
+						out = append(out, "provider "+tr.RootName()+" is not in required_providers")
+					}
+				}
+				return
+			}
 			for _, tr := range expr.Variables() {
 				root := tr.RootName()
 				var missing string
@@ -188,6 +197,24 @@ func unresolved(m *tfModule) []string {
 	return out
 }
 
+// requiredProviders are the local names of a module's required_providers.
+func requiredProviders(m *tfModule) map[string]bool {
+	names := map[string]bool{}
+	for _, b := range m.blocks {
+		if b.Type != "terraform" {
+			continue
+		}
+		for _, inner := range b.Body.Blocks {
+			if inner.Type == "required_providers" {
+				for name := range inner.Body.Attributes {
+					names[name] = true
+				}
+			}
+		}
+	}
+	return names
+}
+
 // TestReferenceCheckSeesPastEach is the reference check's own test, on a
 // module broken on purpose: every undeclared reference is reported,
 // including one after an each. or path. traversal in the same expression
@@ -221,6 +248,9 @@ resource "google_thing" "ok" {
     }
   }
 }
+resource "google_beta_thing" "b" {
+  provider = google-beta
+}
 `), 0o600))
 	got := unresolved(parseModule(t, dir))
 	require.Equal(t, []string{
@@ -228,6 +258,7 @@ resource "google_thing" "ok" {
 		"google_other.gone is not declared",
 		"local.nowhere is not declared",
 		"module.absent is not declared",
+		"provider google-beta is not in required_providers",
 		"var.no_such is not declared",
 	}, got)
 }
@@ -512,19 +543,36 @@ func TestCloudBuild(t *testing.T) {
 	}
 }
 
+// providerSchema is a provider's schema as terraform providers schema -json
+// writes it (its resources and data sources).
+type providerSchema struct {
+	Resources   map[string]struct{ Block schemaBlock } `json:"resource_schemas"`
+	DataSources map[string]struct{ Block schemaBlock } `json:"data_source_schemas"`
+}
+
+func readProviderSchema(t *testing.T, path string) providerSchema {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var schema providerSchema
+	require.NoError(t, json.Unmarshal(raw, &schema))
+	return schema
+}
+
 // TestTerraformMatchesTheProviderSchema checks every resource and data
-// block against the google provider's schema (testdata: terraform providers
-// schema -json of 7.46): unknown arguments, computed-only ones set, missing
-// required ones, unknown blocks and too many of a block fail.
+// block against its provider's schema: the google provider's (testdata:
+// terraform providers schema -json of 7.46); for the resources of the
+// google-beta and time providers, which have no schema file here, their
+// schemas transcribed in the same form from the providers' sources
+// (testdata/google-beta-schema.json: google_project_service_identity of
+// 7.x; testdata/time-provider-schema.json: time_sleep of 0.13). Unknown
+// arguments, computed-only ones set, missing required ones, unknown blocks
+// and too many of a block fail.
 func TestTerraformMatchesTheProviderSchema(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("testdata/google-provider-schema.json")
-	require.NoError(t, err)
-	var schema struct {
-		Resources   map[string]struct{ Block schemaBlock } `json:"resource_schemas"`
-		DataSources map[string]struct{ Block schemaBlock } `json:"data_source_schemas"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &schema))
+	schema := readProviderSchema(t, "testdata/google-provider-schema.json")
+	beta := readProviderSchema(t, "testdata/google-beta-schema.json")
+	timeSchema := readProviderSchema(t, "testdata/time-provider-schema.json")
 	checked := 0
 	for _, dir := range terraformDirs {
 		m := parseModule(t, dir)
@@ -533,7 +581,13 @@ func TestTerraformMatchesTheProviderSchema(t *testing.T) {
 			if kind == "terraform_data" {
 				continue // terraform's own
 			}
-			s, ok := schema.Resources[kind]
+			from := schema
+			if p, ok := b.Body.Attributes["provider"]; ok && hcl.ExprAsKeyword(p.Expr) == "google-beta" {
+				from = beta
+			} else if strings.HasPrefix(kind, "time_") {
+				from = timeSchema
+			}
+			s, ok := from.Resources[kind]
 			require.True(t, ok, "%s: %s is not a resource of the provider (or not in the schema's families)", dir, kind)
 			checkBlock(t, dir+": "+key, b.Body, s.Block, true)
 			checked++

@@ -95,6 +95,7 @@ module "workspace" {
   dead_letter_max_delivery_attempts = var.dead_letter_max_delivery_attempts
   deletion_protection               = var.events_table_deletion_protection
   labels                            = var.labels
+  iam_propagation_wait              = var.iam_propagation_wait
   # Keyed by component: the keys are known at plan, whatever the emails.
   publishers  = { for c in local.components : c => "serviceAccount:${google_service_account.component[c].email}" }
   verifier    = "serviceAccount:${google_service_account.component["verify"].email}"
@@ -116,6 +117,18 @@ resource "google_project_iam_member" "cloudsql" {
   condition {
     title      = "replication-${each.value.instance.name}"
     expression = "resource.type == \"sqladmin.googleapis.com/Instance\" && resource.name == \"projects/${each.value.instance.project}/instances/${each.value.instance.name}\""
+  }
+}
+
+# A grant takes up to a few minutes to reach every Google API: the services
+# and the job, whose first revision reads its registry secret and logs in to
+# Cloud SQL at once, wait var.iam_propagation_wait after those grants, on the
+# apply that makes them (again only when one is replaced).
+resource "time_sleep" "grants" {
+  create_duration = var.iam_propagation_wait
+  triggers = {
+    registry = join(",", [for g in google_secret_manager_secret_iam_member.registry : g.id])
+    cloudsql = join(",", [for g in google_project_iam_member.cloudsql : g.id])
   }
 }
 

@@ -114,7 +114,7 @@ resource "google_cloud_run_v2_service" "drain" {
     }
   }
 
-  depends_on = [google_secret_manager_secret_iam_member.registry, terraform_data.connection_budget, terraform_data.network]
+  depends_on = [time_sleep.grants, terraform_data.connection_budget, terraform_data.network]
 }
 
 resource "google_cloud_run_v2_service_iam_member" "drain_invoker" {
@@ -217,7 +217,7 @@ resource "google_cloud_run_v2_service" "verify" {
     ignore_changes = [template[0].containers[0].image, client, client_version]
   }
 
-  depends_on = [google_secret_manager_secret_iam_member.registry, terraform_data.connection_budget, terraform_data.network]
+  depends_on = [time_sleep.grants, terraform_data.connection_budget, terraform_data.network]
 }
 
 resource "google_cloud_run_v2_service_iam_member" "verify_invoker" {
@@ -336,7 +336,7 @@ resource "google_cloud_run_v2_job" "replication" {
     ignore_changes = [template[0].template[0].containers[0].image, client, client_version]
   }
 
-  depends_on = [google_secret_manager_secret_iam_member.registry, terraform_data.connection_budget, terraform_data.network]
+  depends_on = [time_sleep.grants, terraform_data.connection_budget, terraform_data.network]
 }
 
 # The scheduled audit (var.audit_schedule, off by default): Cloud Scheduler

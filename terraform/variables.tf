@@ -441,3 +441,13 @@ variable "verifier_failure_passes" {
     error_message = "verifier_failure_passes must be between 1 and 60."
   }
 }
+
+variable "iam_propagation_wait" {
+  description = "How long, on the apply that makes them, what needs a new grant waits for it to reach every Google API: the services and the job after their secret and Cloud SQL grants, each BigQuery subscription after the Pub/Sub agent's (a duration such as 60s; 0s on projects where the grants exist)."
+  type        = string
+  default     = "60s"
+  validation {
+    condition     = can(regex("^[0-9]+(s|m)$", var.iam_propagation_wait))
+    error_message = "iam_propagation_wait must be a whole number of seconds or minutes, such as 60s or 2m."
+  }
+}

@@ -9,10 +9,26 @@ terraform {
       # to know a new service account's email at plan; 8.0 may rename.
       version = ">= 7.0, < 8.0"
     }
+    # For google_project_service_identity alone (the Pub/Sub service agent
+    # made before its grants), which only the beta provider has.
+    google-beta = {
+      source  = "hashicorp/google-beta"
+      version = ">= 7.0, < 8.0"
+    }
+    # time_sleep: the wait for IAM grants to propagate on a first apply.
+    time = {
+      source  = "hashicorp/time"
+      version = ">= 0.9, < 1.0"
+    }
   }
 }
 
 provider "google" {
+  project = var.project
+  region  = var.region
+}
+
+provider "google-beta" {
   project = var.project
   region  = var.region
 }

@@ -41,6 +41,11 @@ mock_provider "google" {
   }
 }
 
+# The beta provider makes the Pub/Sub service agent; time waits for grants
+# to propagate. Neither is reached at plan.
+mock_provider "google-beta" {}
+mock_provider "time" {}
+
 variables {
   project = "acme"
   identity = {
@@ -77,6 +82,14 @@ run "first_apply_creates_what_the_build_needs" {
   assert {
     condition     = contains(keys(google_project_iam_member.build), "roles/run.developer") && length(google_service_account_iam_member.build_acts_as) == 3
     error_message = "the build may roll the services forward as the components' accounts"
+  }
+  assert {
+    condition     = module.workspace["w1"].pubsub_agent_made == "pubsub.googleapis.com"
+    error_message = "the Pub/Sub service agent is made before its grants"
+  }
+  assert {
+    condition     = time_sleep.grants.create_duration == "60s"
+    error_message = "the services wait for their grants to propagate"
   }
 }
 

@@ -7,6 +7,30 @@ locals {
   pubsub_agent = "serviceAccount:service-${data.google_project.pubsub.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
 }
 
+# On a brand-new project the Pub/Sub service agent may not exist until
+# something uses Pub/Sub, and a grant naming it fails with "service account
+# does not exist": it is made here first (generateServiceIdentity, which
+# returns the existing agent when there is one; its destroy does nothing,
+# the agent stays). Every grant to local.pubsub_agent depends on it. Only
+# the google-beta provider has the resource.
+resource "google_project_service_identity" "pubsub" {
+  provider = google-beta
+  project  = var.pubsub_project
+  service  = "pubsub.googleapis.com"
+}
+
+# A grant takes up to a few minutes to reach every Google API: the BigQuery
+# subscription, which Pub/Sub checks against the agent's roles when it is
+# created, waits var.iam_propagation_wait after the agent's grants, once
+# (again only when a grant is replaced).
+resource "time_sleep" "agent_grants" {
+  create_duration = var.iam_propagation_wait
+  triggers = {
+    dataset     = join(",", [for g in google_bigquery_dataset_iam_member.pubsub_agent : g.id])
+    dead_letter = google_pubsub_topic_iam_member.dead_letter_publisher.id
+  }
+}
+
 resource "google_pubsub_topic" "events" {
   labels  = var.labels
   project = var.pubsub_project
@@ -88,6 +112,7 @@ resource "google_bigquery_dataset_iam_member" "pubsub_agent" {
   dataset_id = google_bigquery_dataset.internal.dataset_id
   role       = each.value
   member     = local.pubsub_agent
+  depends_on = [google_project_service_identity.pubsub]
 }
 
 resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
@@ -95,6 +120,8 @@ resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
   topic   = google_pubsub_topic.dead_letter.name
   role    = "roles/pubsub.publisher"
   member  = local.pubsub_agent
+
+  depends_on = [google_project_service_identity.pubsub]
 }
 
 resource "google_pubsub_subscription" "bigquery" {
@@ -118,7 +145,7 @@ resource "google_pubsub_subscription" "bigquery" {
     ttl = ""
   }
 
-  depends_on = [google_bigquery_dataset_iam_member.pubsub_agent]
+  depends_on = [time_sleep.agent_grants]
 }
 
 resource "google_pubsub_subscription_iam_member" "agent_subscriber" {
@@ -126,6 +153,7 @@ resource "google_pubsub_subscription_iam_member" "agent_subscriber" {
   subscription = google_pubsub_subscription.bigquery.name
   role         = "roles/pubsub.subscriber"
   member       = local.pubsub_agent
+  depends_on   = [google_project_service_identity.pubsub]
 }
 
 resource "google_pubsub_topic_iam_member" "publishers" {

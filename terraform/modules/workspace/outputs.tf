@@ -32,3 +32,8 @@ output "table_id" {
   description = "Events table id."
   value       = google_bigquery_table.events.table_id
 }
+
+output "pubsub_agent_made" {
+  description = "The service whose agent the module makes before granting it (pubsub.googleapis.com), for the plan tests."
+  value       = google_project_service_identity.pubsub.service
+}

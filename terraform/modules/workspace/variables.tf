@@ -74,3 +74,9 @@ variable "labels" {
   type        = map(string)
   default     = {}
 }
+
+variable "iam_propagation_wait" {
+  description = "How long the BigQuery subscription's creation waits after the Pub/Sub agent's grants (a duration such as 60s)."
+  type        = string
+  default     = "60s"
+}
