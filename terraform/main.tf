@@ -123,7 +123,7 @@ resource "google_project_iam_member" "cloudsql" {
 # A grant takes up to a few minutes to reach every Google API: the services
 # and the job, whose first revision reads its registry secret and logs in to
 # Cloud SQL at once, wait var.iam_propagation_wait after those grants, on the
-# apply that makes them (again only when one is replaced).
+# apply that makes them (again when the set of grants changes).
 resource "time_sleep" "grants" {
   create_duration = var.iam_propagation_wait
   triggers = {

@@ -22,7 +22,7 @@ resource "google_project_service_identity" "pubsub" {
 # A grant takes up to a few minutes to reach every Google API: the BigQuery
 # subscription, which Pub/Sub checks against the agent's roles when it is
 # created, waits var.iam_propagation_wait after the agent's grants, once
-# (again only when a grant is replaced).
+# (again when the set of grants changes).
 resource "time_sleep" "agent_grants" {
   create_duration = var.iam_propagation_wait
   triggers = {
