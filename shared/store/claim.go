@@ -27,13 +27,13 @@ const ClaimLockClass = "segmentstream.ontology.replication.claim"
 // takes the lifecycle lock exclusively first, holds another's. The read
 // commits within milliseconds, before anything is published.
 //
-// It also has the read's statements run with their generic plans
-// (plan_cache_mode, local too). Their custom plans are the same plans, but
-// PostgreSQL's plan cache may keep choosing them, and the candidates'
-// statement then costs about 0.35 ms of planning at every claim, three
-// times what it costs to run (BenchmarkWakeUps showed a quarter of the
-// drain's CPU in planning). TestClaimUsesGenericPlans holds it, and
-// TestClaimStatementLocksItsCandidates checks the generic plan's shape.
+// It also has the statements after it in its transaction run with their
+// generic plans (plan_cache_mode, local too). Their custom plans are the
+// same plans, but PostgreSQL's plan cache may keep choosing them, and the
+// candidates' statement then costs about 0.35 ms of planning at every
+// claim, three times what it costs to run (in BenchmarkWakeUps, up to 28 %
+// of the drain's database CPU was planning). TestClaimUsesGenericPlans
+// holds it, and TestClaimGenericPlanReadsByIndex checks the generic plan.
 const sqlClaimSession = `SELECT current_setting('idle_session_timeout'), set_config('statement_timeout', $1, true),
   set_config('lock_timeout', $2, true), set_config('plan_cache_mode', 'force_generic_plan', true),
   pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
