@@ -47,7 +47,7 @@ func TestClaimUsesGenericPlans(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT sum(generic_plans)::bigint, sum(custom_plans)::bigint FROM pg_prepared_statements
 		WHERE statement LIKE 'WITH candidates AS MATERIALIZED%'`).Scan(&generic, &custom))
 	require.Zero(t, custom, "the candidates' statement planned for its parameters")
-	require.EqualValues(t, claims, generic)
+	require.GreaterOrEqual(t, generic, int64(claims), "every claim ran the generic plan")
 }
 
 // TestClaimGenericPlanReadsByIndex: the candidates' statement's generic
