@@ -462,7 +462,7 @@ func TestClaimReadKeepsOnlyRowsStillPending(t *testing.T) {
 				_, err = conn.Exec(e.ctx, "SET plan_cache_mode = force_generic_plan")
 				require.NoError(t, err)
 				// EXECUTE takes no bind parameters: the values as literals.
-				backoffs := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(store.Backoffs(e.store))), ","), "[]")
+				backoffs := backoffsLiteral(e.store)
 				explain = fmt.Sprintf(`EXPLAIN EXECUTE claimed_read ('%s', '{%s}', '{%s}')`, tg.Generation, strings.Join(first, ","), backoffs)
 				args = nil
 			}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -123,4 +125,10 @@ func drainWith(t testing.TB, e *env, st *store.Store, tg store.Target) []string 
 func sha(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// backoffsLiteral is a store's set-aside backoffs as a bigint[] literal
+// without its braces, for EXPLAIN EXECUTE, which takes no bind parameters.
+func backoffsLiteral(s *store.Store) string {
+	return strings.Trim(strings.Join(strings.Fields(fmt.Sprint(store.Backoffs(s))), ","), "[]")
 }

@@ -72,7 +72,7 @@ func TestClaimGenericPlanReadsByIndex(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(e.ctx, `SET plan_cache_mode = force_generic_plan`)
 	require.NoError(t, err)
-	backoffs := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(store.Backoffs(e.store))), ","), "[]")
+	backoffs := backoffsLiteral(e.store)
 	rows, err := conn.Query(e.ctx, fmt.Sprintf(`EXPLAIN EXECUTE candidates (NULL, '%s', '{%s}', '{product_history}', '60000ms')`,
 		store.ClaimLockClass, backoffs), pgx.QueryExecModeSimpleProtocol)
 	require.NoError(t, err)
