@@ -451,26 +451,17 @@ func TestClaimReadKeepsOnlyRowsStillPending(t *testing.T) {
 	query := fmt.Sprintf(store.ClaimedHistoryRead, `"product_history"`)
 	for _, generic := range []bool{false, true} {
 		t.Run(fmt.Sprintf("generic=%v", generic), func(t *testing.T) {
-			conn, err := e.pool.Acquire(e.ctx)
-			require.NoError(t, err)
-			defer conn.Release()
-			explain, args := "EXPLAIN "+query, []any{tg.Generation, first, store.Backoffs(e.store)}
+			var plan string
 			if generic {
-				_, err = conn.Exec(e.ctx, "PREPARE claimed_read (uuid, uuid[], bigint[]) AS "+query)
+				plan = e.genericPlan(t, query, "uuid, uuid[], bigint[]",
+					fmt.Sprintf(`'%s', '{%s}', '{%s}'`, tg.Generation, strings.Join(first, ","), backoffsLiteral(e.store)))
+			} else {
+				rows, err := e.pool.Query(e.ctx, "EXPLAIN "+query, tg.Generation, first, store.Backoffs(e.store))
 				require.NoError(t, err)
-				defer conn.Exec(e.ctx, "DEALLOCATE claimed_read; RESET plan_cache_mode") //nolint:errcheck // the session is the test's
-				_, err = conn.Exec(e.ctx, "SET plan_cache_mode = force_generic_plan")
+				lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 				require.NoError(t, err)
-				// EXECUTE takes no bind parameters: the values as literals.
-				backoffs := backoffsLiteral(e.store)
-				explain = fmt.Sprintf(`EXPLAIN EXECUTE claimed_read ('%s', '{%s}', '{%s}')`, tg.Generation, strings.Join(first, ","), backoffs)
-				args = nil
+				plan = strings.Join(lines, "\n")
 			}
-			rows, err := conn.Query(e.ctx, explain, args...)
-			require.NoError(t, err)
-			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			require.NoError(t, err)
-			plan := strings.Join(lines, "\n")
 			require.Contains(t, plan, "Index Scan using _ontology_replication_delivery_pkey", plan)
 			require.NotContains(t, plan, "Seq Scan", plan)
 		})

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -131,4 +132,26 @@ func sha(s string) string {
 // without its braces, for EXPLAIN EXECUTE, which takes no bind parameters.
 func backoffsLiteral(s *store.Store) string {
 	return strings.Trim(strings.Join(strings.Fields(fmt.Sprint(store.Backoffs(s))), ","), "[]")
+}
+
+// genericPlan is the EXPLAIN of query's generic plan, the one a prepared
+// statement runs under plan_cache_mode force_generic_plan: query is
+// prepared with the parameter types (for example "uuid, text"), explained
+// with the values as literals (EXECUTE takes no bind parameters), and
+// deallocated, on a connection of the test's own.
+func (e *env) genericPlan(t testing.TB, query, types, literals string) string {
+	t.Helper()
+	conn, err := e.pool.Acquire(e.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(e.ctx, "PREPARE generic_plan ("+types+") AS "+query)
+	require.NoError(t, err)
+	defer conn.Exec(e.ctx, "DEALLOCATE generic_plan; RESET plan_cache_mode") //nolint:errcheck // the session is the test's
+	_, err = conn.Exec(e.ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	rows, err := conn.Query(e.ctx, "EXPLAIN EXECUTE generic_plan ("+literals+")", pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return strings.Join(lines, "\n")
 }

@@ -3,10 +3,8 @@ package store_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -65,25 +63,11 @@ func TestClaimGenericPlanReadsByIndex(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.pool.Exec(e.ctx, `ANALYZE`)
 	require.NoError(t, err)
-	conn, err := e.pool.Acquire(e.ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(e.ctx, `PREPARE candidates (uuid, text, bigint[], text[], text) AS `+store.CandidatesReading(`"product_history"`))
-	require.NoError(t, err)
-	_, err = conn.Exec(e.ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
-	backoffs := backoffsLiteral(e.store)
-	rows, err := conn.Query(e.ctx, fmt.Sprintf(`EXPLAIN EXECUTE candidates (NULL, '%s', '{%s}', '{product_history}', '60000ms')`,
-		store.ClaimLockClass, backoffs), pgx.QueryExecModeSimpleProtocol)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
+	plan := e.genericPlan(t, store.CandidatesReading(`"product_history"`), "uuid, text, bigint[], text[], text",
+		fmt.Sprintf(`NULL, '%s', '{%s}', '{product_history}', '60000ms'`, store.ClaimLockClass, backoffsLiteral(e.store)))
 	require.Contains(t, plan, "Index Scan using _ontology_delivery_pending", plan)
 	require.Contains(t, plan, "LockRows", plan)
 	require.Contains(t, plan, "Index Scan using _ontology_replication_delivery_pkey", "rows others touched locked by key")
 	require.Contains(t, plan, "Index Scan using product_history_pkey", plan)
 	require.NotContains(t, plan, "Seq Scan on _ontology_replication_delivery", plan)
-	_, err = conn.Exec(e.ctx, `DEALLOCATE candidates; RESET plan_cache_mode`)
-	require.NoError(t, err)
 }
