@@ -181,7 +181,7 @@ func TestBackfillUpgradedDatabase(t *testing.T) {
 	h := newHarness(t, &upgradedTemplate)
 	_, logs, err := h.run(h.ctx, "backfill", "--workspace", "w1")
 	require.NoError(t, err)
-	require.Contains(t, logs, `"message":"backfill done"`)
+	require.Contains(t, logs, `"message":"replication backfill done"`)
 	require.Contains(t, logs, `"rows":2520`)
 	require.EqualValues(t, 2520, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery"))
 	require.EqualValues(t, 500, h.count("w1", "SELECT verified_count FROM _ontology_replication_targets"))
@@ -494,8 +494,9 @@ func TestStatusWatchInAPipe(t *testing.T) {
 	require.NoError(t, <-done)
 }
 
-// TestFailedWorkSaysSo: a drain that fails logs "drain failed" at ERROR
-// with its cause, never "drain done"; the command's error names the cause.
+// TestFailedWorkSaysSo: a drain that fails logs "replication drain failed"
+// at ERROR with its cause, never "replication drain done"; the command's
+// error names the cause.
 func TestFailedWorkSaysSo(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, &sdkfixture.V4Template)
@@ -505,11 +506,11 @@ func TestFailedWorkSaysSo(t *testing.T) {
 	require.NoError(t, err)
 	_, logs, err := h.run(h.ctx, "drain", "--workspace", "w1")
 	require.Error(t, err)
-	require.NotContains(t, logs, `"message":"drain done"`)
+	require.NotContains(t, logs, `"message":"replication drain done"`)
 	var failed map[string]any
 	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
 		var line map[string]any
-		if json.Unmarshal([]byte(l), &line) == nil && line["message"] == "drain failed" {
+		if json.Unmarshal([]byte(l), &line) == nil && line["message"] == "replication drain failed" {
 			failed = line
 		}
 	}

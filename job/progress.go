@@ -110,7 +110,7 @@ func (p *progress) Add(n int) {
 		return
 	}
 	if p.pages%logEvery == 0 {
-		p.out.log.Info(p.operation+" progress", p.attrs(now)...)
+		p.out.log.Info("replication "+p.operation+" progress", p.attrs(now)...)
 	}
 }
 
@@ -134,7 +134,7 @@ func (p *progress) Done(err error) {
 		fmt.Fprintf(p.out.w, "\r\033[K%s\n", p.out.fit(p.line(now)+", "+word))
 		return
 	}
-	p.out.log.Log(context.Background(), level, p.operation+" "+word, attrs...)
+	p.out.log.Log(context.Background(), level, "replication "+p.operation+" "+word, attrs...)
 }
 func (p *progress) rate(now time.Time) float64 {
 	secs := now.Sub(p.started).Seconds()
