@@ -35,9 +35,12 @@ func (g *publishGate) React(any) (bool, any, error) {
 func (g *publishGate) release() { g.once.Do(func() { close(g.open) }) }
 
 // TestCoalescedWakeUpAnswers: while a drain's batch is out and another
-// wake-up waits for its turn, a wake-up on another instance answers 200 at
-// once with coalesced and nothing published, and its log line says where
-// it met the drain; the waiting one then publishes the commits.
+// wake-up of the instance waits for its turn (the instance's pending
+// drain), a third wake-up of the instance answers 200 at once with
+// coalesced and nothing published, and its log line says where it met the
+// drain; the waiting one then publishes the commits. A wake-up on another
+// instance is that instance's pending drain: it waits too, and finds
+// nothing left.
 func TestCoalescedWakeUpAnswers(t *testing.T) {
 	t.Parallel()
 	gate := newPublishGate()
@@ -50,7 +53,7 @@ func TestCoalescedWakeUpAnswers(t *testing.T) {
 		code int
 		body map[string]any
 	}
-	first, second := make(chan answer, 1), make(chan answer, 1)
+	first, second, third := make(chan answer, 1), make(chan answer, 1), make(chan answer, 1)
 	go func() { c, b := h.wake("w1"); first <- answer{c, b} }()
 	<-gate.held // the first drain's batch is out
 	h.products("w1", 2)
@@ -64,16 +67,22 @@ func TestCoalescedWakeUpAnswers(t *testing.T) {
 		case <-time.After(5 * time.Millisecond): // the server's lock table is the signal
 		}
 	}
-	code, body := h.wakeOn(other, "w1")
+	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, map[string]any{"workspace": "w1", "published": 0.0, "batches": 0.0, "more": false, "bytes": 0.0, "coalesced": true}, body)
-	require.Contains(t, h.logs.String(), `"coalesced":"database"`)
+	require.Contains(t, h.logs.String(), `"coalesced":"instance"`)
+	go func() { c, b := h.wakeOn(other, "w1"); third <- answer{c, b} }()
 	gate.release()
 	a := <-first
 	require.Equal(t, http.StatusOK, a.code)
 	require.Equal(t, 1.0, a.body["published"])
 	b := <-second
 	require.Equal(t, http.StatusOK, b.code)
+	require.Equal(t, 2.0, b.body["published"])
 	require.Contains(t, h.logs.String(), `"waited_ms"`)
+	c := <-third
+	require.Equal(t, http.StatusOK, c.code)
+	require.Equal(t, 0.0, c.body["published"], "the other instance's drain came after")
+	require.Nil(t, c.body["coalesced"])
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }

@@ -78,7 +78,7 @@ type harness struct {
 	spaces map[string]*workspaceDB
 	// cluster is the workspaces' cluster, when it is the test's own.
 	cluster *pgtest.Cluster
-	logs    *strings.Builder
+	logs    *lockedWriter
 	handler http.Handler
 	// instance starts another instance of the functions over the same
 	// workspaces (its own pools and stores), as Cloud Run does.
@@ -151,7 +151,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	h := &harness{t: t, ctx: context.Background(), faults: &switchable{}, spaces: map[string]*workspaceDB{}, logs: &strings.Builder{}}
+	h := &harness{t: t, ctx: context.Background(), faults: &switchable{}, spaces: map[string]*workspaceDB{}, logs: &lockedWriter{b: &strings.Builder{}}}
 	h.pubsub = pstest.NewServer(append([]pstest.ServerReactorOption{{FuncName: "Publish", Reactor: h.faults}}, cfg.reactors...)...)
 	t.Cleanup(func() { _ = h.pubsub.Close() })
 
@@ -216,7 +216,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	wh, err := warehouse.NewBigQuery(warehouse.Config{LookupTimeout: cmp.Or(cfg.lookupTimeout, 3*time.Second)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = wh.Close() })
-	log := logging.New(&lockedWriter{b: h.logs}, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
+	log := logging.New(h.logs, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
 	h.instance = func() http.Handler {
 		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, opening: func(c *delivery.OpenConfig) { c.Warehouse = wh }, logger: log, googleKeys: cfg.googleKeys})
 		require.NoError(t, err)
@@ -242,6 +242,27 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.Write(p)
+}
+
+// Len is how many bytes were written so far.
+func (w *lockedWriter) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Len()
+}
+
+// Reset forgets what was written.
+func (w *lockedWriter) Reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b.Reset()
+}
+
+// String is what was written so far.
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
 
 // token signs a runtime token for the workspace.

@@ -304,7 +304,8 @@ func TestStopDuringAHeldPublish(t *testing.T) {
 		// The process is gone, and with its connections the claim: the
 		// server drops an ended session's locks.
 		deadline := time.Now().Add(30 * time.Second)
-		for count(t, p, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") > 0 {
+		for count(t, p, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) > 0 {
 			require.True(t, time.Now().Before(deadline), "the ended process's claim is still held")
 			time.Sleep(10 * time.Millisecond)
 		}

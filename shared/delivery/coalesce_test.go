@@ -2,20 +2,23 @@ package delivery_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // TestWakeUpsCoalesceAcrossInstances: while a drain's batch is out, the
-// wake-ups of later commits on two instances (each with its own pool) start
-// no claim of their own: one waits for the drain's turn and the others are
-// coalesced at once, one statement each at most; when the batch is
-// acknowledged, the waiting one publishes every commit the others left it,
-// in one batch.
+// wake-ups of later commits on two instances (each with its own pool)
+// start no claim of their own while it is out. On each instance one is the
+// pending drain, which waits in the server for its turn (one statement);
+// the others are coalesced into it at once, without a statement. When the
+// batch is acknowledged, the first pending drain publishes every commit in
+// one batch; the other, whose turn comes after, finds nothing left.
 func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 	t.Parallel()
 	g := newGate()
@@ -41,7 +44,6 @@ func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 			results <- drained{res, err}
 		}()
 	}
-	// All but the one waiting for the turn answer while the batch is out.
 	waitFor := func() drained {
 		t.Helper()
 		select {
@@ -52,25 +54,78 @@ func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 			return drained{}
 		}
 	}
-	for range wakeUps - 1 {
+	// All but the two pending drains answer while the batch is out.
+	for range wakeUps - 2 {
 		d := waitFor()
 		require.NoError(t, d.err)
 		require.True(t, d.res.Coalesced, "coalesced: %+v", d.res)
+		require.Equal(t, "instance", d.res.CoalescedBy)
 		require.Zero(t, d.res.Published)
 	}
-	require.LessOrEqual(t, r.queries.n.Load()-before, int64(wakeUps), "a round trip per wake-up at most (the waiting one's included)")
+	r.awaitTurnWaits(t, 2) // one for the turn, the other for the next turn
+	require.EqualValues(t, 2, r.queries.n.Load()-before, "a round trip per pending drain, none per coalesced wake-up")
 
 	g.release()
 	f := <-first
 	require.NoError(t, f.err)
 	require.Equal(t, 1, f.res.Published)
-	d := waitFor()
+	pending := []drained{waitFor(), waitFor()}
+	slices.SortFunc(pending, func(a, b drained) int { return b.res.Published - a.res.Published })
+	for _, d := range pending {
+		require.NoError(t, d.err)
+		require.False(t, d.res.Coalesced)
+		require.Positive(t, d.res.Waited)
+	}
+	require.Equal(t, wakeUps, pending[0].res.Published, "the first pending drain publishes every commit the others left it")
+	require.Equal(t, 1, pending[0].res.Batches)
+	require.Zero(t, pending[1].res.Published, "the second found nothing left")
+	r.requireEachAcknowledgedOnce(t, r.svc)
+}
+
+// TestAWakeUpAfterTheClaimIsNotCoalescedIntoIt: a commit whose wake-up
+// reaches the instance after its drain claimed (the batch is out) is not
+// left to that drain, whose claim did not see it: the wake-up is the
+// instance's next pending drain, waits for the turn, and publishes it.
+func TestAWakeUpAfterTheClaimIsNotCoalescedIntoIt(t *testing.T) {
+	t.Parallel()
+	g := newGate()
+	r := newRig(t, 2, withPublishReactor(g), withService(func(c *delivery.Config) { c.QuietInterval = -1 }))
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "first"})
+	require.NoError(t, err)
+	first := r.drainHeld(g)
+	defer g.release()
+	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "after the claim"})
+	require.NoError(t, err)
+	later := make(chan drained, 1)
+	go func() {
+		res, err := r.svc.Drain(r.ctx, "w1")
+		later <- drained{res, err}
+	}()
+	r.awaitTurnWaits(t, 1)
+	select {
+	case d := <-later:
+		t.Fatalf("the wake-up answered while the batch was out: %+v, %v", d.res, d.err)
+	default:
+	}
+	g.release()
+	require.NoError(t, (<-first).err)
+	d := <-later
 	require.NoError(t, d.err)
 	require.False(t, d.res.Coalesced)
-	require.Equal(t, wakeUps, d.res.Published, "the waiting wake-up publishes every commit the others left it")
-	require.Equal(t, 1, d.res.Batches)
-	require.Positive(t, d.res.Waited)
-	r.requireEachAcknowledgedOnce(t, r.svc)
+	require.Equal(t, 1, d.res.Published)
+	require.Zero(t, r.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL`))
+}
+
+// awaitTurnWaits waits until n drains of the rig's database wait in the
+// server for a turn (the server's lock table is the signal).
+func (r *rig) awaitTurnWaits(t *testing.T, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for r.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid::int = hashtext($1)
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass) < n {
+		require.True(t, time.Now().Before(deadline), "%d drains do not wait for a turn", n)
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestQuietWorkspaceDrainsAtOnce: a single commit on a quiet workspace is

@@ -40,7 +40,7 @@ type DrainResult struct {
 	// Coalesced reports that this wake-up left its events to a drain of
 	// the workspace that had not claimed yet (see Drain) and published
 	// nothing itself; CoalescedBy says where it met that drain: "instance"
-	// (this process, without a statement) or "database" (one statement).
+	// (this process's pending drain, without a statement).
 	Coalesced   bool   `json:"coalesced,omitempty"`
 	CoalescedBy string `json:"-"`
 	// Waited is how long the wake-up waited for the drain in progress
@@ -70,21 +70,25 @@ func (r *DrainResult) add(b DrainResult) {
 // after every commit. On a quiet workspace (this process's wake-ups of it
 // come less often than one per Config.QuietInterval) a wake-up claims on
 // its own.
-// On a busy one the wake-ups of the workspace coalesce, across every
-// instance, through its database (store.TakeTurn): a wake-up that finds a
-// drain about to claim (one waiting for its turn) leaves its events to that
-// drain and publishes nothing (Coalesced), at the cost of one statement,
-// or of none when that drain is in this process; otherwise it takes the
-// turn, or waits for the drain in progress to end (at most
-// Config.TurnWait), and then claims. A drain with the turn publishes one
-// batch of the oldest pending events (disjoint from other claims, holding
-// no lock the SDK waits on) as one Pub/Sub request and acknowledges it only
-// after Pub/Sub accepted it; while more are pending it takes the turn again
-// and goes on, for up to Config.DrainFor. On a busy workspace the drain
-// that claims next gathers commits for Config.Gather first (see
-// awaitTurn), so that one batch takes the commits of several wake-ups. An event that cannot be published
-// is set aside and the others go on. When replication is disabled or has
-// no active target it publishes nothing and reports the state.
+// On a busy one the wake-ups of the workspace coalesce. In this process, a
+// wake-up that finds a drain of its workspace that has not claimed yet
+// (the process's pending drain) leaves its events to that drain and
+// publishes nothing (Coalesced), without a statement. Otherwise it is the
+// process's pending drain: across every instance the drains meet at the
+// workspace's database (store.QueueTurn), one statement that takes the
+// turn, or the next turn and waits for the turn, or waits for the next
+// turn first (at most Config.TurnWait each); the drain then claims. So a
+// busy workspace costs the database a few statements per claim, not one
+// per wake-up. A drain with the turn publishes one batch of the oldest
+// pending events (disjoint from other claims, holding no lock the SDK
+// waits on) as one Pub/Sub request and acknowledges it only after Pub/Sub
+// accepted it; while more are pending it takes the turn again and goes on,
+// for up to Config.DrainFor, unless another drain is next (then that one
+// takes them, and this one answers). The drain that claims next gathers
+// commits for Config.Gather first (see awaitTurn), so that one batch takes
+// the commits of several wake-ups. An event that cannot be published is
+// set aside and the others go on. When replication is disabled or has no
+// active target it publishes nothing and reports the state.
 func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, error) {
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
@@ -93,52 +97,49 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 	res := DrainResult{Workspace: ws.ID}
 	local := s.turns.of(ws.ID)
 	local.arrived(time.Now())
-	waiting, next := local.state()
-	if waiting {
-		// A drain of this process waits for the turn: it has not claimed
-		// yet, and its claim takes this wake-up's events.
+	// On a quiet workspace a wake-up claims on its own, as the drain did
+	// before its wake-ups coalesced: no turn to take, nothing to gather,
+	// and no drain counts on it (a wake-up is coalesced only into a pending
+	// drain, which claims after it).
+	quiet := s.cfg.QuietInterval > 0 && local.interval() >= s.cfg.QuietInterval
+	var pending *pendingDrain
+	if !quiet {
+		pending = local.enter()
+	}
+	if pending == nil && (!quiet || local.waiting()) {
+		// A drain of this process has not claimed yet: its claim takes
+		// this wake-up's events.
 		res.Coalesced, res.CoalescedBy = true, "instance"
 		return res, nil
 	}
+	defer pending.leave() // when it fails before its claim; a no-op after
 	st, err := s.lease(ctx, ws)
 	if err != nil {
 		return res, err
 	}
 	defer st.Release()
 	until := time.Now().Add(s.cfg.DrainFor)
-	// On a quiet workspace a wake-up claims on its own, as the drain did
-	// before its wake-ups coalesced: no turn to take, nothing to gather,
-	// and no drain counts on it (a wake-up is coalesced only into a drain
-	// that holds the next turn).
-	quiet := s.cfg.QuietInterval > 0 && local.interval() >= s.cfg.QuietInterval
-	for {
+	for first := true; ; first = false {
 		var state store.State
 		var target store.Target
 		var claim *store.Claim
 		if quiet {
 			state, target, claim, err = st.store.ClaimActive(ctx)
 		} else {
-			// A drain of this process that comes to wait for the turn while
-			// this one waits for a connection has not claimed either (next).
 			var turn *store.Turn
 			// err is the loop's: the claim's error below must reach
 			// drainClaim (a := here would shadow it, and a failed claim
 			// would be taken for an empty one).
-			turn, err = st.store.TakeTurn(ctx, next)
+			turn, err = s.takeTurn(ctx, st.store, first, &res)
 			if err != nil {
 				return res, err
 			}
-			next = nil // from its first turn on, a drain claims what others leave it
 			if turn.Role() == store.TurnCoalesced {
-				if res.Batches == 0 && res.State == "" {
-					res.Coalesced, res.CoalescedBy = true, "database"
-					if turn.Local() {
-						res.CoalescedBy = "instance"
-					}
-				}
+				// Only when it goes on after a batch: another drain is next
+				// and takes what is left.
 				return res, nil
 			}
-			if err := s.awaitTurn(ctx, turn, local, res.State == "", &res); err != nil {
+			if err := s.awaitTurn(ctx, turn, local, pending, first, &res); err != nil {
 				return res, err
 			}
 			state, target, claim, err = turn.Claim(ctx)

@@ -183,14 +183,16 @@ func TestDrainKilledMidPublishIsTakenOver(t *testing.T) {
 				require.Error(t, <-dying)
 			case "session cut":
 				var pid int32
-				require.NoError(t, r.pool.QueryRow(r.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted LIMIT 1`).Scan(&pid))
+				require.NoError(t, r.pool.QueryRow(r.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+					AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1`).Scan(&pid))
 				_, err := r.pool.Exec(r.ctx, "SELECT pg_terminate_backend($1)", pid)
 				require.NoError(t, err)
 			}
 			// Another instance takes the events as soon as the claim is gone.
 			other := r.newService()
 			require.Eventually(t, func() bool {
-				return r.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2`) == 0
+				return r.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 0
 			}, 10*time.Second, 5*time.Millisecond)
 			g.release()
 			res, err := other.Drain(r.ctx, "w1")

@@ -8,11 +8,12 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
-	"google.golang.org/grpc/codes"
 )
 
 // What an operator's commands read and change (`job status`, `job

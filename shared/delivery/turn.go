@@ -12,20 +12,44 @@ import (
 // what a drain does between taking its turn and its claim, and what this
 // process knows of its workspaces' wake-ups.
 
-// awaitTurn readies a turn for its claim. A drain next for the turn waits
-// for it. A drain that holds the next turn (it waited for the turn, or took
-// it free with the next) then gathers commits until Config.Gather has
-// passed since it began to wait, on the wake-up's first claim only, so that
-// one batch takes the commits of several wake-ups: the workspace is busy
-// (Drain takes turns only then). Until the claim, wake-ups of this process
-// are coalesced into it without a statement.
-func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localTurn, first bool, res *DrainResult) error {
+// takeTurn takes a drain's turn: its first as the process's pending drain,
+// which waits for the drains ahead of it (store.QueueTurn) and returns
+// holding the turn; a later one, when it goes on after a batch, takes the
+// turn or the next turn if free, and otherwise leaves what is left to the
+// drain that is next (store.TakeTurn).
+func (s *Service) takeTurn(ctx context.Context, st *store.Store, first bool, res *DrainResult) (*store.Turn, error) {
+	if !first {
+		return st.TakeTurn(ctx)
+	}
+	started := time.Now()
+	turn, err := st.QueueTurn(ctx, s.cfg.TurnWait)
+	if err == nil && turn.Queued() {
+		res.Waited += time.Since(started)
+	}
+	return turn, err
+}
+
+// awaitTurn readies a turn for its claim. A drain next for the turn (a
+// later turn's, TakeTurn's) waits for it. A drain that holds the next
+// turn then gathers commits until Config.Gather has passed since it held
+// the next turn (QueueTurn's: since it began to wait for the turn), on the
+// wake-up's first claim only, so that one batch takes the commits of
+// several wake-ups: the workspace is busy (Drain takes turns only then).
+// Until the claim, wake-ups of this process are coalesced into it without
+// a statement: the first claim's drain is the process's pending drain
+// already (Drain), a later one holding the next turn becomes it here. It
+// stops being pending before it returns, and so before its claim: a
+// wake-up from then on is not counted on it.
+func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localTurn, pending *pendingDrain, first bool, res *DrainResult) error {
+	defer pending.leave()
 	if !turn.HoldsNext() {
 		return nil
 	}
-	local.enter()
-	defer local.leave() // before the claim: a wake-up from now on is not counted on it
-	started := time.Now()
+	if !first {
+		pending = local.enter()
+		defer pending.leave()
+	}
+	started := time.Now().Add(-turn.Waited())
 	if turn.Role() == store.TurnNext {
 		err := turn.Wait(ctx, s.cfg.TurnWait)
 		res.Waited += time.Since(started)
@@ -44,28 +68,26 @@ func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localT
 	return nil
 }
 
-// turns are, per workspace, the drains of this process that wait for their
-// workspace's turn (see Drain).
+// turns are, per workspace, what this process knows of its wake-ups and
+// of its pending drain (see Drain).
 type turns struct{ m sync.Map }
 
 func (t *turns) of(workspace string) *localTurn {
 	v, ok := t.m.Load(workspace)
 	if !ok {
-		v, _ = t.m.LoadOrStore(workspace, &localTurn{next: make(chan struct{})})
+		v, _ = t.m.LoadOrStore(workspace, &localTurn{})
 	}
 	return v.(*localTurn)
 }
 
-// localTurn counts the drains of this process waiting for one workspace's
-// turn (one at a time, as the next turn is one lock, but the count does not
-// rely on it). A wake-up that finds one waiting, or sees next closed while
-// it waits for a connection, leaves its events to it: that drain claims
-// after the wake-up looked, so after its commit.
+// localTurn is this process's view of one workspace's turns: its pending
+// drain, the one drain of the process that waits for a turn and has not
+// claimed yet (a wake-up that finds it leaves its events to it: that drain
+// claims after the wake-up looked, so after its commit), and how often
+// the workspace's wake-ups come.
 type localTurn struct {
 	mu      sync.Mutex
-	waiting int
-	// next is closed while a drain waits, and replaced when none does.
-	next chan struct{}
+	pending *pendingDrain
 	// last is when the last wake-up of the workspace reached this
 	// process, and mean the mean time between them (exponentially
 	// weighted; at most maxInterval).
@@ -73,6 +95,10 @@ type localTurn struct {
 	mean       time.Duration
 	meanLoaded bool
 }
+
+// pendingDrain is a drain's hold on its process's pending place: it holds
+// it from enter until leave.
+type pendingDrain struct{ l *localTurn }
 
 // maxInterval bounds localTurn's mean interval, so that a burst after a
 // quiet spell counts as busy within a dozen wake-ups.
@@ -105,26 +131,34 @@ func (l *localTurn) interval() time.Duration {
 	return l.mean
 }
 
-// state reports whether a drain waits, and the channel the next one to
-// wait closes.
-func (l *localTurn) state() (bool, <-chan struct{}) {
+// enter makes the caller the process's pending drain, unless there is
+// one: then it returns nil.
+func (l *localTurn) enter() *pendingDrain {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.waiting > 0, l.next
-}
-
-func (l *localTurn) enter() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.waiting++; l.waiting == 1 {
-		close(l.next)
+	if l.pending != nil {
+		return nil
 	}
+	l.pending = &pendingDrain{l: l}
+	return l.pending
 }
 
-func (l *localTurn) leave() {
+// waiting reports whether the process has a pending drain.
+func (l *localTurn) waiting() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.waiting--; l.waiting == 0 {
-		l.next = make(chan struct{})
+	return l.pending != nil
+}
+
+// leave gives the pending place up, if p still holds it. It is safe to
+// call more than once, and on nil.
+func (p *pendingDrain) leave() {
+	if p == nil {
+		return
+	}
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	if p.l.pending == p {
+		p.l.pending = nil
 	}
 }

@@ -12,7 +12,7 @@ import (
 // within a dozen wake-ups, and a pause of a second or more makes it quiet
 // again at once.
 func TestLocalTurnTellsBusyFromQuiet(t *testing.T) {
-	l := &localTurn{next: make(chan struct{})}
+	l := &localTurn{}
 	require.GreaterOrEqual(t, l.interval(), DefaultQuietInterval, "no wake-up yet: quiet")
 	at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	for range 5 {

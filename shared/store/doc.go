@@ -161,24 +161,34 @@
 //     free (the drain may then gather commits for a moment before it
 //     claims), or alone while another drain holds the turn (the drain
 //     then waits for the turn, a lock wait in the server, bounded). Its
-//     holder lets it go in a statement of its own just before its claim's
-//     statements.
+//     holder lets it go in its claim's first statement, before the
+//     candidates' statement takes its snapshot; the drains waiting for it
+//     (one per process at most) queue behind it in the server.
 //
-// A wake-up takes the turn if it is free, or else the next turn if that is
-// free, or else does nothing: one statement (sqlTakeTurn). No wake-up is
-// lost. A wake-up comes after its commit, so its events are visible to any
-// claim whose statement starts after its statement. If it took the turn or
-// the next turn it claims after that. If it did neither, another drain
-// held the next turn at that moment and so had not yet claimed: that
-// drain's claim starts after this wake-up's statement and takes its events,
-// up to the byte bound (events beyond it are pending and more is reported;
-// the drain function goes on while more are pending, see
-// delivery.Service.Drain). A drain that dies frees its locks with its
-// session; one that hangs holding the turn is ended by the claim's
-// idle_session_timeout like any claim, and the drain waiting for the turn
-// gives up after its bound (a 503: the next wake-up, or the verifier's
-// sweep, takes the events). An idle workspace costs nothing: no drain
-// runs, and no statement is sent, until a wake-up comes.
+// A drain that must claim (the first of its process to wait, see
+// delivery.Service.Drain) takes its place in one statement (sqlQueueTurn):
+// the turn if it is free (with the next turn if that is free too), or else
+// the next turn if that is free, or else it waits in the server for the
+// next turn; once it holds the next turn it waits for the turn. Each wait
+// is a lock wait, bounded. Its process's later wake-ups are coalesced into
+// it without a statement until its claim, so a busy workspace costs the
+// database a statement per drain that claims, not one per wake-up. A drain
+// that goes on after a full batch takes the turn or the next turn only if
+// free, or else does nothing (sqlTakeTurn): the drain that holds the next
+// turn takes what is left. No wake-up is lost. A wake-up comes after its
+// commit, so its events are visible to any claim whose statement starts
+// after it looked. A wake-up coalesced into its process's pending drain
+// looked before that drain's claim, which the drain sends only after it
+// stops being pending. A drain that took or waited for its turn claims
+// after that. A drain that found the next turn held by another did so
+// before that one claimed, whose claim then takes its events, up to the
+// byte bound (events beyond it are pending and more is reported; the drain
+// function goes on while more are pending). A drain that dies frees its
+// locks with its session; one that hangs holding the turn is ended by the
+// claim's idle_session_timeout like any claim, and the drains waiting for
+// the turn give up after their bound (a 503: the next wake-up, or the
+// verifier's sweep, takes the events). An idle workspace costs nothing: no
+// drain runs, and no statement is sent, until a wake-up comes.
 //
 // # Finding rows by key
 //

@@ -45,6 +45,25 @@ const sqlTakeTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1)
     THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 3 ELSE 1 END
   WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 2 ELSE 0 END`
 
+// sqlQueueTurn is sqlTakeTurn that then waits, in the server, for what it
+// must hold to claim: when both turns are held it waits for the next turn
+// (and says 4) instead of taking nothing, and when it holds the next turn
+// without the turn (2 or 4) it waits for the turn, at most the lock_timeout
+// sqlAwaitTurnBound sets before it for each wait. It also says how long it
+// waited for the turn once it held the next turn (microseconds; NULL when
+// it did not wait), which the drain's gathering counts (see
+// delivery.Service.Drain). The locks are taken in order: the subqueries
+// are kept apart (OFFSET 0), the wait for the next turn is an InitPlan the
+// server runs only when CASE reaches its branch, and the wait for the turn
+// a SubPlan run on the row that holds the next turn, when it must.
+const sqlQueueTurn = `SELECT r.role, CASE WHEN r.role IN (2, 4) THEN (
+         SELECT (extract(epoch FROM clock_timestamp() - r.at) * 1000000)::bigint FROM pg_advisory_lock(hashtext($1), 1)) END
+  FROM (SELECT q.role, clock_timestamp() AS at FROM (
+         SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1)
+             THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 3 ELSE 1 END
+           WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 2
+           ELSE (SELECT 4 FROM pg_advisory_lock(hashtext($1), 2)) END AS role OFFSET 0) q OFFSET 0) r`
+
 // sqlAwaitTurn waits for the turn ($1: DrainTurnClass), at most the
 // lock_timeout sqlAwaitTurnBound sets before it in the same implicit
 // transaction. sqlLeaveNext lets the next turn go, before a claim.
@@ -61,45 +80,70 @@ type Turn struct {
 	conn  *pgxpool.Conn
 	role  TurnRole
 	next  bool // it holds the next turn: it has not claimed yet
-	local bool // coalesced in the process, without a statement
+	// queued: QueueTurn waited for the next turn or for the turn;
+	// waited is how long it waited for the turn once it held the next.
+	queued bool
+	waited time.Duration
 }
 
 // TakeTurn takes the workspace's drain turn, or the next turn, or neither,
 // in one statement. A Turn of role TurnCoalesced holds nothing; the others
 // must be claimed with (Claim) or ended (End).
-//
-// The caller may know of a drain of its own process that comes to wait for
-// the turn (it has not claimed yet, so its claim takes this wake-up's
-// events): when coalesced is closed while TakeTurn still waits for a
-// connection of the pool, it gives up the wait and returns TurnCoalesced,
-// having sent nothing. It may be nil.
-func (s *Store) TakeTurn(ctx context.Context, coalesced <-chan struct{}) (*Turn, error) {
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if coalesced != nil {
-		go func() {
-			select {
-			case <-coalesced:
-				cancel()
-			case <-actx.Done():
-			}
-		}()
-	}
-	conn, err := s.db.Acquire(actx)
+func (s *Store) TakeTurn(ctx context.Context) (*Turn, error) {
+	return s.takeTurn(ctx, false, 0)
+}
+
+// QueueTurn is TakeTurn for a drain that must claim, as the first drain of
+// its process to wait for the workspace's turn (see delivery.Service.Drain),
+// in one statement too: when another drain holds the turn and a third the
+// next turn, it waits for the next turn instead of taking nothing, and once
+// it holds the next turn it waits for the turn, each wait at most bound
+// (longer fails with ErrTurnWait). It returns holding the turn (TurnTaken),
+// with the next turn unless it found the turn free and the next turn held.
+// Its process's later wake-ups are coalesced into it without a statement
+// until its claim, and so a busy workspace costs the database a statement
+// per drain that claims, not one per wake-up.
+func (s *Store) QueueTurn(ctx context.Context, bound time.Duration) (*Turn, error) {
+	return s.takeTurn(ctx, true, bound)
+}
+
+// takeTurn is TakeTurn, or with queue QueueTurn.
+func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (*Turn, error) {
+	conn, err := s.db.Acquire(ctx)
 	if err != nil {
-		if ctx.Err() == nil && actx.Err() != nil {
-			return &Turn{store: s, role: TurnCoalesced, local: true}, nil
-		}
 		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
 	}
 	t := &Turn{store: s, conn: conn}
 	var role int
-	if err := conn.QueryRow(ctx, sqlTakeTurn, DrainTurnClass).Scan(&role); err != nil {
+	if queue {
+		var waited *int64
+		b := &pgx.Batch{}
+		b.Queue(sqlAwaitTurnBound, ms(bound))
+		b.Queue(sqlQueueTurn, DrainTurnClass)
+		results := conn.SendBatch(ctx, b)
+		_, err = results.Exec()
+		if err == nil {
+			err = results.QueryRow().Scan(&role, &waited)
+		}
+		if cerr := results.Close(); err == nil {
+			err = cerr
+		}
+		if waited != nil {
+			t.queued, t.waited = true, time.Duration(*waited)*time.Microsecond
+		}
+	} else {
+		err = conn.QueryRow(ctx, sqlTakeTurn, DrainTurnClass).Scan(&role)
+	}
+	if err != nil {
 		t.End(ctx) // the statement may have taken a lock before it failed
+		if isLockTimeout(err) {
+			return nil, fmt.Errorf("store: wait for the drain's turn: %w (%v): %w", ErrTurnWait, bound, err)
+		}
 		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
 	}
 	t.role, t.next = TurnRole(role), role >= 2
-	if role == 3 {
+	switch {
+	case role == 3 || queue && role != 0:
 		t.role = TurnTaken
 	}
 	if t.role == TurnCoalesced {
@@ -112,15 +156,19 @@ func (s *Store) TakeTurn(ctx context.Context, coalesced <-chan struct{}) (*Turn,
 // Role is what TakeTurn gave the wake-up.
 func (t *Turn) Role() TurnRole { return t.role }
 
+// Queued reports that QueueTurn held the next turn and so waited for the
+// turn (and, before, for the next turn if it was held).
+func (t *Turn) Queued() bool { return t.queued }
+
+// Waited is how long QueueTurn waited for the turn once it held the next
+// turn, measured by the server.
+func (t *Turn) Waited() time.Duration { return t.waited }
+
 // HoldsNext reports that the drain holds the next turn as well as, or
 // while it waits for, the turn: the wake-ups that come until its claim are
 // coalesced into it, so it may wait a moment before it claims to gather
 // more commits into one batch.
 func (t *Turn) HoldsNext() bool { return t.next }
-
-// Local reports a TurnCoalesced that TakeTurn gave without a statement (the
-// caller's coalesced channel was closed first).
-func (t *Turn) Local() bool { return t.local }
 
 // ErrTurnWait: the drain that holds the turn held it longer than the wait's
 // bound.

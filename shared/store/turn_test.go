@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
@@ -17,7 +18,7 @@ import (
 // takeTurn takes a turn of st and ends it when the test ends.
 func (e *env) takeTurn(t testing.TB, st *store.Store) *store.Turn {
 	t.Helper()
-	turn, err := st.TakeTurn(e.ctx, nil)
+	turn, err := st.TakeTurn(e.ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { turn.End(e.ctx) })
 	return turn
@@ -93,7 +94,7 @@ func TestNoWakeUpIsLost(t *testing.T) {
 		store.BeforeRelease(e.store, nil)
 		e.products(t, 1)
 		var err error
-		next, err = other.TakeTurn(e.ctx, nil)
+		next, err = other.TakeTurn(e.ctx)
 		require.NoError(t, err)
 	})
 	first := e.takeTurn(t, e.store)
@@ -182,4 +183,96 @@ func tracedStore(t testing.TB, e *env, tracer pgx.QueryTracer) *store.Store {
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	return st
+}
+
+// awaitTurnWait waits until a session of e's database waits in the server
+// for a lock of the drain's turns, and returns which: 1 the turn, 2 the
+// next turn.
+func awaitTurnWait(t testing.TB, e *env) int64 {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		require.True(t, time.Now().Before(deadline), "no session waits for a turn")
+		var key int64
+		err := e.pool.QueryRow(e.ctx, `SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid::int = hashtext($1)
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1`, store.DrainTurnClass).Scan(&key)
+		if err == nil {
+			return key
+		}
+		require.ErrorIs(t, err, pgx.ErrNoRows)
+		time.Sleep(5 * time.Millisecond) // polling the server's lock table: the signal itself
+	}
+}
+
+// TestQueuedTurnWaitsForTheDrainsAhead: a drain that must claim
+// (QueueTurn), while one drain holds the turn and another the next turn,
+// waits in the server for the next turn, then for the turn, in its one
+// statement, and returns holding both; its claim then takes every event
+// committed before it was queued. Past its bound it gives up with
+// ErrTurnWait and leaves no lock behind.
+func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.start(t)
+	other := otherProcess(t, e)
+	e.products(t, 1)
+	first := e.takeTurn(t, e.store)
+	_, _, c, err := first.Claim(e.ctx)
+	require.NoError(t, err)
+	require.Len(t, c.Events, 1, "the first drain's batch is out")
+	e.products(t, 2)
+	next := e.takeTurn(t, other)
+	require.Equal(t, store.TurnNext, next.Role())
+
+	tracer := &statementCounter{}
+	traced := tracedStore(t, e, tracer)
+	_, err = traced.QueueTurn(e.ctx, 100*time.Millisecond)
+	require.ErrorIs(t, err, store.ErrTurnWait, "both turns held past the bound")
+	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::int = hashtext($1) AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass),
+		"the turn and the next turn, the first's and the next's; nothing of the one that gave up")
+
+	tracer.statements.Store(0)
+	queued := make(chan *store.Turn, 1)
+	var turn *store.Turn
+	t.Cleanup(func() {
+		if turn == nil {
+			turn = <-queued
+		}
+		if turn != nil {
+			turn.End(e.ctx)
+		}
+	})
+	go func() {
+		turn, err := traced.QueueTurn(e.ctx, 10*time.Second)
+		assert.NoError(t, err)
+		queued <- turn
+	}()
+	require.EqualValues(t, 2, awaitTurnWait(t, e), "it waits for the next turn")
+	_, err = c.Acknowledge(e.ctx) // the first drain's turn ends
+	require.NoError(t, err)
+	require.NoError(t, next.Wait(e.ctx, 10*time.Second))
+	_, _, nc, err := next.Claim(e.ctx) // it lets the next turn go
+	require.NoError(t, err)
+	require.Len(t, nc.Events, 2)
+	require.EqualValues(t, 1, awaitTurnWait(t, e), "it holds the next turn and waits for the turn")
+	e.products(t, 1) // committed while it waits: its claim takes it
+	_, err = nc.Acknowledge(e.ctx)
+	require.NoError(t, err)
+	select {
+	case turn = <-queued:
+	case <-time.After(time.Minute):
+		t.Fatal("the queued drain did not get the turn")
+	}
+	require.NotNil(t, turn)
+	require.Equal(t, store.TurnTaken, turn.Role())
+	require.True(t, turn.HoldsNext())
+	require.True(t, turn.Queued())
+	require.Positive(t, turn.Waited(), "it waited for the turn once it held the next turn")
+	require.EqualValues(t, 2, tracer.statements.Load(), "the wait's bound and the turn's statement, one round trip")
+	_, _, qc, err := turn.Claim(e.ctx)
+	require.NoError(t, err)
+	require.Len(t, qc.Events, 1, "the commit made while it waited")
+	_, err = qc.Acknowledge(e.ctx)
+	require.NoError(t, err)
 }
