@@ -195,7 +195,11 @@ func (s *Service) drainClaim(ctx context.Context, ws registry.Workspace, state s
 // and sets aside what can never be published.
 // When its lone event failed alone, more are pending and the failure is not
 // an outage's (suspects.worthProbing), it drains the next batch beside it
-// (probe) before it lets the event go.
+// (probe) before it lets the event go, unless this process has a pending
+// drain of the workspace (see Drain): that drain claims those events as
+// soon as this claim ends, and it holds the pool's other connection while
+// it waits for this claim's turn, which the probe would wait for until the
+// pending drain's wait timed out.
 func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim, res DrainResult, mayProbe bool) (DrainResult, error) {
 	defer claim.Release(ctx)
 	if len(claim.Events) == 0 && len(claim.Unpublishable) == 0 {
@@ -204,7 +208,7 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	res.More = claim.More
 	out := s.publishBatch(ctx, ws, claim)
 	res.Requests, res.PublishTime = out.requests, out.elapsed
-	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More && out.probe {
+	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More && out.probe && !s.turns.of(ws.ID).waiting() {
 		beside, err := DrainResult{}, claim.Narrow(ctx)
 		if err == nil {
 			beside, err = s.probe(ctx, ws)

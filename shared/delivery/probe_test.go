@@ -1,0 +1,79 @@
+package delivery_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/store"
+)
+
+// heldLimit is sizeLimit that first holds each request it will fail for
+// its size, until open is closed.
+type heldLimit struct {
+	sizeLimit
+	entered chan struct{}
+	open    chan struct{}
+}
+
+// React implements pstest.Reactor.
+func (l *heldLimit) React(req any) (bool, any, error) {
+	for _, m := range req.(*pubsubpb.PublishRequest).Messages {
+		if len(m.Data) > l.limit {
+			l.entered <- struct{}{}
+			<-l.open
+			break
+		}
+	}
+	return l.sizeLimit.React(req)
+}
+
+// TestAProbeLeavesTheEventsBehindToThePendingDrain: a drain whose lone
+// event fails alone, while its instance's pending drain waits for the turn
+// on the pool's other connection, does not claim the events behind the
+// event itself (its claim would wait for that connection until the
+// pending drain gave up): it ends its claim, and the pending drain takes
+// its turn and drains them.
+func TestAProbeLeavesTheEventsBehindToThePendingDrain(t *testing.T) {
+	t.Parallel()
+	limit := &heldLimit{sizeLimit: sizeLimit{limit: 1 << 20}, entered: make(chan struct{}, 8), open: make(chan struct{})}
+	r := newRig(t, 2, withPublishReactor(limit), withService(func(c *delivery.Config) {
+		c.QuietInterval = -1          // every wake-up takes turns
+		c.TurnWait = 10 * time.Second // a wait that gives up fails the test sooner
+	}))
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": strings.Repeat("x", 150_000)})
+	require.NoError(t, err)
+	// Larger than the SDK's byte bound: it comes in a batch of its own.
+	_, err = r.pool.Exec(r.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb(repeat('x', 2 << 20)))`)
+	require.NoError(t, err)
+	for range 15 {
+		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind it"})
+		require.NoError(t, err)
+	}
+	first := make(chan drained, 1)
+	go func() {
+		res, err := r.svc.Drain(r.ctx, "w1")
+		first <- drained{res, err}
+	}()
+	<-limit.entered // its lone event's request is out
+	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "committed later"})
+	require.NoError(t, err)
+	pending := make(chan drained, 1)
+	go func() {
+		res, err := r.svc.Drain(r.ctx, "w1")
+		pending <- drained{res, err}
+	}()
+	r.awaitTurnWaits(t, 1)
+	close(limit.open) // the lone event fails alone
+	f := <-first
+	require.ErrorContains(t, f.err, "ResourceExhausted")
+	require.Zero(t, f.res.Published, "it left the events behind to the pending drain")
+	p := <-pending
+	require.NotErrorIs(t, p.err, store.ErrTurnWait)
+	require.Equal(t, 16, p.res.Published, "the pending drain drains the events behind the one that fails")
+	require.EqualValues(t, 1, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+}
