@@ -82,12 +82,13 @@ type Config struct {
 	RequeueReportAfter int
 }
 
-// DefaultGather is Config.Gather's default: on the development machine it
-// takes the database's CPU per commit of the wake-up path from about 1.2× the
-// SDK writer's own to about 0.8× at 150 commits a second and 0.4× at 500,
-// for a median commit → accepted of about 15 ms and a p99 within 40 ms
+// DefaultGather is Config.Gather's default: on the development machine, at
+// 150 commits a second over four instances, the wake-up path then costs the
+// database about a third of the SDK writer's own CPU per commit, for a
+// median commit → accepted of about 40 ms and a p99 within 80 ms; 25 ms
+// costs about 0.6× for 15 / 31 ms, 90 ms about 0.31× for 48 / 94 ms
 // (README, Performance: BenchmarkWakeUps).
-const DefaultGather = 25 * time.Millisecond
+const DefaultGather = 75 * time.Millisecond
 
 // DefaultQuietInterval is Config.QuietInterval's default: at rates where a
 // gather would rarely coalesce anything, turns would cost a statement a

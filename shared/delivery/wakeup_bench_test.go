@@ -40,7 +40,8 @@ const (
 	// before its wake-ups coalesced (the verifier's sweep's drainOnce).
 	wakeEach = "each"
 	// wakeFloor: no wake-up; one drainer takes everything pending every
-	// 10 ms (REPLICATION_WAKEUP_FLOOR_EVERY) with the least SQL
+	// gather (the drain's, so at about its latency;
+	// REPLICATION_WAKEUP_FLOOR_EVERY) with the least SQL
 	// (sdkfixture.FloorDrain: one statement per 100 events that claims,
 	// reads and accepts, nothing published): a coalescing floor no drain
 	// with the seed's protocol can reach.
@@ -60,7 +61,7 @@ type wakeRig struct {
 	gen       string
 	instances []*delivery.Service
 	trips     *counter      // the drains' round trips
-	every     time.Duration // the floor's interval (10 ms; REPLICATION_WAKEUP_FLOOR_EVERY)
+	every     time.Duration // the floor's interval (the drain's gather; REPLICATION_WAKEUP_FLOOR_EVERY)
 }
 
 func newWakeRig(b *testing.B) *wakeRig {
@@ -118,21 +119,22 @@ func newWakeRig(b *testing.B) *wakeRig {
 	reg, err := registry.Parse(fmt.Appendf(nil, `{"workspaces": [{"id": "w1", "database": {"url": %q},
 		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1"}}]}`, drainURL.String()))
 	require.NoError(b, err)
+	gather := delivery.DefaultGather
+	if v := os.Getenv("REPLICATION_WAKEUP_GATHER"); v != "" {
+		gather, err = time.ParseDuration(v)
+		require.NoError(b, err)
+	}
 	for range 4 {
 		// As functions/cmd builds its pools: two connections per workspace.
 		pools, err := database.New(database.Config{Tracer: r.trips, MaxConns: 2})
 		require.NoError(b, err)
 		b.Cleanup(pools.Close)
-		cfg := delivery.Config{Registry: reg, Pools: pools, Publisher: pub, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		if v := os.Getenv("REPLICATION_WAKEUP_GATHER"); v != "" {
-			cfg.Gather, err = time.ParseDuration(v)
-			require.NoError(b, err)
-		}
+		cfg := delivery.Config{Registry: reg, Pools: pools, Publisher: pub, Gather: gather, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		svc, err := delivery.New(cfg)
 		require.NoError(b, err)
 		r.instances = append(r.instances, svc)
 	}
-	r.every = 10 * time.Millisecond
+	r.every = max(gather, time.Millisecond)
 	if v := os.Getenv("REPLICATION_WAKEUP_FLOOR_EVERY"); v != "" {
 		r.every, err = time.ParseDuration(v)
 		require.NoError(b, err)
