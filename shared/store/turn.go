@@ -142,8 +142,7 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
 	}
 	t.role, t.next = TurnRole(role), role >= 2
-	switch {
-	case role == 3 || queue && role != 0:
+	if role == 3 || queue && role != 0 { // QueueTurn returns holding the turn
 		t.role = TurnTaken
 	}
 	if t.role == TurnCoalesced {
