@@ -96,11 +96,7 @@ func TestAWakeUpAfterTheClaimIsNotCoalescedIntoIt(t *testing.T) {
 	defer g.release()
 	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "after the claim"})
 	require.NoError(t, err)
-	later := make(chan drained, 1)
-	go func() {
-		res, err := r.svc.Drain(r.ctx, "w1")
-		later <- drained{res, err}
-	}()
+	later := r.wakeUp(r.svc)
 	r.awaitTurnWaits(t, 1)
 	select {
 	case d := <-later:

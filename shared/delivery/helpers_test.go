@@ -248,15 +248,22 @@ type drained struct {
 	err error
 }
 
+// wakeUp starts a wake-up of w1's drain on svc; its end arrives on the
+// channel.
+func (r *rig) wakeUp(svc *delivery.Service) <-chan drained {
+	done := make(chan drained, 1)
+	go func() {
+		res, err := svc.Drain(r.ctx, "w1")
+		done <- drained{res, err}
+	}()
+	return done
+}
+
 // drainHeld starts a drain of w1 whose publish the gate holds, and returns
 // once its batch is out; the drain's end arrives on the channel.
 func (r *rig) drainHeld(g *gate) <-chan drained {
 	g.hold()
-	done := make(chan drained, 1)
-	go func() {
-		res, err := r.svc.Drain(r.ctx, "w1")
-		done <- drained{res, err}
-	}()
+	done := r.wakeUp(r.svc)
 	<-g.entered
 	return done
 }

@@ -54,19 +54,11 @@ func TestAProbeLeavesTheEventsBehindToThePendingDrain(t *testing.T) {
 		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind it"})
 		require.NoError(t, err)
 	}
-	first := make(chan drained, 1)
-	go func() {
-		res, err := r.svc.Drain(r.ctx, "w1")
-		first <- drained{res, err}
-	}()
+	first := r.wakeUp(r.svc)
 	<-limit.entered // its lone event's request is out
 	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "committed later"})
 	require.NoError(t, err)
-	pending := make(chan drained, 1)
-	go func() {
-		res, err := r.svc.Drain(r.ctx, "w1")
-		pending <- drained{res, err}
-	}()
+	pending := r.wakeUp(r.svc)
 	r.awaitTurnWaits(t, 1)
 	close(limit.open) // the lone event fails alone
 	f := <-first
