@@ -4,14 +4,15 @@
 // # Drain
 //
 // Drain is a wake-up of a workspace's drain, which the ontology service
-// sends after every commit. A workspace's wake-ups coalesce through its
-// database, whichever instance they reach (store.TakeTurn): one drain holds
-// the turn; one waits for it, holding the next turn; a wake-up that finds
-// both held leaves its commit to the waiting drain, which has not claimed
-// yet, and returns at once (Coalesced), after one statement or, when the
-// waiting drain is in the same process, none. On a busy workspace the drain
-// that claims next waits Config.Gather first, so that one batch takes the
-// commits of several wake-ups. A drain whose turn it is claims the oldest
+// sends after every commit. On a busy workspace its wake-ups coalesce: in
+// each process one is the pending drain, which meets the other processes'
+// drains at the workspace's database (store.QueueTurn): one drain holds the
+// turn, one waits for it holding the next turn, and the others wait in the
+// server for the next turn. A wake-up that finds its process's pending
+// drain leaves its commit to it, which has not claimed yet, and returns at
+// once (Coalesced) without a statement. The drain that claims next waits
+// Config.Gather first, so that one batch takes the commits of many
+// wake-ups. A drain whose turn it is claims the oldest
 // pending events (disjoint from other claims, holding no lock the SDK
 // waits on; see the store's claims), publishes them as one Pub/Sub request
 // and acknowledges them only after Pub/Sub accepted them, and goes on while

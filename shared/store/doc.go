@@ -22,7 +22,7 @@
 // byte-bounded batch; after Pub/Sub accepted them, Finish acknowledges them
 // (accepted, with receipts). ClaimActive claims one batch on a connection
 // of its own, and Turn.Claim on the connection of a wake-up's drain turn
-// (TakeTurn: the wake-ups of a workspace coalesce; see turn.go); a Session claims batch
+// (QueueTurn and TakeTurn: the wake-ups of a workspace coalesce; see Turns); a Session claims batch
 // after batch on one connection, several out at once, its Next
 // acknowledging the ended ones and claiming the next in one round trip (a
 // bulk drain). DueUnverified lists accepted events to look up
