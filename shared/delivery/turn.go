@@ -41,13 +41,12 @@ func (s *Service) takeTurn(ctx context.Context, st *store.Store, first bool, res
 // stops being pending before it returns, and so before its claim: a
 // wake-up from then on is not counted on it.
 func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localTurn, pending *pendingDrain, first bool, res *DrainResult) error {
+	if !first && turn.HoldsNext() {
+		pending = local.enter() // Drain's pending place was left at its first claim
+	}
 	defer pending.leave()
 	if !turn.HoldsNext() {
 		return nil
-	}
-	if !first {
-		pending = local.enter()
-		defer pending.leave()
 	}
 	started := time.Now().Add(-turn.Waited())
 	if turn.Role() == store.TurnNext {

@@ -117,17 +117,7 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 	var role int
 	if queue {
 		var waited *int64
-		b := &pgx.Batch{}
-		b.Queue(sqlAwaitTurnBound, ms(bound))
-		b.Queue(sqlQueueTurn, DrainTurnClass)
-		results := conn.SendBatch(ctx, b)
-		_, err = results.Exec()
-		if err == nil {
-			err = results.QueryRow().Scan(&role, &waited)
-		}
-		if cerr := results.Close(); err == nil {
-			err = cerr
-		}
+		err = awaitBounded(ctx, conn, bound, sqlQueueTurn, &role, &waited)
 		if waited != nil {
 			t.queued, t.waited = true, time.Duration(*waited)*time.Microsecond
 		}
@@ -136,8 +126,8 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 	}
 	if err != nil {
 		t.End(ctx) // the statement may have taken a lock before it failed
-		if isLockTimeout(err) {
-			return nil, fmt.Errorf("store: wait for the drain's turn: %w (%v): %w", ErrTurnWait, bound, err)
+		if errors.Is(err, ErrTurnWait) {
+			return nil, fmt.Errorf("store: wait for the drain's turn: %w", err)
 		}
 		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
 	}
@@ -179,18 +169,35 @@ func (t *Turn) Wait(ctx context.Context, bound time.Duration) error {
 	if t.role != TurnNext || t.conn == nil {
 		return errors.New("store: wait for the drain's turn: not next")
 	}
-	b := &pgx.Batch{}
-	b.Queue(sqlAwaitTurnBound, ms(bound))
-	b.Queue(sqlAwaitTurn, DrainTurnClass)
-	if err := t.conn.SendBatch(ctx, b).Close(); err != nil {
+	if err := awaitBounded(ctx, t.conn, bound, sqlAwaitTurn); err != nil {
 		t.End(ctx)
-		if isLockTimeout(err) {
-			return fmt.Errorf("store: wait for the drain's turn: %w (%v): %w", ErrTurnWait, bound, err)
-		}
 		return fmt.Errorf("store: wait for the drain's turn: %w", err)
 	}
 	t.role = TurnTaken
 	return nil
+}
+
+// awaitBounded runs a turn's statement that may wait in the server for a
+// lock of the turns ($1: DrainTurnClass), at most bound: sqlAwaitTurnBound
+// sets the lock_timeout before it, in the same implicit transaction. It
+// scans the statement's row into dest, if any; a wait past the bound is
+// ErrTurnWait.
+func awaitBounded(ctx context.Context, conn *pgxpool.Conn, bound time.Duration, query string, dest ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlAwaitTurnBound, ms(bound))
+	b.Queue(query, DrainTurnClass)
+	results := conn.SendBatch(ctx, b)
+	_, err := results.Exec()
+	if err == nil && len(dest) > 0 {
+		err = results.QueryRow().Scan(dest...)
+	}
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	if isLockTimeout(err) {
+		return fmt.Errorf("%w (%v): %w", ErrTurnWait, bound, err)
+	}
+	return err
 }
 
 // Claim claims the next batch of the active target's pending events on
