@@ -9,7 +9,7 @@ import (
 
 // TestLocalTurnTellsBusyFromQuiet: a workspace whose wake-ups reach this
 // process once a second is quiet; a burst of one every 10 ms makes it busy
-// within a dozen wake-ups, and a pause of a second or more makes it quiet
+// within half a dozen wake-ups, and a pause of a second or more makes it quiet
 // again at once.
 func TestLocalTurnTellsBusyFromQuiet(t *testing.T) {
 	l := &localTurn{}
@@ -26,7 +26,7 @@ func TestLocalTurnTellsBusyFromQuiet(t *testing.T) {
 		l.arrived(at)
 		n++
 	}
-	require.LessOrEqual(t, n, 12, "a burst is busy within a dozen wake-ups")
+	require.LessOrEqual(t, n, 6, "a burst is busy within half a dozen wake-ups")
 	l.arrived(at.Add(10 * time.Second))
 	require.GreaterOrEqual(t, l.interval(), DefaultQuietInterval, "quiet again after a pause")
 }

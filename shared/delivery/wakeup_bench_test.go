@@ -62,6 +62,7 @@ type wakeRig struct {
 	instances []*delivery.Service
 	trips     *counter      // the drains' round trips
 	every     time.Duration // the floor's interval (the drain's gather; REPLICATION_WAKEUP_FLOOR_EVERY)
+	warm      time.Duration // each phase's warm-up, not measured (REPLICATION_WAKEUP_WARMUP)
 }
 
 func newWakeRig(b *testing.B) *wakeRig {
@@ -139,6 +140,11 @@ func newWakeRig(b *testing.B) *wakeRig {
 		r.every, err = time.ParseDuration(v)
 		require.NoError(b, err)
 	}
+	r.warm = 2 * time.Second
+	if v := os.Getenv("REPLICATION_WAKEUP_WARMUP"); v != "" {
+		r.warm, err = time.ParseDuration(v)
+		require.NoError(b, err)
+	}
 	// Warm: pools, prepared statements, the capture tables.
 	for _, svc := range r.instances {
 		_, err := r.w.Create(ctx, "product", map[string]any{"title": "warm"})
@@ -149,10 +155,13 @@ func newWakeRig(b *testing.B) *wakeRig {
 	return r
 }
 
-// wakePhase is one way's run at one rate: the figures it reports.
+// wakePhase is one way's run at one rate: the figures it reports, of the
+// commits after its warm-up, and the drain's cost in the warm-up.
 type wakePhase struct {
 	commits                    int
+	warmCommits                int
 	writerCPU, drainCPU        time.Duration
+	warmDrainCPU               time.Duration
 	statements, trips          int64
 	latencies                  []time.Duration
 	coalesced, waited, wakeUps int64
@@ -167,16 +176,34 @@ func (r *wakeRig) statementsOf(b *testing.B, role string) int64 {
 	return n
 }
 
-// run writes at rate commits a second for d, draining them the given way,
-// and waits until every event is accepted.
+// run writes at rate commits a second for the warm-up and then d, draining
+// them the given way, and waits until every event is accepted. It
+// measures from the end of the warm-up: a steady rate, not the burst's
+// start, when each instance's first wake-ups claim on their own until it
+// sees the workspace busy (the warm-up's drain cost is reported apart).
 func (r *wakeRig) run(b *testing.B, way string, rate int, d time.Duration) wakePhase {
 	b.Helper()
 	var ph wakePhase
 	drainRole := map[string]string{wakeCoalesced: "drainer", wakeEach: "drainer", wakeFloor: "floor"}[way]
 	drainApp := map[string]string{wakeCoalesced: "ontology-replication", wakeEach: "ontology-replication", wakeFloor: "floor"}[way]
-	statements0, trips0 := r.statementsOf(b, drainRole), r.trips.n.Load()
+	warm := r.warm
+	if rate == 0 {
+		warm = 0
+	}
 	cpu, err := pgtest.SampleBackendCPU(r.ctx, r.admin, 100*time.Millisecond)
 	require.NoError(b, err)
+	var statements0, trips0 int64
+	var measuring atomic.Bool
+	measure := func() { // the warm-up's end
+		ph.warmDrainCPU = cpu.Stop()[drainApp]
+		statements0, trips0 = r.statementsOf(b, drainRole), r.trips.n.Load()
+		cpu, err = pgtest.SampleBackendCPU(r.ctx, r.admin, 100*time.Millisecond)
+		require.NoError(b, err)
+		measuring.Store(true)
+	}
+	if warm == 0 {
+		measure()
+	}
 
 	ctx, stop := context.WithCancel(r.ctx)
 	var floorDone chan struct{}
@@ -217,7 +244,11 @@ func (r *wakeRig) run(b *testing.B, way string, rate int, d time.Duration) wakeP
 				}
 				at := time.Now()
 				mu.Lock()
-				committed[id] = at
+				if measuring.Load() {
+					committed[id] = at
+				} else {
+					ph.warmCommits++
+				}
 				mu.Unlock()
 				if way == wakeFloor {
 					continue
@@ -252,9 +283,12 @@ func (r *wakeRig) run(b *testing.B, way string, rate int, d time.Duration) wakeP
 	}
 	interval := time.Second / time.Duration(max(rate, 1))
 	start := time.Now()
-	for i := 0; rate > 0 && time.Since(start) < d; i++ {
+	for i := 0; rate > 0 && time.Since(start) < warm+d; i++ {
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
 			time.Sleep(wait) // pacing the workload
+		}
+		if !measuring.Load() && time.Since(start) >= warm {
+			measure()
 		}
 		tokens <- struct{}{}
 	}
@@ -341,7 +375,11 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // of REPLICATION_WAKEUP_RATES (commits a second; default 1,10,50,150,300,500)
 // over REPLICATION_WAKEUP_SECONDS (default 10, and at least 30 commits;
 // rate 0 is an idle workspace for a minute, whose drain statements it
-// reports).
+// reports), after a warm-up at the same rate that it does not measure
+// (REPLICATION_WAKEUP_WARMUP, default 2s): the figures are a steady
+// rate's. The warm-up is a burst's start, where each instance's first
+// half-dozen wake-ups claim on their own until it sees the workspace busy;
+// its drain CPU per commit is reported apart (warmup_drain_cpu_ms/commit).
 // Each iteration runs the same workload three ways in a turning order: the
 // drain function's coalesced wake-ups, a claim per wake-up as before, and a
 // coalescing floor (wakeFloor). From the server's own counters it reports
@@ -392,6 +430,8 @@ func BenchmarkWakeUps(b *testing.B) {
 					ph := r.run(b, way, rate, d)
 					s := cmp.Or(sum[way], &wakePhase{})
 					s.commits += ph.commits
+					s.warmCommits += ph.warmCommits
+					s.warmDrainCPU += ph.warmDrainCPU
 					s.writerCPU += ph.writerCPU
 					s.drainCPU += ph.drainCPU
 					s.statements += ph.statements
@@ -413,6 +453,7 @@ func BenchmarkWakeUps(b *testing.B) {
 			drain := perCommit(c.drainCPU, c.commits)
 			b.ReportMetric(writer, "writer_cpu_ms/commit")
 			b.ReportMetric(drain, "drain_cpu_ms/commit")
+			b.ReportMetric(perCommit(c.warmDrainCPU, c.warmCommits), "warmup_drain_cpu_ms/commit")
 			b.ReportMetric(perCommit(e.drainCPU, e.commits), "each_cpu_ms/commit")
 			b.ReportMetric(perCommit(f.drainCPU, f.commits), "floor_cpu_ms/commit")
 			b.ReportMetric(drain/writer, "drain/writer")

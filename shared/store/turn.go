@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -48,10 +47,10 @@ const sqlTakeTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1)
 // sqlQueueTurn is sqlTakeTurn that then waits, in the server, for what it
 // must hold to claim: when both turns are held it waits for the next turn
 // (and says 4) instead of taking nothing, and when it holds the next turn
-// without the turn (2 or 4) it waits for the turn, at most the lock_timeout
-// sqlAwaitTurnBound sets before it for each wait. It also says how long it
-// waited for the turn once it held the next turn (microseconds; NULL when
-// it did not wait), which the drain's gathering counts (see
+// without the turn (2 or 4) it waits for the turn, each wait at most the
+// lock_timeout it sets first ($2; see sqlWaitBound). It also says how long
+// it waited for the turn once it held the next turn (microseconds; NULL
+// when it did not wait), which the drain's gathering counts (see
 // delivery.Service.Drain). The locks are taken in order: the subqueries
 // are kept apart (OFFSET 0), the wait for the next turn is an InitPlan the
 // server runs only when CASE reaches its branch, and the wait for the turn
@@ -62,15 +61,22 @@ const sqlQueueTurn = `SELECT r.role, CASE WHEN r.role IN (2, 4) THEN (
          SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1)
              THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 3 ELSE 1 END
            WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 2
-           ELSE (SELECT 4 FROM pg_advisory_lock(hashtext($1), 2)) END AS role OFFSET 0) q OFFSET 0) r`
+           ELSE (SELECT 4 FROM pg_advisory_lock(hashtext($1), 2)) END AS role
+           FROM ` + sqlWaitBound + ` OFFSET 0) q OFFSET 0) r`
+
+// sqlWaitBound is the FROM item that bounds a turn's waits: a row computed
+// before the statement's target list, and so before any of its locks,
+// which sets the lock_timeout ($2) for the statement (local to its
+// implicit transaction). It saves the statement a separate set_config
+// sent before it (one statement fewer for each drain that claims).
+const sqlWaitBound = `(SELECT set_config('lock_timeout', $2, true) OFFSET 0) bound`
 
 // sqlAwaitTurn waits for the turn ($1: DrainTurnClass), at most the
-// lock_timeout sqlAwaitTurnBound sets before it in the same implicit
-// transaction. sqlLeaveNext lets the next turn go, before a claim.
+// lock_timeout ($2) it sets first. sqlLeaveNext lets the next turn go,
+// before a claim.
 const (
-	sqlAwaitTurnBound = `SELECT set_config('lock_timeout', $1, true)`
-	sqlAwaitTurn      = `SELECT pg_advisory_lock(hashtext($1), 1)`
-	sqlLeaveNext      = `SELECT pg_advisory_unlock(hashtext($1), 2)`
+	sqlAwaitTurn = `SELECT pg_advisory_lock(hashtext($1), 1) FROM ` + sqlWaitBound
+	sqlLeaveNext = `SELECT pg_advisory_unlock(hashtext($1), 2)`
 )
 
 // Turn is a wake-up's place in its workspace's turns: it holds a
@@ -178,21 +184,15 @@ func (t *Turn) Wait(ctx context.Context, bound time.Duration) error {
 }
 
 // awaitBounded runs a turn's statement that may wait in the server for a
-// lock of the turns ($1: DrainTurnClass), at most bound: sqlAwaitTurnBound
-// sets the lock_timeout before it, in the same implicit transaction. It
-// scans the statement's row into dest, if any; a wait past the bound is
-// ErrTurnWait.
+// lock of the turns ($1: DrainTurnClass), at most bound (the statement's
+// $2: see sqlWaitBound). It scans the statement's row into dest, if any; a
+// wait past the bound is ErrTurnWait.
 func awaitBounded(ctx context.Context, conn *pgxpool.Conn, bound time.Duration, query string, dest ...any) error {
-	b := &pgx.Batch{}
-	b.Queue(sqlAwaitTurnBound, ms(bound))
-	b.Queue(query, DrainTurnClass)
-	results := conn.SendBatch(ctx, b)
-	_, err := results.Exec()
-	if err == nil && len(dest) > 0 {
-		err = results.QueryRow().Scan(dest...)
-	}
-	if cerr := results.Close(); err == nil {
-		err = cerr
+	var err error
+	if len(dest) > 0 {
+		err = conn.QueryRow(ctx, query, DrainTurnClass, ms(bound)).Scan(dest...)
+	} else {
+		_, err = conn.Exec(ctx, query, DrainTurnClass, ms(bound))
 	}
 	if isLockTimeout(err) {
 		return fmt.Errorf("%w (%v): %w", ErrTurnWait, bound, err)
