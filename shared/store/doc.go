@@ -77,9 +77,14 @@
 //     The acknowledgement is the seed's short transaction, run after the
 //     publish (shared lifecycle lock, then the delivery rows), so
 //     accepted_at and next_verify_at are the time Pub/Sub had accepted the
-//     batch; the claim's locks are released after its COMMIT. A connection
-//     goes back to the pool only after that unlock succeeded; otherwise it
-//     is closed, which frees its locks.
+//     batch. A Session's claim's locks are released after its COMMIT; a
+//     claim of its own connection (the drain's) sends the lifecycle lock,
+//     the acknowledgement and the unlock as one implicit transaction, so
+//     its locks go just before it commits, once its update holds every row
+//     of the batch (a claim in between skips those rows: see below;
+//     TestFinishLetsGoBeforeItsCommit). A connection goes back to the pool
+//     only after that unlock succeeded; otherwise it is closed, which frees
+//     its locks.
 //   - Locks do not honour snapshots: a drain may take the lock of an event
 //     another drain acknowledged and unlocked after this drain's statement
 //     took its snapshot. So, after its try-locks, the same statement finds
@@ -104,7 +109,8 @@
 //     (TestClaimLeavesARowAcknowledgedAfterItsSnapshot pauses the
 //     statement after its snapshot to hold it). An acknowledgement
 //     that ran before the try-lock has always written its xmax by then: it
-//     updated the row before it committed and unlocked. The row locks last
+//     updated the row before it unlocked, and it unlocked before or after
+//     it committed: either way the row is not the newest. The row locks last
 //     as long as the claim's statement; an acknowledgement or a replay page
 //     that wants the same rows waits that long at most, never across a
 //     publish. Duplicates stay limited to lost publish responses and

@@ -24,6 +24,18 @@ const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_co
 // acknowledgement does, and then updates every row of the batch in one
 // statement, in key order (sqlFinish); then it releases the claim. Events in neither list
 // stay pending. It returns the number of receipts written.
+//
+// A claim of its own session (ClaimActive, Turn.Claim) sends all of it as
+// one implicit transaction, one round trip: the lifecycle lock, the finish
+// statement and the unlock, without BEGIN and COMMIT (two statements fewer
+// a batch on the wake-up path). Its claim locks, and the drain's turn, are
+// then let go just before the acknowledgement commits rather than just
+// after: a claim that try-locks one of its events in between finds the
+// row locked by the uncommitted update and skips it (the candidates'
+// statement locks a row it read in an older version FOR NO KEY UPDATE SKIP
+// LOCKED, and once the update has committed, finds it accepted), so no
+// event is taken twice; TestFinishLetsGoBeforeItsCommit holds it. When the
+// transaction fails, nothing is acknowledged and Release lets the locks go.
 func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
 	if c.Ended() {
 		if c.mode != inSession && len(accepted) == 0 && len(setAside) == 0 {
@@ -57,8 +69,10 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	if err != nil {
 		return fail(err)
 	}
+	// One implicit transaction (see above): no BEGIN, no COMMIT.
 	b := &pgx.Batch{}
-	queueAcknowledgement(b, s.cfg, query, args)
+	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
+	b.Queue(query, args...)
 	if c.idlePrior != nil {
 		b.Queue(sqlUnlockRestore, *c.idlePrior)
 	} else {
@@ -68,16 +82,13 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	results := c.conn.SendBatch(ctx, b)
 	var acked int64
 	err = func() error {
-		receipts, err := readAcknowledgement(results)
-		if err != nil {
-			return err
-		}
-		if len(accepted) > 0 {
-			acked = receipts
-		}
-		for range len(b.QueuedQueries) - acknowledgementStatements {
-			if _, err := results.Exec(); err != nil {
+		for i := range b.QueuedQueries {
+			tag, err := results.Exec()
+			if err != nil {
 				return err
+			}
+			if i == 1 && len(accepted) > 0 {
+				acked = tag.RowsAffected()
 			}
 		}
 		return nil
@@ -92,10 +103,11 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	return acked, nil
 }
 
-// The acknowledgement's transaction, one round trip with what follows it:
-// BEGIN, the shared lifecycle lock with the store's timeouts, the finish
-// statement (finishStatement), COMMIT. Finish and Session.Next both send
-// it; readAcknowledgement reads it back.
+// A Session's acknowledgement's transaction, one round trip with what
+// follows it: BEGIN, the shared lifecycle lock with the store's timeouts,
+// the finish statement (finishStatement), COMMIT. Session.Next sends it
+// (Finish sends the same without BEGIN and COMMIT); readAcknowledgement
+// reads it back.
 const (
 	acknowledgementStatements = 4
 	acknowledgementFinish     = 2 // the finish statement's place

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -245,4 +246,59 @@ func TestBackoffSettingsAvoidTheSeedsIntervals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFinishLetsGoBeforeItsCommit: the acknowledgement of a claim of its
+// own session (ClaimActive's, the drain's) lets its claim locks go in its
+// own implicit transaction, before it commits. A claim made in that moment
+// by another process takes none of its events (their rows are locked by
+// the uncommitted update and skipped), and once it has committed every
+// event is accepted once. A deferred constraint trigger on the receipts,
+// which the test adds, holds the commit until the test lets it go.
+func TestFinishLetsGoBeforeItsCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.start(t)
+	e.products(t, 5)
+	e.exec(t, `CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(7007); RETURN NULL; END $$`)
+	e.exec(t, `CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON _ontology_replication_receipts
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit()`)
+	gate, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = gate.Rollback(e.ctx) }()
+	_, err = gate.Exec(e.ctx, `SELECT pg_advisory_xact_lock(7007)`)
+	require.NoError(t, err)
+
+	_, _, c, err := e.store.ClaimActive(e.ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Release(context.Background()) })
+	require.Len(t, c.Events, 5)
+	acked := make(chan error, 1)
+	go func() {
+		n, err := c.Acknowledge(e.ctx)
+		if err == nil && n != 5 {
+			err = fmt.Errorf("%d receipts, want 5", n)
+		}
+		acked <- err
+	}()
+	for e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 7007 AND NOT granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 0 {
+		time.Sleep(5 * time.Millisecond) // polling the server's view of the wait: the signal itself
+	}
+	require.Empty(t, e.claimHolders(t), "the claim locks are gone before the acknowledgement commits")
+
+	quick, cancel := context.WithTimeout(e.ctx, 10*time.Second) // a claim that waits on those rows would wait for the gate
+	defer cancel()
+	_, _, other, err := otherProcess(t, e).ClaimActive(quick)
+	require.NoError(t, err)
+	if other != nil {
+		t.Cleanup(func() { other.Release(context.Background()) }) // before its pool closes
+		require.Zero(t, len(other.Events), "no event of the uncommitted acknowledgement is claimed again")
+		other.Release(e.ctx)
+	}
+	require.NoError(t, gate.Commit(e.ctx))
+	require.NoError(t, <-acked)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL`))
+	require.EqualValues(t, 5, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts`))
 }
