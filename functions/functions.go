@@ -38,7 +38,7 @@ const (
 	// EnvDrainGather is how long the drain that claims next waits before
 	// its claim while its workspace is busy, gathering the commits of the
 	// wake-ups coalesced into it, a Go duration from 0 (off) to 1s.
-	// Default: delivery.DefaultGather (75ms).
+	// Default: delivery.DefaultGather (85ms).
 	EnvDrainGather = "DRAIN_GATHER"
 	// EnvDrainQuietInterval is the mean time between one instance's
 	// wake-ups of a workspace at and above which the workspace is quiet and

@@ -197,10 +197,10 @@ variable "dead_letter_max_delivery_attempts" {
 variable "drain_gather" {
   description = "How long the drain that claims next waits before its claim while its workspace is busy, so that one batch takes several commits (a Go duration, 0 to 1s; 0 turns it off): the database's cost per commit against a commit's latency (README, Performance)."
   type        = string
-  default     = "75ms"
+  default     = "85ms"
   validation {
     condition     = can(regex("^(0|[0-9]{1,3}ms|1s)$", var.drain_gather))
-    error_message = "drain_gather must be a duration from 0 to 1s, such as 75ms."
+    error_message = "drain_gather must be a duration from 0 to 1s, such as 85ms."
   }
 }
 

@@ -73,8 +73,11 @@ type Config struct {
 	Gather time.Duration
 	// QuietInterval is the mean time between this process's wake-ups of a
 	// workspace at and above which the workspace is quiet: its wake-ups
-	// claim on their own, without turns (see Drain). Negative: never
-	// quiet (every wake-up takes turns). Default: DefaultQuietInterval.
+	// claim on their own, without turns (see Drain). The mean weighs each
+	// new interval a third and counts a pause as 1 s at most: a burst after
+	// a quiet spell is busy by its sixth wake-up, and one pause of a second
+	// makes the workspace quiet again. Negative: never quiet (every
+	// wake-up takes turns). Default: DefaultQuietInterval.
 	QuietInterval time.Duration
 	// RequeueReportAfter is how many times the verifier may send an event
 	// back to pending before it reports it (VerifyResult.RequeuedRepeatedly).
@@ -84,11 +87,12 @@ type Config struct {
 
 // DefaultGather is Config.Gather's default: on the development machine, at
 // 150 commits a second over four instances, the wake-up path then costs the
-// database about a third of the SDK writer's own CPU per commit, for a
-// median commit → accepted of about 40 ms and a p99 within 80 ms; 25 ms
-// costs about 0.6× for 15 / 31 ms, 90 ms about 0.31× for 48 / 94 ms
-// (README, Performance: BenchmarkWakeUps).
-const DefaultGather = 75 * time.Millisecond
+// database 0.29× the SDK writer's own CPU per commit (the SPEC's bar is
+// 0.3×), for a median commit → accepted of about 46 ms and a p99 of about
+// 88 ms (the SPEC's is 100 ms; at 500 commits/s 90 ms); 75 ms costs about
+// 0.33–0.40× for 41 / 78 ms, 25 ms about 0.6× for 15 / 31 ms (README,
+// Performance: BenchmarkWakeUps).
+const DefaultGather = 85 * time.Millisecond
 
 // DefaultQuietInterval is Config.QuietInterval's default: at rates where a
 // gather would rarely coalesce anything, turns would cost a statement a

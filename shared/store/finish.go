@@ -69,7 +69,9 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	if err != nil {
 		return fail(err)
 	}
-	// One implicit transaction (see above): no BEGIN, no COMMIT.
+	// One implicit transaction (see above): no BEGIN, no COMMIT; the
+	// finish statement second.
+	const finishPlace = 1
 	b := &pgx.Batch{}
 	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	b.Queue(query, args...)
@@ -87,7 +89,7 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 			if err != nil {
 				return err
 			}
-			if i == 1 && len(accepted) > 0 {
+			if i == finishPlace && len(accepted) > 0 {
 				acked = tag.RowsAffected()
 			}
 		}
