@@ -87,11 +87,11 @@ type Config struct {
 
 // DefaultGather is Config.Gather's default: on the development machine, at
 // 150 commits a second over four instances, the wake-up path then costs the
-// database 0.29× the SDK writer's own CPU per commit (the SPEC's bar is
-// 0.3×), for a median commit → accepted of about 46 ms and a p99 of about
-// 88 ms (the SPEC's is 100 ms; at 500 commits/s 90 ms); 75 ms costs about
-// 0.33–0.40× for 41 / 78 ms, 25 ms about 0.6× for 15 / 31 ms (README,
-// Performance: BenchmarkWakeUps).
+// database 0.29–0.35× the SDK writer's own CPU per commit (the SPEC's bar
+// is 0.3×), for a median commit → accepted of about 46 ms and a p99 of
+// about 88 ms (the SPEC's is 100 ms; at 500 commits/s 90 ms); 75 ms costs
+// about 0.33–0.40× for 41 / 78 ms, 25 ms about 0.6× for 15 / 31 ms
+// (README, Performance: BenchmarkWakeUps).
 const DefaultGather = 85 * time.Millisecond
 
 // DefaultQuietInterval is Config.QuietInterval's default: at rates where a
