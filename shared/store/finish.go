@@ -73,7 +73,7 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 	// finish statement second.
 	const finishPlace = 1
 	b := &pgx.Batch{}
-	b.Queue(sqlBeginShared, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
+	queueShareLifecycle(b, s.cfg)
 	b.Queue(query, args...)
 	if c.idlePrior != nil {
 		b.Queue(sqlUnlockRestore, *c.idlePrior)
@@ -115,10 +115,16 @@ const (
 	acknowledgementFinish     = 2 // the finish statement's place
 )
 
+// queueShareLifecycle queues sqlBeginShared with the store's timeouts: the
+// first statement of every acknowledgement's transaction.
+func queueShareLifecycle(b *pgx.Batch, cfg Config) {
+	b.Queue(sqlBeginShared, ms(cfg.StatementTimeout), ms(cfg.LockTimeout), LifecycleLock)
+}
+
 // queueAcknowledgement queues the acknowledgement's transaction.
 func queueAcknowledgement(b *pgx.Batch, cfg Config, query string, args []any) {
 	b.Queue("BEGIN")
-	b.Queue(sqlBeginShared, ms(cfg.StatementTimeout), ms(cfg.LockTimeout), LifecycleLock)
+	queueShareLifecycle(b, cfg)
 	b.Queue(query, args...)
 	b.Queue("COMMIT")
 }
