@@ -15,8 +15,10 @@ import (
 // TestWakeUpsCoalesceAcrossInstances: while a drain's batch is out, the
 // wake-ups of later commits on two instances (each with its own pool)
 // start no claim of their own while it is out. On each instance one is the
-// pending drain, which waits in the server for its turn (one statement);
-// the others are coalesced into it at once, without a statement. When the
+// pending drain: one holds the next turn and its claim waits in the server
+// for the turn, the other waits in the server for the next turn (one
+// statement); the others are coalesced into them at once, without a
+// statement. When the
 // batch is acknowledged, the first pending drain publishes every commit in
 // one batch; the other, whose turn comes after, finds nothing left.
 func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
@@ -63,7 +65,8 @@ func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 		require.Zero(t, d.res.Published)
 	}
 	r.awaitTurnWaits(t, 2) // one for the turn, the other for the next turn
-	require.EqualValues(t, 2, r.queries.n.Load()-before, "a round trip per pending drain, none per coalesced wake-up")
+	require.EqualValues(t, 3, r.queries.n.Load()-before,
+		"a round trip per pending drain, and the claim of the one next, which waits for the turn; none per coalesced wake-up")
 
 	g.release()
 	f := <-first

@@ -62,8 +62,10 @@ type Config struct {
 	// batches while more events are pending (see Drain): within the SDK's
 	// 5 s for a wake-up. Default: 2s.
 	DrainFor time.Duration
-	// TurnWait bounds a wake-up's wait for the drain in progress of its
-	// workspace to end its turn (see Drain). Default: 20s.
+	// TurnWait bounds each of a wake-up's waits for the drains of its
+	// workspace ahead of it: for the drain that is next to claim, and its
+	// claim's for the drain in progress to end its turn (see Drain).
+	// Default: 20s.
 	TurnWait time.Duration
 	// Gather is how long the drain that claims next waits before its
 	// claim while its workspace is busy, so that one batch takes the

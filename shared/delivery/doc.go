@@ -7,12 +7,13 @@
 // sends after every commit. On a busy workspace its wake-ups coalesce: in
 // each process one is the pending drain, which meets the other processes'
 // drains at the workspace's database (store.QueueTurn): one drain holds the
-// turn, one waits for it holding the next turn, and the others wait in the
-// server for the next turn. A wake-up that finds its process's pending
-// drain leaves its commit to it, which has not claimed yet, and returns at
-// once (Coalesced) without a statement. The drain that claims next waits
+// turn, one holds the next turn, and the others wait in the server for the
+// next turn. A wake-up that finds its process's pending drain leaves its
+// commit to it, which has not claimed yet, and returns at once (Coalesced)
+// without a statement. The drain that holds the next turn waits
 // Config.Gather first, so that one batch takes the commits of many
-// wake-ups. A drain whose turn it is claims the oldest
+// wake-ups, and then claims: its claim waits in the server for the turn,
+// if the drain ahead of it still holds it. A drain whose turn it is claims the oldest
 // pending events (disjoint from other claims, holding no lock the SDK
 // waits on; see the store's claims), publishes them as one Pub/Sub request
 // and acknowledges them only after Pub/Sub accepted them, and goes on while

@@ -43,8 +43,8 @@ type DrainResult struct {
 	// (this process's pending drain, without a statement).
 	Coalesced   bool   `json:"coalesced,omitempty"`
 	CoalescedBy string `json:"-"`
-	// Waited is how long the wake-up waited for the drain in progress
-	// before its own turn.
+	// Waited is how long the wake-up waited in the server for the drains
+	// ahead of it: for the next turn, and in its claim for the turn.
 	Waited time.Duration `json:"-"`
 	// Requests is how many Publish requests the drain sent.
 	Requests int `json:"-"`
@@ -76,10 +76,10 @@ func (r *DrainResult) add(b DrainResult) {
 // publishes nothing (Coalesced), without a statement. Otherwise it is the
 // process's pending drain: across every instance the drains meet at the
 // workspace's database (store.QueueTurn), one statement that takes the
-// turn, or the next turn and waits for the turn, or waits for the next
-// turn first (at most Config.TurnWait each); the drain then claims. So a
-// busy workspace costs the database a few statements per claim, not one
-// per wake-up. A drain with the turn publishes one batch of the oldest
+// next turn, or waits for it first (at most Config.TurnWait); the drain
+// then claims, and its claim waits for the turn if another drain still
+// holds it (at most Config.TurnWait too). So a busy workspace costs the
+// database a few statements per claim, not one per wake-up. A drain with the turn publishes one batch of the oldest
 // pending events (disjoint from other claims, holding no lock the SDK
 // waits on) as one Pub/Sub request and acknowledges it only after Pub/Sub
 // accepted it; while more are pending it takes the turn again and goes on,
@@ -130,7 +130,7 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 			// err is the loop's: the claim's error below must reach
 			// drainClaim (a := here would shadow it, and a failed claim
 			// would be taken for an empty one).
-			turn, err = s.takeTurn(ctx, st.store, first, &res)
+			turn, err = s.takeTurn(ctx, st.store, first)
 			if err != nil {
 				return res, err
 			}
@@ -139,10 +139,10 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 				// and takes what is left.
 				return res, nil
 			}
-			if err := s.awaitTurn(ctx, turn, local, pending, first, &res); err != nil {
+			if err := s.awaitTurn(ctx, turn, local, pending, first); err != nil {
 				return res, err
 			}
-			state, target, claim, err = turn.Claim(ctx)
+			state, target, claim, err = s.claimTurn(ctx, turn, local, &res)
 		}
 		batch, err := s.drainClaim(ctx, ws, state, target, claim, err)
 		res.add(batch)
@@ -195,11 +195,12 @@ func (s *Service) drainClaim(ctx context.Context, ws registry.Workspace, state s
 // and sets aside what can never be published.
 // When its lone event failed alone, more are pending and the failure is not
 // an outage's (suspects.worthProbing), it drains the next batch beside it
-// (probe) before it lets the event go, unless this process has a pending
-// drain of the workspace (see Drain): that drain claims those events as
-// soon as this claim ends, and it holds the pool's other connection while
-// it waits for this claim's turn, which the probe would wait for until the
-// pending drain's wait timed out.
+// (probe) before it lets the event go, unless this process has a drain of
+// the workspace that claims soon (pending, or its claim waits for the
+// turn: see Drain and claimTurn): that drain claims those events as soon as
+// this claim ends, and it holds the pool's other connection while it waits
+// for this claim's turn, which the probe would wait for until the pending
+// drain's wait timed out.
 func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim, res DrainResult, mayProbe bool) (DrainResult, error) {
 	defer claim.Release(ctx)
 	if len(claim.Events) == 0 && len(claim.Unpublishable) == 0 {
@@ -208,7 +209,7 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	res.More = claim.More
 	out := s.publishBatch(ctx, ws, claim)
 	res.Requests, res.PublishTime = out.requests, out.elapsed
-	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More && out.probe && !s.turns.of(ws.ID).waiting() {
+	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More && out.probe && !s.turns.of(ws.ID).claimsSoon() {
 		beside, err := DrainResult{}, claim.Narrow(ctx)
 		if err == nil {
 			beside, err = s.probe(ctx, ws)

@@ -13,58 +13,57 @@ import (
 // process knows of its workspaces' wake-ups.
 
 // takeTurn takes a drain's turn: its first as the process's pending drain,
-// which waits for the drains ahead of it (store.QueueTurn) and returns
-// holding the turn; a later one, when it goes on after a batch, takes the
-// turn or the next turn if free, and otherwise leaves what is left to the
-// drain that is next (store.TakeTurn).
-func (s *Service) takeTurn(ctx context.Context, st *store.Store, first bool, res *DrainResult) (*store.Turn, error) {
+// which waits for the drain that is next before it, if any
+// (store.QueueTurn), and returns holding the next turn; a later one, when
+// it goes on after a batch, takes the next turn if free, and otherwise
+// leaves what is left to the drain that is next (store.TakeTurn).
+func (s *Service) takeTurn(ctx context.Context, st *store.Store, first bool) (*store.Turn, error) {
 	if !first {
-		return st.TakeTurn(ctx)
+		return st.TakeTurn(ctx, s.cfg.TurnWait)
 	}
-	started := time.Now()
-	turn, err := st.QueueTurn(ctx, s.cfg.TurnWait)
-	if err == nil && turn.Queued() {
-		res.Waited += time.Since(started)
-	}
-	return turn, err
+	return st.QueueTurn(ctx, s.cfg.TurnWait)
 }
 
-// awaitTurn readies a turn for its claim. A drain next for the turn (a
-// later turn's, TakeTurn's) waits for it. A drain that holds the next
-// turn then gathers commits until Config.Gather has passed since it held
-// the next turn (QueueTurn's: since it began to wait for the turn), on the
-// wake-up's first claim only, so that one batch takes the commits of
-// several wake-ups: the workspace is busy (Drain takes turns only then).
-// Until the claim, wake-ups of this process are coalesced into it without
-// a statement: the first claim's drain is the process's pending drain
-// already (Drain), a later one holding the next turn becomes it here. It
-// stops being pending before it returns, and so before its claim: a
-// wake-up from then on is not counted on it.
-func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localTurn, pending *pendingDrain, first bool, res *DrainResult) error {
+// awaitTurn readies a turn for its claim. A drain that holds the next
+// turn gathers commits until Config.Gather has passed since it held it,
+// on the wake-up's first claim only, so that one batch takes the commits
+// of several wake-ups: the workspace is busy (Drain takes turns only
+// then). Its claim then waits for the turn, if another drain still holds
+// it (store.Turn.Claim). Until the claim, wake-ups of this process are
+// coalesced into it without a statement: the first claim's drain is the
+// process's pending drain already (Drain), a later one holding the next
+// turn becomes it here. It stops being pending before it returns, and so
+// before its claim: a wake-up from then on is not counted on it.
+func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localTurn, pending *pendingDrain, first bool) error {
 	if !first && turn.HoldsNext() {
 		pending = local.enter() // Drain's pending place was left at its first claim
 	}
 	defer pending.leave()
-	if !turn.HoldsNext() {
+	if !turn.HoldsNext() || !first || s.cfg.Gather <= 0 {
 		return nil
 	}
-	started := time.Now().Add(-turn.Waited())
-	if turn.Role() == store.TurnNext {
-		err := turn.Wait(ctx, s.cfg.TurnWait)
-		res.Waited += time.Since(started)
-		if err != nil {
-			return err
-		}
-	}
-	if gather := s.cfg.Gather - time.Since(started); gather > 0 && first {
-		select {
-		case <-ctx.Done():
-			turn.End(ctx)
-			return context.Cause(ctx)
-		case <-time.After(gather):
-		}
+	select {
+	case <-ctx.Done():
+		turn.End(ctx)
+		return context.Cause(ctx)
+	case <-time.After(s.cfg.Gather):
 	}
 	return nil
+}
+
+// claimTurn claims on a turn (store.Turn.Claim), whose first statement
+// waits for the turn when another drain still holds it, and counts how
+// long the drain waited. While that claim is out, the process counts the
+// drain as one that claims soon (localTurn.claimsSoon): it holds a connection of the pool
+// and claims as soon as the turn is free, so a drain that holds the turn
+// leaves it the events behind its batch (see publishClaim).
+func (s *Service) claimTurn(ctx context.Context, turn *store.Turn, local *localTurn, res *DrainResult) (store.State, store.Target, *store.Claim, error) {
+	if turn.Role() == store.TurnNext {
+		defer local.claimOut()()
+	}
+	state, target, claim, err := turn.Claim(ctx)
+	res.Waited += turn.Waited()
+	return state, target, claim, err
 }
 
 // turns are, per workspace, what this process knows of its wake-ups and
@@ -82,11 +81,14 @@ func (t *turns) of(workspace string) *localTurn {
 // localTurn is this process's view of one workspace's turns: its pending
 // drain, the one drain of the process that waits for a turn and has not
 // claimed yet (a wake-up that finds it leaves its events to it: that drain
-// claims after the wake-up looked, so after its commit), and how often
-// the workspace's wake-ups come.
+// claims after the wake-up looked, so after its commit), the drains whose
+// claim waits for the turn, and how often the workspace's wake-ups come.
 type localTurn struct {
 	mu      sync.Mutex
 	pending *pendingDrain
+	// claiming counts the drains of the process whose claim was sent and
+	// may wait for the turn (claimTurn): no wake-up is counted on them.
+	claiming int
 	// last is when the last wake-up of the workspace reached this
 	// process, and mean the mean time between them (exponentially
 	// weighted; at most maxInterval).
@@ -154,6 +156,28 @@ func (l *localTurn) waiting() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.pending != nil
+}
+
+// claimOut counts a drain whose claim may wait for the turn until the
+// function it returns is called.
+func (l *localTurn) claimOut() (done func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.claiming++
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.claiming--
+	}
+}
+
+// claimsSoon reports whether a drain of the process will claim as soon as
+// the turn is free: its pending drain, or one whose claim waits for the
+// turn. Unlike waiting, it must not be used to coalesce a wake-up.
+func (l *localTurn) claimsSoon() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending != nil || l.claiming > 0
 }
 
 // leave gives the pending place up, if p still holds it. It is safe to

@@ -154,7 +154,7 @@ func (c *Claim) candidates(ctx context.Context, generation string, after *candid
 	c.locked = true
 	results := conn.SendBatch(ctx, b)
 	cands, err := func() ([]candidate, error) {
-		prior, err := readClaimSession(results, false)
+		prior, _, err := readClaimSession(results, turnHold{})
 		if err != nil {
 			return nil, err
 		}

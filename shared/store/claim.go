@@ -1,8 +1,9 @@
 package store
 
 // A claim's start and end on its connection; its design (the locking every
-// change must keep) is Claims in the package doc, its candidates
-// candidates.go, its events read read.go, its acknowledgement finish.go.
+// change must keep) is Claims in the package doc, its session's first
+// statement and unlock claimsession.go, its candidates candidates.go, its
+// events read read.go, its acknowledgement finish.go.
 
 import (
 	"context"
@@ -17,70 +18,6 @@ import (
 
 // ClaimLockClass names the first key of the claim's advisory locks.
 const ClaimLockClass = "segmentstream.ontology.replication.claim"
-
-// sqlClaimSession reads the session's idle_session_timeout (which the
-// candidates' statement sets while the claim holds locks, and the claim's
-// release puts back), sets the timeouts of a claim's read (local to its
-// implicit transaction) and takes the shared
-// lifecycle lock for the read only: a read of several tables in one
-// transaction then never holds one table's lock while a migration, which
-// takes the lifecycle lock exclusively first, holds another's. The read
-// commits within milliseconds, before anything is published.
-//
-// It also has the statements after it in its transaction run with their
-// generic plans (plan_cache_mode, local too). Their custom plans are the
-// same plans, but PostgreSQL's plan cache may keep choosing them, and the
-// candidates' statement then costs about 0.35 ms of planning at every
-// claim, three times what it costs to run (in BenchmarkWakeUps, up to 28 %
-// of the drain's database CPU was planning). TestClaimUsesGenericPlans
-// holds it, and TestClaimGenericPlanReadsByIndex checks the generic plan.
-const sqlClaimSession = `SELECT current_setting('idle_session_timeout'), set_config('statement_timeout', $1, true),
-  set_config('lock_timeout', $2, true), set_config('plan_cache_mode', 'force_generic_plan', true),
-  pg_advisory_xact_lock_shared(hashtextextended($3, 0))`
-
-// sqlClaimSessionLeavingNext is sqlClaimSession of a drain that holds the
-// next turn (see turn.go), which it lets go ($4: DrainTurnClass) in this
-// statement, before the candidates' statement takes its snapshot.
-const sqlClaimSessionLeavingNext = sqlClaimSession + `, pg_advisory_unlock(hashtext($4), 2)`
-
-// readClaimSession reads sqlClaimSession's (or, with leavingNext,
-// sqlClaimSessionLeavingNext's) result: the session's idle_session_timeout
-// before the claim, which its release puts back.
-func readClaimSession(results pgx.BatchResults, leavingNext bool) (string, error) {
-	var prior string
-	dest := []any{&prior, nil, nil, nil, nil}
-	if leavingNext {
-		dest = append(dest, nil)
-	}
-	err := results.QueryRow().Scan(dest...)
-	return prior, err
-}
-
-// sqlUnlockRestore releases every claim lock of the session and puts its
-// idle_session_timeout, which a claim that took a lock sets (see
-// sqlCandidates), back to what it was before the claim ($1, read by
-// sqlClaimSession): the setting lasts as long as the claim, never into the
-// connection's next use. sqlUnlockClaims does the same where that value is
-// not known (two statements, for the simple protocol: Exec without
-// arguments), putting the session's default back; sqlUnlockAll releases
-// the locks only (a turn that claimed nothing set nothing).
-const (
-	sqlUnlockRestore = `SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', $1, false)`
-	sqlUnlockClaims  = sqlUnlockAll + "; " + sqlResetIdle
-	sqlUnlockAll     = `SELECT pg_advisory_unlock_all()`
-	sqlResetIdle     = `RESET idle_session_timeout`
-)
-
-// unlock releases every lock of conn's session and restores its
-// idle_session_timeout (to prior when known).
-func unlock(ctx context.Context, conn *pgxpool.Conn, prior *string) error {
-	if prior != nil {
-		_, err := conn.Exec(ctx, sqlUnlockRestore, *prior)
-		return err
-	}
-	_, err := conn.Exec(ctx, sqlUnlockClaims)
-	return err
-}
 
 // Claim is a claimed batch of pending events: they stay marked as taken
 // until Finish or Release, so concurrent drains take disjoint batches.
@@ -157,12 +94,6 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 	}
 }
 
-// turnHold is what of the drain's turn (see turn.go) a claim's session
-// holds: the turn, which the claim's end releases, and the next turn,
-// which the claim's first statement lets go, before its candidates are
-// read.
-type turnHold struct{ turn, next bool }
-
 // claimActive is one attempt of ClaimActive on conn, which the claim takes
 // over (and gives back to the pool when it ends), with what of the drain's
 // turn its session holds.
@@ -170,7 +101,7 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 	fail := func(err error) (State, Target, *Claim, error) {
 		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
 	}
-	c := &Claim{store: s, conn: conn, turn: hold.turn, locked: hold.turn}
+	c := &Claim{store: s, conn: conn, turn: hold.turn || hold.take, locked: hold.turn || hold.next}
 	keep := false
 	defer func() {
 		if !keep {
@@ -183,9 +114,12 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 		return fail(err)
 	}
 	results := conn.SendBatch(ctx, b)
-	state, t, cands, err := readClaimStart(c, results, hold.next, !legacyHint, s.backoffs)
+	state, t, cands, err := readClaimStart(c, results, hold, !legacyHint, s.backoffs)
 	if cerr := results.Close(); err == nil && cerr != nil {
 		err = cerr
+	}
+	if hold.take && isLockTimeout(err) && !c.holdsTurn(ctx) {
+		err = fmt.Errorf("%w (%v): %w", ErrTurnWait, hold.bound, err)
 	}
 	if state, err = s.settleProtocol(ctx, c, state, err); err != nil {
 		return state, Target{}, nil, err
@@ -232,11 +166,15 @@ func (s *Store) queueClaimStart(ctx context.Context, c *Claim, hold turnHold, le
 		}
 	}
 	b := &pgx.Batch{}
-	if hold.next {
-		// Before the candidates' statement, whose snapshot is then taken
-		// after every wake-up that found the next turn held.
+	switch {
+	case hold.take:
+		// The turn first, then the next turn let go, before the candidates'
+		// statement, whose snapshot is then taken after every wake-up that
+		// found the next turn held.
+		b.Queue(sqlClaimSessionTakingTurn, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock, DrainTurnClass, ms(hold.bound))
+	case hold.next:
 		b.Queue(sqlClaimSessionLeavingNext, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock, DrainTurnClass)
-	} else {
+	default:
 		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	}
 	if legacyHint {
@@ -315,12 +253,15 @@ func (s *Store) claimAfterLegacyHint(ctx context.Context, c *Claim, state State)
 }
 
 // readClaimStart reads the results of ClaimActive's first round trip.
-func readClaimStart(c *Claim, results pgx.BatchResults, leavingNext, v4 bool, backoffs []int64) (State, Target, []candidate, error) {
-	prior, err := readClaimSession(results, leavingNext)
+func readClaimStart(c *Claim, results pgx.BatchResults, hold turnHold, v4 bool, backoffs []int64) (State, Target, []candidate, error) {
+	prior, waited, err := readClaimSession(results, hold)
 	if err != nil {
 		return State{}, Target{}, nil, err
 	}
 	c.idlePrior = &prior
+	if hold.waited != nil {
+		*hold.waited += waited
+	}
 	if !v4 {
 		var present bool
 		if err := results.QueryRow().Scan(&present); err != nil {

@@ -163,31 +163,35 @@
 //     connection, and the acknowledgement's unlock of every lock the
 //     session holds ends the turn;
 //   - the next turn (key turnNext): held by the one drain that will claim
-//     next and has not claimed yet. It is taken with the turn when both are
-//     free (the drain may then gather commits for a moment before it
-//     claims), or alone while another drain holds the turn (the drain
-//     then waits for the turn, a lock wait in the server, bounded). Its
-//     holder lets it go in its claim's first statement, before the
-//     candidates' statement takes its snapshot; the drains waiting for it
-//     (one per process at most) queue behind it in the server.
+//     next and has not claimed yet. It is taken first, with the turn when
+//     both are free, or alone while another drain holds the turn; the
+//     turn is never taken without it. Its holder may gather commits for a
+//     moment before it claims, with the turn free or not; its claim's first
+//     statement takes the turn, when it does not hold it, waiting in the
+//     server (bounded) for the drain that holds it, and then lets the next
+//     turn go, before the candidates' statement takes its snapshot; the
+//     drains waiting for the next turn (one per process at most) queue
+//     behind it in the server.
 //
 // A drain that must claim (the first of its process to wait, see
 // delivery.Service.Drain) takes its place in one statement (sqlQueueTurn):
-// the turn if it is free (with the next turn if that is free too), or else
-// the next turn if that is free, or else it waits in the server for the
-// next turn; once it holds the next turn it waits for the turn. Each wait
-// is a lock wait, bounded. Its process's later wake-ups are coalesced into
-// it without a statement until its claim, so a busy workspace costs the
-// database a statement per drain that claims, not one per wake-up. A drain
-// that goes on after a full batch takes the turn or the next turn only if
-// free, or else does nothing (sqlTakeTurn): the drain that holds the next
-// turn takes what is left. No wake-up is lost. A wake-up comes after its
+// the next turn (with the turn if that is free too) if it is free, or else
+// it waits in the server for the next turn, a lock wait, bounded. It never
+// waits for the turn there: its claim does, after its gathering, when the
+// turn is still held; a drain that gathered finds the turn nearly always
+// free by then, and so a claim nearly always costs one lock wait in the
+// server at most (for the next turn), where it cost two. Its process's later wake-ups are coalesced into it without a
+// statement until its claim, so a busy workspace costs the database a
+// statement per drain that claims, not one per wake-up. A drain that goes
+// on after a full batch takes the next turn (and the turn) only if free,
+// or else does nothing (sqlTakeTurn): the drain that holds the next turn
+// takes what is left. No wake-up is lost. A wake-up comes after its
 // commit, so its events are visible to any claim whose statement starts
 // after it looked. A wake-up coalesced into its process's pending drain
 // looked before that drain's claim, which the drain sends only after it
-// stops being pending. A drain that took or waited for its turn claims
-// after that. A drain that found the next turn held by another did so
-// before that one claimed, whose claim then takes its events, up to the
+// stops being pending. A drain that took or waited for the next turn
+// claims after that. A drain that found the next turn held by another did
+// so before that one claimed, whose claim then takes its events, up to the
 // byte bound (events beyond it are pending and more is reported; the drain
 // function goes on while more are pending). A drain that dies frees its
 // locks with its session; one that hangs holding the turn is ended by the

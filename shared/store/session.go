@@ -276,7 +276,7 @@ func (ss *Session) sendRound(ctx context.Context, b *pgx.Batch, r *round) error 
 			return nil
 		}
 		stage = "claim pending events of"
-		prior, err := readClaimSession(results, false)
+		prior, _, err := readClaimSession(results, turnHold{})
 		if err != nil {
 			return err
 		}

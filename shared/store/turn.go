@@ -27,88 +27,87 @@ type TurnRole int
 
 // The roles.
 const (
-	// TurnCoalesced: another drain holds the turn and a third waits for
-	// it; that one's claim takes this wake-up's events.
+	// TurnCoalesced: another drain holds the next turn and has not claimed
+	// yet; its claim takes this wake-up's events.
 	TurnCoalesced TurnRole = iota
-	// TurnTaken: the wake-up holds the turn: it claims now.
+	// TurnTaken: the wake-up holds the turn (and the next turn): it may
+	// claim at once.
 	TurnTaken
-	// TurnNext: the wake-up waits for the turn (Turn.Wait), then claims.
+	// TurnNext: the wake-up holds the next turn while another drain holds
+	// the turn; its claim waits for the turn.
 	TurnNext
 )
 
-// sqlTakeTurn tries the turn and, with it, the next turn; or else the next
-// turn alone ($1: DrainTurnClass), in that order (CASE evaluates its
-// branches lazily), and says what it took: 0 neither, 1 the turn, 2 the
-// next turn, 3 both.
-const sqlTakeTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1)
-    THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 3 ELSE 1 END
-  WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 2 ELSE 0 END`
+// sqlTakeTurn takes the next turn if it is free and, with it, the turn if
+// that is free too ($1: DrainTurnClass), in that order (CASE evaluates its
+// branches lazily), and says what it took: 0 nothing (another drain is
+// next), 2 the next turn, 3 both. The turn is never taken without the next
+// turn: a drain that holds the next turn and gathers commits before its
+// claim (see delivery.Service.Drain) may leave the turn free meanwhile, and
+// no other drain claims ahead of it.
+const sqlTakeTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 2)
+    THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END ELSE 0 END`
 
-// sqlQueueTurn is sqlTakeTurn that then waits, in the server, for what it
-// must hold to claim: when both turns are held it waits for the next turn
-// (and says 4) instead of taking nothing, and when it holds the next turn
-// without the turn (2 or 4) it waits for the turn, each wait at most the
-// lock_timeout it sets first ($2; see sqlWaitBound). It also says how long
-// it waited for the turn once it held the next turn (microseconds; NULL
-// when it did not wait), which the drain's gathering counts (see
-// delivery.Service.Drain). The locks are taken in order: the subqueries
-// are kept apart (OFFSET 0), the wait for the next turn is an InitPlan the
-// server runs only when CASE reaches its branch, and the wait for the turn
-// a SubPlan run on the row that holds the next turn, when it must.
-const sqlQueueTurn = `SELECT r.role, CASE WHEN r.role IN (2, 4) THEN (
-         SELECT (extract(epoch FROM clock_timestamp() - r.at) * 1000000)::bigint FROM pg_advisory_lock(hashtext($1), 1)) END
-  FROM (SELECT q.role, clock_timestamp() AS at FROM (
-         SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1)
-             THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 3 ELSE 1 END
-           WHEN pg_try_advisory_lock(hashtext($1), 2) THEN 2
-           ELSE (SELECT 4 FROM pg_advisory_lock(hashtext($1), 2)) END AS role
-           FROM ` + sqlWaitBound + ` OFFSET 0) q OFFSET 0) r`
+// sqlQueueTurn is sqlTakeTurn that, when the next turn is held, waits for
+// it in the server instead of taking nothing, at most the lock_timeout it
+// sets first ($2; see waitBound); it then tries the turn as well, and says
+// what it holds (2 or 3) and how long it waited for the next turn
+// (microseconds; NULL when it did not wait). The locks are taken in order:
+// the subquery that takes the next turn is kept apart (OFFSET 0), and its
+// wait is a SubPlan the server runs only when CASE reaches its branch. It
+// never waits for the turn: the drain's claim does, after its gathering
+// (sqlClaimSessionTakingTurn), when it is still held.
+var sqlQueueTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END, q.waited
+  FROM (SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN NULL ELSE (
+           SELECT (extract(epoch FROM clock_timestamp() - bound.at) * 1000000)::bigint FROM pg_advisory_lock(hashtext($1), 2)) END AS waited
+          FROM ` + sqlWaitBound + ` OFFSET 0) q`
 
-// sqlWaitBound is the FROM item that bounds a turn's waits: a row computed
+// sqlWaitBound is waitBound of $2.
+var sqlWaitBound = waitBound("$2")
+
+// waitBound is the FROM item that bounds a turn's waits: a row computed
 // before the statement's target list, and so before any of its locks,
-// which sets the lock_timeout ($2) for the statement (local to its
-// implicit transaction). It saves the statement a separate set_config
-// sent before it (one statement fewer for each drain that claims).
-const sqlWaitBound = `(SELECT set_config('lock_timeout', $2, true) OFFSET 0) bound`
-
-// sqlAwaitTurn waits for the turn ($1: DrainTurnClass), at most the
-// lock_timeout ($2) it sets first. sqlLeaveNext lets the next turn go,
-// before a claim.
-const (
-	sqlAwaitTurn = `SELECT pg_advisory_lock(hashtext($1), 1) FROM ` + sqlWaitBound
-	sqlLeaveNext = `SELECT pg_advisory_unlock(hashtext($1), 2)`
-)
+// which sets the lock_timeout (the parameter) for the statement (local to
+// its implicit transaction) and says when it began (at). It saves the
+// statement a separate set_config sent before it (one statement fewer for
+// each drain that claims).
+func waitBound(param string) string {
+	return `(SELECT set_config('lock_timeout', ` + param + `, true), clock_timestamp() AS at OFFSET 0) bound`
+}
 
 // Turn is a wake-up's place in its workspace's turns: it holds a
-// connection of the store's pool while it holds the turn or waits for it.
+// connection of the store's pool while it holds the next turn or the turn.
 type Turn struct {
 	store *Store
 	conn  *pgxpool.Conn
 	role  TurnRole
 	next  bool // it holds the next turn: it has not claimed yet
-	// queued: QueueTurn waited for the next turn or for the turn;
-	// waited is how long it waited for the turn once it held the next.
+	// bound bounds its claim's wait for the turn (TurnNext).
+	bound time.Duration
+	// queued: QueueTurn waited for the next turn; waited is how long it
+	// waited for the next turn and then, in its claim, for the turn.
 	queued bool
 	waited time.Duration
 }
 
-// TakeTurn takes the workspace's drain turn, or the next turn, or neither,
-// in one statement. A Turn of role TurnCoalesced holds nothing; the others
-// must be claimed with (Claim) or ended (End).
-func (s *Store) TakeTurn(ctx context.Context) (*Turn, error) {
-	return s.takeTurn(ctx, false, 0)
+// TakeTurn takes the workspace's next turn and, if it is free too, the
+// drain turn, in one statement; or nothing, when another drain is next. A
+// Turn of role TurnCoalesced holds nothing; the others must be claimed
+// with (Claim) or ended (End). The claim of a TurnNext waits for the turn
+// at most bound (longer fails with ErrTurnWait).
+func (s *Store) TakeTurn(ctx context.Context, bound time.Duration) (*Turn, error) {
+	return s.takeTurn(ctx, false, bound)
 }
 
 // QueueTurn is TakeTurn for a drain that must claim, as the first drain of
 // its process to wait for the workspace's turn (see delivery.Service.Drain),
-// in one statement too: when another drain holds the turn and a third the
-// next turn, it waits for the next turn instead of taking nothing, and once
-// it holds the next turn it waits for the turn, each wait at most bound
-// (longer fails with ErrTurnWait). It returns holding the turn (TurnTaken),
-// with the next turn unless it found the turn free and the next turn held.
-// Its process's later wake-ups are coalesced into it without a statement
-// until its claim, and so a busy workspace costs the database a statement
-// per drain that claims, not one per wake-up.
+// in one statement too: when another drain is next it waits for the next
+// turn instead of taking nothing, at most bound (longer fails with
+// ErrTurnWait). It returns holding the next turn, and the turn when that
+// was free (TurnTaken; TurnNext otherwise: its claim waits for the turn, at
+// most bound). Its process's later wake-ups are coalesced into it without
+// a statement until its claim, and so a busy workspace costs the database
+// a statement per drain that claims, not one per wake-up.
 func (s *Store) QueueTurn(ctx context.Context, bound time.Duration) (*Turn, error) {
 	return s.takeTurn(ctx, true, bound)
 }
@@ -119,7 +118,7 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 	if err != nil {
 		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
 	}
-	t := &Turn{store: s, conn: conn}
+	t := &Turn{store: s, conn: conn, bound: bound}
 	var role int
 	if queue {
 		var waited *int64
@@ -137,11 +136,13 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 		}
 		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
 	}
-	t.role, t.next = TurnRole(role), role >= 2
-	if role == 3 || queue && role != 0 { // QueueTurn returns holding the turn
-		t.role = TurnTaken
-	}
-	if t.role == TurnCoalesced {
+	switch role {
+	case 3:
+		t.role, t.next = TurnTaken, true
+	case 2:
+		t.role, t.next = TurnNext, true
+	default:
+		t.role = TurnCoalesced
 		conn.Release()
 		t.conn = nil
 	}
@@ -151,49 +152,29 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 // Role is what TakeTurn gave the wake-up.
 func (t *Turn) Role() TurnRole { return t.role }
 
-// Queued reports that QueueTurn held the next turn and so waited for the
-// turn (and, before, for the next turn if it was held).
+// Queued reports that QueueTurn waited for the next turn.
 func (t *Turn) Queued() bool { return t.queued }
 
-// Waited is how long QueueTurn waited for the turn once it held the next
-// turn, measured by the server.
+// Waited is how long the drain waited, measured by the server, for the
+// next turn (QueueTurn) and, once its claim was made, for the turn
+// (Turn.Claim).
 func (t *Turn) Waited() time.Duration { return t.waited }
 
-// HoldsNext reports that the drain holds the next turn as well as, or
-// while it waits for, the turn: the wake-ups that come until its claim are
-// coalesced into it, so it may wait a moment before it claims to gather
-// more commits into one batch.
+// HoldsNext reports that the drain holds the next turn: the wake-ups that
+// come until its claim are coalesced into it, so it may wait a moment
+// before it claims to gather more commits into one batch.
 func (t *Turn) HoldsNext() bool { return t.next }
 
-// ErrTurnWait: the drain that holds the turn held it longer than the wait's
-// bound.
+// ErrTurnWait: the drain that holds the turn (or the next turn) held it
+// longer than the wait's bound.
 var ErrTurnWait = errors.New("the drain's turn was held longer than the wait's bound")
-
-// Wait waits, at most bound, for the turn a TurnNext wake-up is next for;
-// it keeps the next turn until its claim. On error the turn is ended.
-func (t *Turn) Wait(ctx context.Context, bound time.Duration) error {
-	if t.role != TurnNext || t.conn == nil {
-		return errors.New("store: wait for the drain's turn: not next")
-	}
-	if err := awaitBounded(ctx, t.conn, bound, sqlAwaitTurn); err != nil {
-		t.End(ctx)
-		return fmt.Errorf("store: wait for the drain's turn: %w", err)
-	}
-	t.role = TurnTaken
-	return nil
-}
 
 // awaitBounded runs a turn's statement that may wait in the server for a
 // lock of the turns ($1: DrainTurnClass), at most bound (the statement's
-// $2: see sqlWaitBound). It scans the statement's row into dest, if any; a
-// wait past the bound is ErrTurnWait.
+// $2: see waitBound), and scans its row into dest; a wait past the bound
+// is ErrTurnWait.
 func awaitBounded(ctx context.Context, conn *pgxpool.Conn, bound time.Duration, query string, dest ...any) error {
-	var err error
-	if len(dest) > 0 {
-		err = conn.QueryRow(ctx, query, DrainTurnClass, ms(bound)).Scan(dest...)
-	} else {
-		_, err = conn.Exec(ctx, query, DrainTurnClass, ms(bound))
-	}
+	err := conn.QueryRow(ctx, query, DrainTurnClass, ms(bound)).Scan(dest...)
 	if isLockTimeout(err) {
 		return fmt.Errorf("%w (%v): %w", ErrTurnWait, bound, err)
 	}
@@ -201,17 +182,22 @@ func awaitBounded(ctx context.Context, conn *pgxpool.Conn, bound time.Duration, 
 }
 
 // Claim claims the next batch of the active target's pending events on
-// the turn's connection, as ClaimActive does, letting the next turn go
-// first when it holds it; the claim takes the turn over, and its Finish or
-// Release ends it (with every lock of the session).
-// The turn must have been taken (TurnTaken, or TurnNext after Wait).
+// the turn's connection, as ClaimActive does. Its first statement takes
+// the turn when the drain does not hold it yet (TurnNext), waiting at most
+// the turn's bound (longer fails with ErrTurnWait), and then lets the next
+// turn go, before the candidates are read; the claim takes the turn over,
+// and its Finish or Release ends it (with every lock of the session).
 func (t *Turn) Claim(ctx context.Context) (State, Target, *Claim, error) {
-	if t.role != TurnTaken || t.conn == nil {
-		return State{}, Target{}, nil, errors.New("store: claim on the drain's turn: the turn is not held")
+	if t.role == TurnCoalesced || t.conn == nil {
+		return State{}, Target{}, nil, errors.New("store: claim on the drain's turn: neither the turn nor the next turn is held")
 	}
 	conn := t.conn
 	t.conn = nil
-	state, target, c, err := t.store.claimActive(ctx, conn, turnHold{turn: true, next: t.next})
+	hold := turnHold{turn: t.role == TurnTaken, next: t.next, waited: &t.waited}
+	if !hold.turn {
+		hold.take, hold.bound = true, t.bound
+	}
+	state, target, c, err := t.store.claimActive(ctx, conn, hold)
 	if undefinedTable(err) {
 		// A read table was renamed: the statement never ran, and the
 		// claim's release ended the turn. Claim again without it: the claim
@@ -243,4 +229,20 @@ func (t *Turn) End(ctx context.Context) {
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// sqlHoldsTurn reports whether the session holds the drain's turn ($1:
+// DrainTurnClass): a two-key advisory lock is (classid, objid) with
+// objsubid 2.
+const sqlHoldsTurn = `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted
+    AND classid::int = hashtext($1) AND objid::bigint = 1 AND objsubid = 2)`
+
+// holdsTurn reports whether the claim's session holds the drain's turn,
+// after its first statement failed on a lock timeout: if not, the timeout
+// was the wait for the turn's, not the lifecycle lock's. It says yes when
+// it cannot tell.
+func (c *Claim) holdsTurn(ctx context.Context) bool {
+	var held bool
+	err := c.conn.QueryRow(ctx, sqlHoldsTurn, DrainTurnClass).Scan(&held)
+	return err != nil || held
 }

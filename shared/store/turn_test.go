@@ -18,18 +18,19 @@ import (
 // takeTurn takes a turn of st and ends it when the test ends.
 func (e *env) takeTurn(t testing.TB, st *store.Store) *store.Turn {
 	t.Helper()
-	turn, err := st.TakeTurn(e.ctx)
+	turn, err := st.TakeTurn(e.ctx, time.Minute)
 	require.NoError(t, err)
 	t.Cleanup(func() { turn.End(e.ctx) })
 	return turn
 }
 
 // TestTurnsCoalesceWakeUps: of the wake-ups of a workspace, whichever
-// process they reach, one holds the turn, one waits for it, and the others
-// are coalesced; the one waiting holds the turn once the first has
-// finished its claim, and its claim takes every event committed before the
-// coalesced wake-ups, including one committed after the first drain's last
-// claim (the lost wake-up).
+// process they reach, one holds the turn, one the next turn, and the
+// others are coalesced; the one next waits for the turn in its claim, and
+// holds the next turn until the first has finished its claim, and its
+// claim takes every event committed before the coalesced wake-ups,
+// including one committed after the first drain's last claim (the lost
+// wake-up).
 func TestTurnsCoalesceWakeUps(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
@@ -50,7 +51,7 @@ func TestTurnsCoalesceWakeUps(t *testing.T) {
 	// commit's wake-up reaches another process.
 	e.products(t, 1)
 	next := e.takeTurn(t, other)
-	require.Equal(t, store.TurnNext, next.Role(), "the turn is held: the wake-up waits for it")
+	require.Equal(t, store.TurnNext, next.Role(), "the turn is held: the wake-up is next")
 	// Two more commits; their wake-ups are coalesced, on either process.
 	e.products(t, 2)
 	for _, st := range []*store.Store{e.store, other} {
@@ -58,18 +59,20 @@ func TestTurnsCoalesceWakeUps(t *testing.T) {
 		require.Equal(t, store.TurnCoalesced, coalesced.Role())
 	}
 
-	waited := make(chan error, 1)
-	go func() { waited <- next.Wait(e.ctx, 10*time.Second) }()
-	waitUntilBlocked(t, e, "pg_advisory_lock")
+	claimed := make(chan *store.Claim, 1)
+	go func() {
+		_, _, c, err := next.Claim(e.ctx)
+		assert.NoError(t, err)
+		claimed <- c
+	}()
+	require.EqualValues(t, 1, awaitTurnWait(t, e), "its claim waits for the turn")
+	require.Equal(t, store.TurnCoalesced, e.takeTurn(t, e.store).Role(), "it holds the next turn while it waits")
 	_, err = c.Acknowledge(e.ctx) // the first drain's turn ends with its claim
 	require.NoError(t, err)
-	require.NoError(t, <-waited)
-	// It holds the turn and, until its claim, the next turn.
-	require.Equal(t, store.TurnCoalesced, e.takeTurn(t, e.store).Role())
-
-	_, _, c, err = next.Claim(e.ctx)
-	require.NoError(t, err)
+	c = <-claimed
+	require.NotNil(t, c)
 	require.Len(t, c.Events, 3, "the waiting drain's claim takes every event its coalesced wake-ups left it")
+	require.Positive(t, next.Waited(), "measured by the server")
 	later := e.takeTurn(t, e.store)
 	require.Equal(t, store.TurnNext, later.Role(), "claimed: the next turn is free")
 	later.End(e.ctx)
@@ -94,7 +97,7 @@ func TestNoWakeUpIsLost(t *testing.T) {
 		store.BeforeRelease(e.store, nil)
 		e.products(t, 1)
 		var err error
-		next, err = other.TakeTurn(e.ctx)
+		next, err = other.TakeTurn(e.ctx, 10*time.Second)
 		require.NoError(t, err)
 	})
 	first := e.takeTurn(t, e.store)
@@ -105,7 +108,6 @@ func TestNoWakeUpIsLost(t *testing.T) {
 	require.NotNil(t, next, "the commit landed before the empty claim released its turn")
 	t.Cleanup(func() { next.End(e.ctx) })
 	require.Equal(t, store.TurnNext, next.Role(), "the wake-up after the commit is next, not coalesced")
-	require.NoError(t, next.Wait(e.ctx, 10*time.Second))
 	_, _, c, err = next.Claim(e.ctx)
 	require.NoError(t, err)
 	require.Len(t, c.Events, 1, "and its claim publishes the commit")
@@ -114,8 +116,8 @@ func TestNoWakeUpIsLost(t *testing.T) {
 }
 
 // TestTurnWaitIsBounded: a drain that holds the turn past the wait's bound
-// makes the waiting one give up with ErrTurnWait, and its next turn is
-// free again.
+// makes the claim of the one next give up with ErrTurnWait, and its next
+// turn is free again.
 func TestTurnWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
@@ -127,9 +129,12 @@ func TestTurnWaitIsBounded(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Release(e.ctx) })
 	require.Len(t, c.Events, 1)
-	next := e.takeTurn(t, e.store)
+	next, err := e.store.TakeTurn(e.ctx, 100*time.Millisecond)
+	require.NoError(t, err)
+	t.Cleanup(func() { next.End(e.ctx) })
 	require.Equal(t, store.TurnNext, next.Role())
-	require.ErrorIs(t, next.Wait(e.ctx, 100*time.Millisecond), store.ErrTurnWait)
+	_, _, _, err = next.Claim(e.ctx)
+	require.ErrorIs(t, err, store.ErrTurnWait)
 	again := e.takeTurn(t, e.store)
 	require.Equal(t, store.TurnNext, again.Role(), "the one that gave up let the next turn go")
 }
@@ -206,8 +211,8 @@ func awaitTurnWait(t testing.TB, e *env) int64 {
 
 // TestQueuedTurnWaitsForTheDrainsAhead: a drain that must claim
 // (QueueTurn), while one drain holds the turn and another the next turn,
-// waits in the server for the next turn, then for the turn, in its one
-// statement, and returns holding both; its claim then takes every event
+// waits in the server for the next turn, in its one statement, and returns
+// holding it; its claim then waits for the turn and takes every event
 // committed before it was queued. Past its bound it gives up with
 // ErrTurnWait and leaves no lock behind.
 func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
@@ -227,7 +232,7 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 	tracer := &statementCounter{}
 	traced := tracedStore(t, e, tracer)
 	_, err = traced.QueueTurn(e.ctx, 100*time.Millisecond)
-	require.ErrorIs(t, err, store.ErrTurnWait, "both turns held past the bound")
+	require.ErrorIs(t, err, store.ErrTurnWait, "the next turn held past the bound")
 	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::int = hashtext($1) AND granted
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass),
 		"the turn and the next turn, the first's and the next's; nothing of the one that gave up")
@@ -249,30 +254,120 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 		queued <- turn
 	}()
 	require.EqualValues(t, 2, awaitTurnWait(t, e), "it waits for the next turn")
+	nextClaimed := make(chan *store.Claim, 1)
+	go func() {
+		_, _, nc, err := next.Claim(e.ctx) // it waits for the turn, then lets the next turn go
+		assert.NoError(t, err)
+		nextClaimed <- nc
+	}()
 	_, err = c.Acknowledge(e.ctx) // the first drain's turn ends
 	require.NoError(t, err)
-	require.NoError(t, next.Wait(e.ctx, 10*time.Second))
-	_, _, nc, err := next.Claim(e.ctx) // it lets the next turn go
-	require.NoError(t, err)
+	nc := <-nextClaimed
+	require.NotNil(t, nc)
 	require.Len(t, nc.Events, 2)
-	require.EqualValues(t, 1, awaitTurnWait(t, e), "it holds the next turn and waits for the turn")
-	e.products(t, 1) // committed while it waits: its claim takes it
-	_, err = nc.Acknowledge(e.ctx)
-	require.NoError(t, err)
 	select {
 	case turn = <-queued:
 	case <-time.After(time.Minute):
-		t.Fatal("the queued drain did not get the turn")
+		t.Fatal("the queued drain did not get the next turn")
 	}
 	require.NotNil(t, turn)
-	require.Equal(t, store.TurnTaken, turn.Role())
+	require.Equal(t, store.TurnNext, turn.Role(), "the turn is the next drain's, whose batch is out")
 	require.True(t, turn.HoldsNext())
 	require.True(t, turn.Queued())
-	require.Positive(t, turn.Waited(), "it waited for the turn once it held the next turn")
-	require.EqualValues(t, 1, tracer.statements.Load(), "one statement, which bounds its own waits")
-	_, _, qc, err := turn.Claim(e.ctx)
+	require.Positive(t, turn.Waited(), "it waited for the next turn")
+	require.EqualValues(t, 1, tracer.statements.Load(), "one statement, which bounds its own wait")
+	e.products(t, 1) // committed while it holds the next turn: its claim takes it
+
+	queuedClaimed := make(chan *store.Claim, 1)
+	go func() {
+		_, _, qc, err := turn.Claim(e.ctx)
+		assert.NoError(t, err)
+		queuedClaimed <- qc
+	}()
+	require.EqualValues(t, 1, awaitTurnWait(t, e), "its claim waits for the turn")
+	_, err = nc.Acknowledge(e.ctx)
 	require.NoError(t, err)
-	require.Len(t, qc.Events, 1, "the commit made while it waited")
+	qc := <-queuedClaimed
+	require.NotNil(t, qc)
+	require.Len(t, qc.Events, 1, "the commit made while it held the next turn")
 	_, err = qc.Acknowledge(e.ctx)
 	require.NoError(t, err)
+}
+
+// TestClaimTellsALifecycleWaitFromATurnWait: a claim that takes the turn
+// and then finds the lifecycle lock held (a migration) past the store's
+// lock timeout fails with the lock timeout, not ErrTurnWait, and leaves
+// no lock of the turns behind.
+func TestClaimTellsALifecycleWaitFromATurnWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.start(t)
+	e.products(t, 1)
+	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := store.New(pool, store.Config{LockTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+
+	first := e.takeTurn(t, e.store)
+	_, _, c, err := first.Claim(e.ctx)
+	require.NoError(t, err)
+	require.Len(t, c.Events, 1, "the first drain's batch is out")
+	turn, err := st.TakeTurn(e.ctx, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { turn.End(e.ctx) })
+	require.Equal(t, store.TurnNext, turn.Role(), "its claim takes the turn")
+	c.Release(e.ctx) // the turn is free again
+
+	migration, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = migration.Rollback(e.ctx) })
+	_, err = migration.Exec(e.ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, store.LifecycleLock)
+	require.NoError(t, err)
+	_, _, _, err = turn.Claim(e.ctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, store.ErrTurnWait, "the claim took the turn: the lifecycle lock timed out")
+	require.NoError(t, migration.Rollback(e.ctx))
+
+	next, err := st.TakeTurn(e.ctx, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { next.End(e.ctx) })
+	require.Equal(t, store.TurnTaken, next.Role(), "the failed claim let both turns go")
+}
+
+// TestNoDrainClaimsAheadOfTheNext: while the drain that is next gathers
+// commits with the turn free (its claim takes the turn), a wake-up takes
+// neither turn and a queued drain waits for the next turn: none claims
+// ahead of it.
+func TestNoDrainClaimsAheadOfTheNext(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	e.start(t)
+	other := otherProcess(t, e)
+	e.products(t, 1)
+	first := e.takeTurn(t, e.store)
+	_, _, c, err := first.Claim(e.ctx)
+	require.NoError(t, err)
+	next := e.takeTurn(t, other)
+	require.Equal(t, store.TurnNext, next.Role())
+	_, err = c.Acknowledge(e.ctx) // the turn is free; the next turn is held
+	require.NoError(t, err)
+
+	turnLocks := func() int64 {
+		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::int = hashtext($1) AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass)
+	}
+	require.Equal(t, store.TurnCoalesced, e.takeTurn(t, e.store).Role())
+	require.EqualValues(t, 1, turnLocks(), "the coalesced wake-up took nothing: the next turn only is held")
+	queued, err := e.store.QueueTurn(e.ctx, 100*time.Millisecond)
+	if queued != nil {
+		queued.End(e.ctx)
+	}
+	require.ErrorIs(t, err, store.ErrTurnWait, "a queued drain waits for the next turn, not for the free turn")
+	require.EqualValues(t, 1, turnLocks())
+	_, _, nc, err := next.Claim(e.ctx)
+	require.NoError(t, err)
+	require.Empty(t, nc.Events)
 }
