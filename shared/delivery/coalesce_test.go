@@ -24,9 +24,19 @@ import (
 func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 	t.Parallel()
 	g := newGate()
-	// Every wake-up takes turns, as on a busy workspace.
-	r := newRig(t, 2, withPublishReactor(g), withService(func(c *delivery.Config) { c.QuietInterval = -1 }))
+	// Every wake-up takes turns, as on a busy workspace. The gather is
+	// long enough for every wake-up to reach its instance before the drain
+	// that holds the next turn sends its claim (a wake-up after that is the
+	// instance's next pending drain).
+	r := newRig(t, 2, withPublishReactor(g), withService(func(c *delivery.Config) {
+		c.QuietInterval = -1
+		c.Gather = time.Second
+	}))
 	instances := []*delivery.Service{r.svc, r.newService()}
+	for _, svc := range instances { // each learns the capture tables, a round trip of its first claim
+		_, err := svc.Drain(r.ctx, "w1")
+		require.NoError(t, err)
+	}
 	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "first"})
 	require.NoError(t, err)
 	first := r.drainHeld(g) // its batch is out
