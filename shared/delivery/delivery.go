@@ -89,10 +89,11 @@ type Config struct {
 
 // DefaultGather is Config.Gather's default: on the development machine, at
 // 150 commits a second over four instances, the wake-up path then costs the
-// database 0.29–0.35× the SDK writer's own CPU per commit (the SPEC's bar
+// database 0.27–0.30× the SDK writer's own CPU per commit (the SPEC's bar
 // is 0.3×), for a median commit → accepted of about 46 ms and a p99 of
-// about 88 ms (the SPEC's is 100 ms; at 500 commits/s 90 ms); 75 ms costs
-// about 0.33–0.40× for 41 / 78 ms, 25 ms about 0.6× for 15 / 31 ms
+// about 88 ms (the SPEC's is 100 ms; at 500 commits/s 88 ms too); 75 ms
+// cost about 0.33–0.40× for 41 / 78 ms and 25 ms about 0.6× for 15 / 31 ms,
+// measured before the claim took the turn itself, which saved about 10 %
 // (README, Performance: BenchmarkWakeUps).
 const DefaultGather = 85 * time.Millisecond
 
