@@ -79,12 +79,13 @@ func (r *DrainResult) add(b DrainResult) {
 // next turn, or waits for it first (at most Config.TurnWait); the drain
 // then claims, and its claim waits for the turn if another drain still
 // holds it (at most Config.TurnWait too). So a busy workspace costs the
-// database a few statements per claim, not one per wake-up. A drain with the turn publishes one batch of the oldest
-// pending events (disjoint from other claims, holding no lock the SDK
-// waits on) as one Pub/Sub request and acknowledges it only after Pub/Sub
-// accepted it; while more are pending it takes the turn again and goes on,
-// for up to Config.DrainFor, unless another drain is next (then that one
-// takes them, and this one answers). The drain that claims next gathers
+// database a few statements per claim, not one per wake-up. A drain with
+// the turn publishes one batch of the oldest pending events (disjoint from
+// other claims, holding no lock the SDK waits on) as one Pub/Sub request
+// and acknowledges it only after Pub/Sub accepted it; while more are
+// pending it takes a turn again and goes on, for up to Config.DrainFor,
+// unless another drain is next (then that one takes them, and this one
+// answers). The drain that claims next gathers
 // commits for Config.Gather first (see awaitTurn), so that one batch takes
 // the commits of several wake-ups. An event that cannot be published is
 // set aside and the others go on. When replication is disabled or has no

@@ -54,9 +54,10 @@ func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localT
 // claimTurn claims on a turn (store.Turn.Claim), whose first statement
 // waits for the turn when another drain still holds it, and counts how
 // long the drain waited. While that claim is out, the process counts the
-// drain as one that claims soon (localTurn.claimsSoon): it holds a connection of the pool
-// and claims as soon as the turn is free, so a drain that holds the turn
-// leaves it the events behind its batch (see publishClaim).
+// drain as one that claims soon (localTurn.claimsSoon): it holds a
+// connection of the pool and claims as soon as the turn is free, so a
+// drain that holds the turn leaves it the events behind its batch (see
+// publishClaim).
 func (s *Service) claimTurn(ctx context.Context, turn *store.Turn, local *localTurn, res *DrainResult) (store.State, store.Target, *store.Claim, error) {
 	if turn.Role() == store.TurnNext {
 		defer local.claimOut()()

@@ -152,10 +152,16 @@ func TestTakingATurnIsOneStatement(t *testing.T) {
 	coalesced := e.takeTurn(t, st)
 	require.Equal(t, store.TurnCoalesced, coalesced.Role())
 	require.EqualValues(t, 1, tracer.statements.Load())
-	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::int = hashtext($1) AND granted
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		store.DrainTurnClass), "the turn and the next turn, both the first drain's; nothing of the coalesced one")
+	require.EqualValues(t, 2, turnLocksHeld(t, e), "the turn and the next turn, both the first drain's; nothing of the coalesced one")
 	held.End(e.ctx)
+}
+
+// turnLocksHeld counts the locks of the drain's turns held in e's
+// database.
+func turnLocksHeld(t testing.TB, e *env) int64 {
+	t.Helper()
+	return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::int = hashtext($1) AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass)
 }
 
 // statementCounter counts the statements a connection sends (a pipeline's
@@ -233,9 +239,7 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 	traced := tracedStore(t, e, tracer)
 	_, err = traced.QueueTurn(e.ctx, 100*time.Millisecond)
 	require.ErrorIs(t, err, store.ErrTurnWait, "the next turn held past the bound")
-	require.EqualValues(t, 2, e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::int = hashtext($1) AND granted
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass),
-		"the turn and the next turn, the first's and the next's; nothing of the one that gave up")
+	require.EqualValues(t, 2, turnLocksHeld(t, e), "the turn and the next turn, the first's and the next's; nothing of the one that gave up")
 
 	tracer.statements.Store(0)
 	queued := make(chan *store.Turn, 1)
@@ -355,18 +359,14 @@ func TestNoDrainClaimsAheadOfTheNext(t *testing.T) {
 	_, err = c.Acknowledge(e.ctx) // the turn is free; the next turn is held
 	require.NoError(t, err)
 
-	turnLocks := func() int64 {
-		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::int = hashtext($1) AND granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass)
-	}
 	require.Equal(t, store.TurnCoalesced, e.takeTurn(t, e.store).Role())
-	require.EqualValues(t, 1, turnLocks(), "the coalesced wake-up took nothing: the next turn only is held")
+	require.EqualValues(t, 1, turnLocksHeld(t, e), "the coalesced wake-up took nothing: the next turn only is held")
 	queued, err := e.store.QueueTurn(e.ctx, 100*time.Millisecond)
 	if queued != nil {
 		queued.End(e.ctx)
 	}
 	require.ErrorIs(t, err, store.ErrTurnWait, "a queued drain waits for the next turn, not for the free turn")
-	require.EqualValues(t, 1, turnLocks())
+	require.EqualValues(t, 1, turnLocksHeld(t, e))
 	_, _, nc, err := next.Claim(e.ctx)
 	require.NoError(t, err)
 	require.Empty(t, nc.Events)
