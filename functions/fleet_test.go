@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -25,7 +26,13 @@ import (
 // so that the cluster's bound is the product's.
 func fleet(t *testing.T, n, events, maxConnections int, opts ...option_) *harness {
 	t.Helper()
-	c, err := pgtest.Start(context.Background(), pgtest.Config{Disposable: true, Settings: map[string]string{"max_connections": fmt.Sprint(maxConnections)}})
+	return fleetOn(t, map[string]string{"max_connections": fmt.Sprint(maxConnections)}, n, events, opts...)
+}
+
+// fleetOn is fleet on a server started with settings.
+func fleetOn(t *testing.T, settings map[string]string, n, events int, opts ...option_) *harness {
+	t.Helper()
+	c, err := pgtest.Start(context.Background(), pgtest.Config{Disposable: true, Settings: settings})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Stop() })
 	ids := make([]string, n)
@@ -320,12 +327,21 @@ func TestVerifyRequestBody(t *testing.T) {
 // budget (however many workspaces it serves), every wake-up is answered 200
 // or, when it waited too long for a place, 503 (a deferral the SDK logs and
 // the next wake-up or the sweep makes good), and every event is published.
+//
+// The registry names the server three ways, 127.0.0.1, localhost and
+// [::1] (it listens on both loopback addresses): one server, one budget.
 func TestDrainFloodStaysWithinTheServersBudget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server of its own with 40 databases")
 	}
 	t.Parallel()
-	h := fleet(t, 40, 1, 100)
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	} else {
+		ln.Close()
+	}
+	h := fleetOn(t, map[string]string{"max_connections": "100", "listen_addresses": "127.0.0.1,::1"}, 40, 1,
+		withHostSpellings("127.0.0.1", "localhost", "[::1]"))
 	for id := range h.spaces {
 		h.products(id, 250)
 		h.spaces[id].pool.Reset()

@@ -99,6 +99,15 @@ type harnessConfig struct {
 	lookupTimeout time.Duration
 	// googleKeys fetches the keys of Google's tokens (withCallerCheck).
 	googleKeys *http.Client
+	// hosts, when set, spell the registry's database host of workspace i
+	// as hosts[i % len(hosts)] (withHostSpellings).
+	hosts []string
+}
+
+// withHostSpellings has the registry name the workspaces' server by each
+// of hosts in turn (127.0.0.1, localhost, [::1]: one server, three ways).
+func withHostSpellings(hosts ...string) option_ {
+	return func(c *harnessConfig) { c.hosts = hosts }
 }
 
 // withCallerCheck turns the verifier's caller check on: the scheduler's
@@ -196,9 +205,13 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 		require.NoError(t, err)
 		h.spaces[id] = ws
 		dataset := "ds_" + id
+		registryURL := ws.url
+		if len(cfg.hosts) > 0 {
+			registryURL = strings.Replace(ws.url, "@127.0.0.1:", "@"+cfg.hosts[len(spaces)%len(cfg.hosts)]+":", 1)
+		}
 		spaces = append(spaces, fmt.Sprintf(`{"id": %q, "organization_id": %q, "runtime_subject": %q,
 			"database": {"url": %q}, "pubsub": {"project": "p1", "topic": "events-%s"},
-			"bigquery": {"project": "p1", "dataset": %q, "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, ws.url, id, dataset, bqHTTP.URL))
+			"bigquery": {"project": "p1", "dataset": %q, "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, registryURL, id, dataset, bqHTTP.URL))
 	}
 	cfg.env["REPLICATION_WORKSPACES"] = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q}, "workspaces": [%s]}`,
 		h.issuer.URL, jwks.URL, strings.Join(spaces, ","))

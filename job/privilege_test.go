@@ -2,20 +2,15 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
-	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/functions"
@@ -31,45 +26,9 @@ func grantsOf(t *testing.T) string {
 	t.Helper()
 	readme, err := os.ReadFile("../terraform/README.md")
 	require.NoError(t, err)
-	section := regexp.MustCompile("(?s)## Database access\n.*?```sql\n(.*?)```").FindSubmatch(readme)
-	require.NotNil(t, section, "terraform/README.md has a Database access section with a sql block")
-	return string(section[1])
-}
-
-// README names, replaced by the test's: the example project, and the
-// example history tables.
-const (
-	readmeProject = "acme-replication.iam"
-	readmeHistory = "customer_history, product_history, order_history"
-)
-
-// protocol4Only are the tables the SDK's v4 migration creates; the
-// README says to leave them out of the GRANTs on a database still at
-// protocol 3, with the grant on the column it adds to the target table.
-var protocol4Only = []string{"_ontology_replication_delivery", "_ontology_replication_revision"}
-
-// grantAtProtocol3 is a GRANT as the README says to run it at protocol 3:
-// without the protocol-4 tables, and not at all when it names no other or
-// names the protocol-4 column verified_count.
-func grantAtProtocol3(statement string) string {
-	if strings.Contains(statement, "verified_count") {
-		return "" // the targets' columns the migration adds
-	}
-	on := regexp.MustCompile(`(?s)( ON )(.*?)(\s+TO )`)
-	m := on.FindStringSubmatchIndex(statement)
-	if m == nil {
-		return statement
-	}
-	var kept []string
-	for _, table := range strings.Split(statement[m[4]:m[5]], ",") {
-		if table = strings.TrimSpace(table); !slices.Contains(protocol4Only, table) {
-			kept = append(kept, table)
-		}
-	}
-	if len(kept) == 0 {
-		return ""
-	}
-	return statement[:m[4]] + strings.Join(kept, ", ") + statement[m[5]:]
+	grants, err := sdkfixture.Grants(readme)
+	require.NoError(t, err)
+	return grants
 }
 
 // leastPrivilegeRoles creates, in a workspace's database, the three
@@ -78,48 +37,9 @@ func grantAtProtocol3(statement string) string {
 // one's URL.
 func leastPrivilegeRoles(t *testing.T, h *harness, id string, protocol int) map[string]string {
 	t.Helper()
-	ctx := h.ctx
-	owner := h.spaces[id].pool
-	ownerURL, err := url.Parse(h.spaces[id].url)
-	require.NoError(t, err)
-	database := strings.TrimPrefix(ownerURL.Path, "/")
-	components := []string{"drain", "verify", "job"}
-	urls := map[string]string{}
-	var script strings.Builder
-	for _, c := range components {
-		role := "replication-" + c + "@" + database
-		password := rand.Text()
-		fmt.Fprintf(&script, "CREATE ROLE %s LOGIN PASSWORD '%s';\n", pgx.Identifier{role}.Sanitize(), password)
-		u := *ownerURL
-		u.User = url.UserPassword(role, password)
-		urls[c] = u.String()
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		for _, c := range components {
-			role := pgx.Identifier{"replication-" + c + "@" + database}.Sanitize()
-			_, _ = owner.Exec(ctx, "DROP OWNED BY "+role)
-			_, _ = owner.Exec(ctx, "DROP ROLE "+role)
-		}
-	})
-	rows, err := owner.Query(ctx, `SELECT quote_ident(c.relname) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-		WHERE t.tgname = '_ontology_capture' ORDER BY 1`)
-	require.NoError(t, err)
-	history, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.NotEmpty(t, history)
-	grants := grantsOf(t)
-	require.Contains(t, grants, readmeHistory)
-	grants = strings.ReplaceAll(grants, readmeHistory, strings.Join(history, ", "))
-	grants = strings.ReplaceAll(grants, readmeProject, database)
-	for _, statement := range strings.Split(grants, ";") {
-		if protocol == 3 {
-			statement = grantAtProtocol3(statement)
-		}
-		script.WriteString(statement + ";")
-	}
-	_, err = owner.Exec(ctx, script.String())
+	urls, drop, err := sdkfixture.ComponentRoles(h.ctx, h.spaces[id].pool, h.spaces[id].url, grantsOf(t), protocol)
 	require.NoError(t, err, "%s: the README's GRANTs run as the database owner", id)
+	t.Cleanup(func() { drop(context.Background()) })
 	return urls
 }
 

@@ -3,6 +3,10 @@
 //
 //	REPLICATION_WORKSPACES_FILE=registry.json go run ./functions/cmd -port 8080
 //
+// It listens on every interface at -port ($PORT on Cloud Run), or at -addr
+// (host:port): the local mode gives it 127.0.0.1, so that a demo on a
+// laptop is not reachable from the network.
+//
 // With FUNCTION_TARGET=Drain (or Verify) it serves that one function at / and
 // every path below it, as each Cloud Run service runs. Without it, it serves
 // both: the drain at /api/internal/v1/workspaces/{workspace}/ontology/replication/drain
@@ -30,7 +34,8 @@ import (
 
 func main() {
 	var cfg functions.ServerConfig
-	port := flag.String("port", cmp.Or(os.Getenv("PORT"), "8080"), "port to listen on (default $PORT or 8080)")
+	port := flag.String("port", cmp.Or(os.Getenv("PORT"), "8080"), "port to listen on, on every interface (default $PORT or 8080)")
+	addr := flag.String("addr", "", "host:port to listen on instead, such as 127.0.0.1:8080 (a loopback address serves this machine only)")
 	flag.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", 0, "the time a client has to send its request headers (default 10s)")
 	flag.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "how long a kept-alive connection may stay idle (default 2m)")
 	flag.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 0, "how long a stop waits for the requests in flight (default 8s)")
@@ -40,7 +45,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	l, err := net.Listen("tcp", ":"+*port)
+	l, err := net.Listen("tcp", cmp.Or(*addr, ":"+*port))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "functions:", err)
 		os.Exit(1)

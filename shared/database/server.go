@@ -38,13 +38,21 @@ import (
 // PostgreSQL server is in use.
 var ErrServerBusy = errors.New("database: every connection this process may open to the server is in use")
 
-// serverKey names the PostgreSQL server a workspace's database lives on: its
-// Cloud SQL instance, or the address its host resolves to (the least of
-// them, as resolveHosts cached it) and its port, so that two spellings of
-// one server (localhost and 127.0.0.1, a name and its address) share one
-// budget. A Unix socket is keyed by its directory.
+// serverKey names the PostgreSQL server a workspace's database lives on,
+// whose budget its connections take: the registry's database.server when
+// set; else its Cloud SQL instance; else, for a host, "loopback" and the
+// port when the host is a loopback address or resolves to one (127.0.0.1,
+// localhost and [::1] are this machine, and one server listens on them),
+// or the least of the addresses it resolves to (as resolveHosts cached
+// them) and the port, so that two spellings of one server (a name and its
+// address) share one budget. A Unix socket is keyed by its directory. A
+// server reached by addresses nothing ties together (an IPv4 address in one
+// URL, an IPv6 address in another) needs database.server.
 func (p *Pools) serverKey(db registry.Database, cfg *pgxpool.Config) string {
-	if db.Instance != "" {
+	switch {
+	case db.Server != "":
+		return "server:" + db.Server
+	case db.Instance != "":
 		return "cloudsql:" + db.Instance
 	}
 	host, port := cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))
@@ -95,14 +103,14 @@ func (h *hostCache) resolve(ctx context.Context, host string) {
 	if ok && time.Now().Before(r.until) {
 		return
 	}
-	addr := host
+	addr := canonicalAddress(host)
 	if net.ParseIP(host) == nil {
 		ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 		defer cancel()
 		if addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host); err == nil && len(addrs) > 0 {
 			ips := make([]string, len(addrs))
 			for i, a := range addrs {
-				ips[i] = a.IP.String()
+				ips[i] = canonicalAddress(a.IP.String())
 			}
 			addr = slices.Min(ips)
 		}
@@ -122,10 +130,25 @@ func (h *hostCache) address(host string) string {
 	if r, ok := h.m[host]; ok {
 		return r.addr
 	}
-	if ip := net.ParseIP(host); ip != nil {
-		return ip.String()
+	return canonicalAddress(host)
+}
+
+// loopbackServer is the address key of every loopback address: one server
+// of this machine listens on 127.0.0.1 and ::1 alike (PostgreSQL's
+// listen_addresses = 'localhost').
+const loopbackServer = "loopback"
+
+// canonicalAddress is an address as a server key takes it: its canonical
+// text, or loopbackServer for any loopback address (and a name as it is).
+func canonicalAddress(host string) string {
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	switch {
+	case ip == nil:
+		return host
+	case ip.IsLoopback():
+		return loopbackServer
 	}
-	return host
+	return ip.String()
 }
 
 func (p *Pools) serverLocked(key string) *server {

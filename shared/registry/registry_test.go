@@ -126,6 +126,17 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad port", `127.0.0.1:5432/ontology"`, `127.0.0.1:99999/ontology"`, "workspaces[0] (w1).database.url: the connection settings do not parse"},
 		{"bad connect_timeout", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432/ontology?connect_timeout=soon"`, "workspaces[0] (w1).database.url: the connection settings do not parse: cannot parse the URL: invalid connect_timeout"},
 		{"too many conns", `"database": {"url": "postgres://user:secret@127.0.0.1:5432/ontology"}`, `"database": {"url": "postgres://x@y/z", "max_conns": 100}`, "workspaces[0] (w1).database.max_conns"},
+		// Keys spelt as encoding/json matches them are one key: a later
+		// spelling must not override what a reader sees first.
+		{"a key twice, in upper case", `"id": "w1", `, `"id": "w1", "ID": "evil", `, "workspaces[0]: the key \"ID\" is given twice"},
+		{"a key twice, folded (long s)", `"issuer": "https://issuer.example", `, `"issuer": "https://issuer.example", "iſſuer": "https://evil.example", `, "identity: the key \"iſſuer\" is given twice"},
+		{"a subject twice, folded", `"runtime_subject": "runtime-w1",`, `"runtime_subject": "runtime-w1", "runtime_ſubject": "sub-attacker",`, "workspaces[0]: the key \"runtime_ſubject\" is given twice"},
+		{"a url twice, in upper case", `"url": "postgres://user:secret@127.0.0.1:5432/ontology"`, `"url": "postgres://user:secret@127.0.0.1:5432/ontology", "URL": "postgres://x@evil/db"`, "workspaces[0].database: the key \"URL\" is given twice"},
+		{"a kelvin sign", `"table": "events",`, `"table": "events", "\u212aey": 1, "key": 2,`, "workspaces[0].bigquery: the key \"key\" is given twice"},
+		{"unknown field, with its path", `"table": "events",`, `"table": "events", "tabel": "x",`, "workspaces[0].bigquery: unknown field \"tabel\""},
+		{"a password in the jwks url", `"jwks_url": "https://issuer.example/jwks.json"`, `"jwks_url": "http://u:secret@192.0.2.1/jwks.json"`, "identity.jwks_url: \"http://REDACTED@192.0.2.1/jwks.json\" must be an https URL"},
+		{"a password in the endpoint", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "https://u:secret@bigquery.evil.example"`, "workspaces[0] (w1).bigquery.endpoint: \"https://REDACTED@bigquery.evil.example\" is not on a loopback address"},
+		{"a password in an endpoint that is no URL", `"endpoint": "http://127.0.0.1:9050"`, `"endpoint": "http://u:secret@[::1"`, "is not an http(s) URL"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -285,4 +296,29 @@ func TestFleetRegistry(t *testing.T) {
 	}
 	_, ok := r.Workspace("w10000")
 	require.False(t, ok)
+}
+
+// TestHostileRegistriesAreRefusedQuickly: registries made to hurt the
+// parser (20,000 nested arrays in an unknown field, a 1 MB id, a password
+// in every URL) are refused at once, with an error of a few KB at most that
+// names no secret.
+func TestHostileRegistriesAreRefusedQuickly(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, raw, want string
+	}{
+		{"nested arrays", strings.Replace(valid, `"runtime_subject": "runtime-w1",`,
+			`"runtime_subject": "runtime-w1", "x": `+strings.Repeat("[", 20_000)+strings.Repeat("]", 20_000)+`,`, 1), "nested deeper than 32 levels"},
+		{"a 1 MB id", strings.Replace(valid, `"id": "w1"`, `"id": "`+strings.Repeat("w", 1<<20)+`"`, 1), "workspaces[0].id: \"wwww"},
+		{"a 1 MB key", strings.Replace(valid, `"id": "w1", `, `"id": "w1", "`+strings.Repeat("k", 1<<20)+`": 1, "`+strings.Repeat("K", 1<<20)+`": 2, `, 1), "is given twice"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := registry.Parse([]byte(c.raw))
+			require.ErrorContains(t, err, c.want)
+			require.Less(t, len(err.Error()), 4096, "the error quotes a bounded part of what it refuses")
+			require.NotContains(t, err.Error(), "secret")
+		})
+	}
 }

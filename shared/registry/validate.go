@@ -17,6 +17,7 @@ var (
 	topicPattern    = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9._~+%-]{2,254}$`)
 	bqNamePattern   = regexp.MustCompile(`^[A-Za-z0-9_]{1,1000}$`)
 	instancePattern = regexp.MustCompile(`^[a-z][a-z0-9.:-]*:[a-z0-9-]+:[a-z][a-z0-9-]*$`)
+	serverPattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.:_-]{0,127}$`)
 	algorithms      = map[string]bool{"RS256": true, "RS384": true, "RS512": true, "PS256": true, "PS384": true, "PS512": true, "ES256": true, "ES384": true, "ES512": true, "EdDSA": true}
 )
 
@@ -33,7 +34,7 @@ func (r *Registry) Validate() error {
 	for i, w := range r.Workspaces {
 		at := fmt.Sprintf("workspaces[%d]", i)
 		if !idPattern.MatchString(w.ID) {
-			return fmt.Errorf("%s.id: %q must be 1–128 letters, digits, '.', '_' or '-'", at, w.ID)
+			return fmt.Errorf("%s.id: %s must be 1–128 letters, digits, '.', '_' or '-'", at, bounded(w.ID))
 		}
 		at = fmt.Sprintf("workspaces[%d] (%s)", i, w.ID)
 		// Ids differ in more than case: a path segment or a log filter that
@@ -42,7 +43,7 @@ func (r *Registry) Validate() error {
 			if other == w.ID {
 				return fmt.Errorf("%s.id: duplicate workspace id", at)
 			}
-			return fmt.Errorf("%s.id: %q differs from workspace %q only in case", at, w.ID, other)
+			return fmt.Errorf("%s.id: %s differs from workspace %s only in case", at, bounded(w.ID), bounded(other))
 		}
 		seen[strings.ToLower(w.ID)] = w.ID
 		if r.Identity.Configured() {
@@ -55,7 +56,7 @@ func (r *Registry) Validate() error {
 		}
 		if w.RuntimeSubject != "" {
 			if other, ok := subjects[w.RuntimeSubject]; ok {
-				return fmt.Errorf("%s.runtime_subject: %q is workspace %s's too: one token would drain both", at, w.RuntimeSubject, other)
+				return fmt.Errorf("%s.runtime_subject: %s is workspace %s's too: one token would drain both", at, bounded(w.RuntimeSubject), other)
 			}
 			subjects[w.RuntimeSubject] = w.ID
 		}
@@ -86,11 +87,11 @@ func (id Identity) validate() error {
 		return errors.New("identity.jwks_url: required")
 	}
 	if u, err := url.Parse(id.JWKSURL); err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopback(u.Hostname()))) {
-		return fmt.Errorf("identity.jwks_url: %q must be an https URL (http only on loopback)", id.JWKSURL)
+		return fmt.Errorf("identity.jwks_url: %s must be an https URL (http only on loopback)", redactedURL(id.JWKSURL))
 	}
 	for i, a := range id.Algorithms {
 		if !algorithms[a] {
-			return fmt.Errorf("identity.algorithms[%d]: %q is not an accepted signature algorithm (want RS256, ES256, …; never none or HS*)", i, a)
+			return fmt.Errorf("identity.algorithms[%d]: %s is not an accepted signature algorithm (want RS256, ES256, …; never none or HS*)", i, bounded(a))
 		}
 	}
 	return nil
@@ -99,13 +100,13 @@ func (id Identity) validate() error {
 // validate checks a workspace's Pub/Sub names (at: the field's path).
 func (p PubSub) validate(at string) error {
 	if !projectPattern.MatchString(p.Project) {
-		return fmt.Errorf("%s.project: %q is not a Google Cloud project id", at, p.Project)
+		return fmt.Errorf("%s.project: %s is not a Google Cloud project id", at, bounded(p.Project))
 	}
 	if !topicPattern.MatchString(p.Topic) || strings.HasPrefix(p.Topic, "goog") {
-		return fmt.Errorf("%s.topic: %q is not a Pub/Sub topic id", at, p.Topic)
+		return fmt.Errorf("%s.topic: %s is not a Pub/Sub topic id", at, bounded(p.Topic))
 	}
 	if sub := p.DeadLetterSubscription; !topicPattern.MatchString(sub) || strings.HasPrefix(sub, "goog") {
-		return fmt.Errorf("%s.dead_letter_subscription: %q is not a Pub/Sub subscription id", at, sub)
+		return fmt.Errorf("%s.dead_letter_subscription: %s is not a Pub/Sub subscription id", at, bounded(sub))
 	}
 	return nil
 }
@@ -114,19 +115,19 @@ func (p PubSub) validate(at string) error {
 // field's path).
 func (bq BigQuery) validate(at string) error {
 	if !projectPattern.MatchString(bq.Project) {
-		return fmt.Errorf("%s.project: %q is not a Google Cloud project id", at, bq.Project)
+		return fmt.Errorf("%s.project: %s is not a Google Cloud project id", at, bounded(bq.Project))
 	}
 	if !bqNamePattern.MatchString(bq.Dataset) {
-		return fmt.Errorf("%s.dataset: %q must be letters, digits and underscores", at, bq.Dataset)
+		return fmt.Errorf("%s.dataset: %s must be letters, digits and underscores", at, bounded(bq.Dataset))
 	}
 	if !bqNamePattern.MatchString(bq.ViewsDataset) {
-		return fmt.Errorf("%s.views_dataset: %q must be letters, digits and underscores", at, bq.ViewsDataset)
+		return fmt.Errorf("%s.views_dataset: %s must be letters, digits and underscores", at, bounded(bq.ViewsDataset))
 	}
 	if !bqNamePattern.MatchString(bq.Table) {
-		return fmt.Errorf("%s.table: %q must be letters, digits and underscores", at, bq.Table)
+		return fmt.Errorf("%s.table: %s must be letters, digits and underscores", at, bounded(bq.Table))
 	}
 	if bq.Partitioning != PartitioningIngestionTime && bq.Partitioning != PartitioningNone {
-		return fmt.Errorf("%s.partitioning: %q must be %q or %q", at, bq.Partitioning, PartitioningIngestionTime, PartitioningNone)
+		return fmt.Errorf("%s.partitioning: %s must be %q or %q", at, bounded(bq.Partitioning), PartitioningIngestionTime, PartitioningNone)
 	}
 	if bq.Endpoint == "" {
 		if bq.AllowRemoteEndpoint {
@@ -136,10 +137,10 @@ func (bq BigQuery) validate(at string) error {
 	}
 	u, err := url.Parse(bq.Endpoint)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%s.endpoint: %q is not an http(s) URL", at, bq.Endpoint)
+		return fmt.Errorf("%s.endpoint: %s is not an http(s) URL", at, redactedURL(bq.Endpoint))
 	}
 	if !isLoopback(u.Hostname()) && !bq.AllowRemoteEndpoint {
-		return fmt.Errorf("%s.endpoint: %q is not on a loopback address: an endpoint turns authentication off, so only a local or test server may be named (set allow_remote_endpoint to mean it)", at, bq.Endpoint)
+		return fmt.Errorf("%s.endpoint: %s is not on a loopback address: an endpoint turns authentication off, so only a local or test server may be named (set allow_remote_endpoint to mean it)", at, redactedURL(bq.Endpoint))
 	}
 	return nil
 }
@@ -152,6 +153,8 @@ func (d Database) validate(at string) error {
 		return fmt.Errorf("%s: set url (postgres://…) or instance (project:region:instance)", at)
 	case d.MaxConns < 0 || d.MaxConns > 32:
 		return fmt.Errorf("%s.max_conns: %d must be between 1 and 32 (or omitted)", at, d.MaxConns)
+	case d.Server != "" && !serverPattern.MatchString(d.Server):
+		return fmt.Errorf("%s.server: %s must be 1–128 letters, digits, '.', ':', '_' or '-'", at, bounded(d.Server))
 	}
 	if d.URL != "" {
 		u, err := url.Parse(d.URL)
@@ -168,7 +171,7 @@ func (d Database) validate(at string) error {
 	}
 	switch {
 	case !instancePattern.MatchString(d.Instance):
-		return fmt.Errorf("%s.instance: %q must be project:region:instance", at, d.Instance)
+		return fmt.Errorf("%s.instance: %s must be project:region:instance", at, bounded(d.Instance))
 	case d.Name == "":
 		return fmt.Errorf("%s.name: required with instance", at)
 	case d.User == "":
@@ -176,7 +179,7 @@ func (d Database) validate(at string) error {
 	case !d.IAMAuth:
 		return fmt.Errorf("%s.iam_auth: must be true: Cloud SQL databases are reached with IAM database login, never a password", at)
 	case strings.HasSuffix(d.User, ".gserviceaccount.com"):
-		return fmt.Errorf("%s.user: %q: an IAM database user is the service account's email without .gserviceaccount.com", at, d.User)
+		return fmt.Errorf("%s.user: %s: an IAM database user is the service account's email without .gserviceaccount.com", at, bounded(d.User))
 	}
 	return nil
 }
@@ -243,4 +246,18 @@ func checkSettings(at, raw string) error {
 		return fmt.Errorf("%s: the connection settings do not parse: %s", at, quoted.ReplaceAllString(err.Error(), "the URL"))
 	}
 	return nil
+}
+
+// redactedURL quotes a URL for an error line without what its userinfo
+// carries (a password, a token), cut as bounded cuts a value; what does not
+// parse as a URL is not echoed at all.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Sprintf("(a value of %d bytes that is not a URL)", len(raw))
+	}
+	if u.User != nil {
+		u.User = url.User("REDACTED")
+	}
+	return bounded(u.String())
 }

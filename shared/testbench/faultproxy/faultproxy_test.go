@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 )
@@ -127,5 +128,80 @@ func TestHTTPFaults(t *testing.T) {
 				t.Fatalf("status %d, want %d", resp.StatusCode, c.code)
 			}
 		})
+	}
+}
+
+// TestGRPCBatchFaultsAndObserver: RefuseBatches refuses a Publish of two
+// messages and passes one of one; Delay holds a call for the delay before
+// forwarding it; the observer sees each call's request and whether it was
+// answered OK.
+func TestGRPCBatchFaultsAndObserver(t *testing.T) {
+	t.Parallel()
+	srv := pstest.NewServer()
+	t.Cleanup(func() { _ = srv.Close() })
+	proxy, err := faultproxy.NewGRPC(srv.Addr, func(m string) bool { return m == "/google.pubsub.v1.Publisher/Publish" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	type call struct {
+		messages int
+		ok       bool
+	}
+	calls := make(chan call, 10)
+	proxy.Observe(func(method string, request []byte, ok bool) {
+		if method != "/google.pubsub.v1.Publisher/Publish" {
+			return
+		}
+		var req pubsubpb.PublishRequest
+		if err := proto.Unmarshal(request, &req); err != nil {
+			t.Errorf("the observer's request: %v", err)
+		}
+		calls <- call{len(req.Messages), ok}
+	})
+	conn, err := grpc.NewClient(proxy.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := pubsubpb.NewPublisherClient(conn)
+	if _, err := client.CreateTopic(t.Context(), &pubsubpb.Topic{Name: topic}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(n int) error {
+		msgs := make([]*pubsubpb.PubsubMessage, n)
+		for i := range msgs {
+			msgs[i] = &pubsubpb.PubsubMessage{Data: []byte("m")}
+		}
+		_, err := client.Publish(t.Context(), &pubsubpb.PublishRequest{Topic: topic, Messages: msgs})
+		return err
+	}
+	proxy.Set(faultproxy.RefuseBatches)
+	if err := publish(2); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("two messages: %v, want ResourceExhausted", err)
+	}
+	if c := <-calls; c != (call{2, false}) {
+		t.Fatalf("observed %+v", c)
+	}
+	if err := publish(1); err != nil {
+		t.Fatalf("one message passes: %v", err)
+	}
+	if c := <-calls; c != (call{1, true}) {
+		t.Fatalf("observed %+v", c)
+	}
+	if proxy.Count(faultproxy.RefuseBatches) != 1 {
+		t.Fatalf("refused %d, want 1", proxy.Count(faultproxy.RefuseBatches))
+	}
+	proxy.SetDelay(300 * time.Millisecond)
+	proxy.Set(faultproxy.Delay)
+	started := time.Now()
+	if err := publish(3); err != nil {
+		t.Fatalf("a delayed publish passes: %v", err)
+	}
+	if took := time.Since(started); took < 300*time.Millisecond {
+		t.Fatalf("the delayed publish took %v, less than the delay", took)
+	}
+	if c := <-calls; c != (call{3, true}) {
+		t.Fatalf("observed %+v", c)
 	}
 }

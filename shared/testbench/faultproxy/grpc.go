@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Fault is what the gRPC proxy does to a faulted call.
@@ -33,11 +35,19 @@ const (
 	// LoseResponse forwards the call (the server acts on it: a publish is
 	// stored) and withholds the answer until the caller gives up.
 	LoseResponse
+	// Delay holds the call for the proxy's delay (SetDelay), then
+	// forwards it: a slow server.
+	Delay
+	// RefuseBatches answers RESOURCE_EXHAUSTED, without forwarding, to a
+	// Publish request that carries more than one message (as a request
+	// size limit on the way would), and forwards the others: the requests
+	// of one claim then succeed and fail apart.
+	RefuseBatches
 	faultKinds
 )
 
 func (f Fault) String() string {
-	return [...]string{"pass", "refuse", "hang", "lose_response"}[f]
+	return [...]string{"pass", "refuse", "hang", "lose_response", "delay", "refuse_batches"}[f]
 }
 
 // GRPC is a transparent gRPC proxy to one backend that puts a fault on the
@@ -52,7 +62,10 @@ type GRPC struct {
 	ln      *trackingListener
 	faulted func(method string) bool
 	fault   atomic.Int32
+	delay   atomic.Int64
 	counts  [faultKinds]atomic.Int64
+	// observe, when set, sees every finished call (see Observe).
+	observe atomic.Pointer[func(method string, request []byte, ok bool)]
 }
 
 // NewGRPC starts a proxy on a free loopback port in front of backend
@@ -79,8 +92,17 @@ func NewGRPC(backend string, faulted func(method string) bool) (*GRPC, error) {
 // fault; calls already held stay held until their callers give up).
 func (p *GRPC) Set(f Fault) { p.fault.Store(int32(f)) }
 
-// Count is how many calls got f so far.
+// SetDelay sets how long Delay holds a call.
+func (p *GRPC) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// Count is how many calls got f so far (for RefuseBatches: how many it
+// refused).
 func (p *GRPC) Count(f Fault) int64 { return p.counts[f].Load() }
+
+// Observe has fn see every call once it has finished: its method, its first
+// request message (undecoded) and whether the backend answered it OK and
+// the answer reached the caller.
+func (p *GRPC) Observe(fn func(method string, request []byte, ok bool)) { p.observe.Store(&fn) }
 
 // Reset closes every client connection at once with a TCP reset, as a
 // network fault does; the calls on them fail and the clients reconnect.
@@ -93,21 +115,44 @@ func (p *GRPC) Close() {
 	p.backend.Close()
 }
 
-// forward is the proxy's handler of every method.
-func (p *GRPC) forward(_ any, ss grpc.ServerStream) error {
+// forward is the proxy's handler of every method. It reads the caller's
+// first message before it chooses what to do, so that a fault may depend on
+// it, and forwards it and the rest.
+func (p *GRPC) forward(_ any, ss grpc.ServerStream) (err error) {
 	method, _ := grpc.MethodFromServerStream(ss)
+	var first frame
+	if err := ss.RecvMsg(&first); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	ok := false
+	if fn := p.observe.Load(); fn != nil {
+		defer func() { (*fn)(method, first.data, ok && err == nil) }()
+	}
 	fault := Pass
 	if p.faulted(method) {
 		fault = Fault(p.fault.Load())
+	}
+	if fault == RefuseBatches && publishMessages(first.data) <= 1 {
+		fault = Pass
 	}
 	p.counts[fault].Add(1)
 	ctx := ss.Context()
 	switch fault {
 	case Refuse:
 		return status.Error(codes.Unavailable, "faultproxy: injected refusal")
+	case RefuseBatches:
+		return status.Error(codes.ResourceExhausted, "faultproxy: injected: request larger than the limit on the way")
 	case Hang:
 		<-ctx.Done()
 		return status.FromContextError(ctx.Err()).Err()
+	case Delay:
+		t := time.NewTimer(time.Duration(p.delay.Load()))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return status.FromContextError(ctx.Err()).Err()
+		case <-t.C:
+		}
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	out := metadata.MD{}
@@ -121,6 +166,11 @@ func (p *GRPC) forward(_ any, ss grpc.ServerStream) error {
 	cs, err := p.backend.NewStream(bctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method, grpc.ForceCodecV2(rawCodec{}))
 	if err != nil {
 		return err
+	}
+	if first.data != nil {
+		if err := cs.SendMsg(&first); err != nil {
+			return err
+		}
 	}
 	go pumpRequests(ss, cs)
 	if header, err := cs.Header(); err == nil && fault != LoseResponse {
@@ -137,6 +187,7 @@ func (p *GRPC) forward(_ any, ss grpc.ServerStream) error {
 				return status.FromContextError(ctx.Err()).Err()
 			}
 			ss.SetTrailer(cs.Trailer())
+			ok = err == nil
 			return err
 		}
 		if fault == LoseResponse {
@@ -146,6 +197,28 @@ func (p *GRPC) forward(_ any, ss grpc.ServerStream) error {
 			return err
 		}
 	}
+}
+
+// publishMessages counts the messages of a Publish request (its field 2),
+// reading the protobuf wire format without decoding the messages.
+func publishMessages(req []byte) int {
+	n := 0
+	for len(req) > 0 {
+		num, typ, size := protowire.ConsumeTag(req)
+		if size < 0 {
+			return n
+		}
+		req = req[size:]
+		size = protowire.ConsumeFieldValue(num, typ, req)
+		if size < 0 {
+			return n
+		}
+		if num == 2 && typ == protowire.BytesType {
+			n++
+		}
+		req = req[size:]
+	}
+	return n
 }
 
 // pumpRequests copies the caller's frames to the backend.

@@ -50,6 +50,9 @@ type Cluster struct {
 	templates sync.Map
 	// disposable: an owned cluster its test stops (Config.Disposable).
 	disposable bool
+	// restart starts an owned cluster's server again on its port (Restart).
+	restart func(ctx context.Context) (*Cluster, error)
+	mu      sync.Mutex // guards process and exited across a Restart
 }
 
 // Start returns a cluster: $DATABASE_URL's server when that is set, otherwise
@@ -159,6 +162,9 @@ func startOwned(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		}
 		c, err := launch(ctx, bin, dir, data, port, password, settings, cred)
 		if err == nil {
+			c.restart = func(ctx context.Context) (*Cluster, error) {
+				return launch(ctx, bin, dir, data, port, password, settings, cred)
+			}
 			return c, nil
 		}
 		lastErr = err
@@ -322,6 +328,37 @@ func (c *Cluster) DropDatabase(ctx context.Context, name string) error {
 	return c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
+// Restart restarts a throwaway cluster's server as `pg_ctl restart -m fast`
+// does: every session is ended (each client sees its connection fail),
+// and a new server starts on the same port with the same data. The chaos
+// run's whole-server restart; a $DATABASE_URL cluster cannot be
+// restarted. It returns how many client sessions the server had.
+func (c *Cluster) Restart(ctx context.Context) (int, error) {
+	if c.restart == nil {
+		return 0, errors.New("pgtest: only a throwaway cluster can be restarted")
+	}
+	var sessions int
+	if conn, err := pgx.Connect(ctx, c.admin.String()); err == nil {
+		_ = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&sessions)
+		_ = conn.Close(ctx)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_ = c.process.Process.Signal(syscall.SIGINT) // fast shutdown
+	select {
+	case <-c.exited:
+	case <-time.After(15 * time.Second):
+		_ = c.process.Process.Signal(syscall.SIGQUIT)
+		<-c.exited
+	}
+	next, err := c.restart(ctx)
+	if err != nil {
+		return sessions, err
+	}
+	c.process, c.exited = next.process, next.exited
+	return sessions, nil
+}
+
 // Stop shuts a throwaway cluster down and removes its files; on a
 // $DATABASE_URL cluster it drops the template databases it built.
 func (c *Cluster) Stop() error {
@@ -331,6 +368,8 @@ func (c *Cluster) Stop() error {
 		c.dropTemplates(ctx)
 		return nil
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	_ = c.process.Process.Signal(syscall.SIGINT) // fast shutdown
 	select {
 	case <-c.exited:

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/segmentstream/ontology-replication/shared/event"
+	"github.com/segmentstream/ontology-replication/shared/store"
 )
 
 // Querier runs a query: a connection, a pool or a transaction.
@@ -129,18 +130,22 @@ type DeliveryRow struct {
 	// HistoryTable is empty for a baseline.
 	HistoryTable       string
 	Accepted, Verified bool
+	// SetAside: pending and set aside (skipped by claims until a backoff
+	// has passed).
+	SetAside bool
 }
 
 // DeliveryRows reads every delivery row of g's generation.
 func DeliveryRows(ctx context.Context, db Querier, g Generation) ([]DeliveryRow, error) {
-	rows, err := db.Query(ctx, `SELECT event_id::text, coalesce(history_table, ''), accepted_at IS NOT NULL, verified_at IS NOT NULL
+	rows, err := db.Query(ctx, `SELECT event_id::text, coalesce(history_table, ''), accepted_at IS NOT NULL, verified_at IS NOT NULL,
+		accepted_at IS NULL AND last_checked_at IS NOT NULL AND next_verify_at > now()
 		FROM _ontology_replication_delivery WHERE generation = $1::uuid`, g.Generation)
 	if err != nil {
 		return nil, fmt.Errorf("sdkfixture: delivery rows: %w", err)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeliveryRow, error) {
 		var d DeliveryRow
-		err := r.Scan(&d.HistoryID, &d.HistoryTable, &d.Accepted, &d.Verified)
+		err := r.Scan(&d.HistoryID, &d.HistoryTable, &d.Accepted, &d.Verified, &d.SetAside)
 		d.EventID = event.ID(g.SourceID, d.HistoryID, g.Generation)
 		return d, err
 	})
@@ -162,4 +167,97 @@ func ReceiptMismatches(ctx context.Context, db Querier, generation string) (n in
 		return 0, "", fmt.Errorf("sdkfixture: receipts against delivery rows: %w", err)
 	}
 	return n, example, nil
+}
+
+// sqlUncarried reads which of the given events ($2, history ids) of the
+// generation ($1) are pending, not set aside (past a backoff) and not held
+// by any claim's lock ($3: store.ClaimLockClass).
+const sqlUncarried = `SELECT d.event_id::text FROM _ontology_replication_delivery d
+ WHERE d.generation = $1::uuid AND d.event_id = ANY ($2::uuid[]) AND d.accepted_at IS NULL
+   AND NOT (d.last_checked_at IS NOT NULL AND d.next_verify_at > now())
+   AND NOT EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.classid::int = hashtext($3) AND l.objid::int = hashtext(d.event_id::text)
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))`
+
+// Uncarried returns which of the events (history ids) of a generation are
+// pending with nothing carrying them: no drain's claim holds them, and they
+// are not set aside.
+func Uncarried(ctx context.Context, db Querier, generation string, historyIDs []string) (map[string]bool, error) {
+	rows, err := db.Query(ctx, sqlUncarried, generation, historyIDs, store.ClaimLockClass)
+	if err != nil {
+		return nil, fmt.Errorf("sdkfixture: uncarried events: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("sdkfixture: uncarried events: %w", err)
+	}
+	out := make(map[string]bool, len(found))
+	for _, id := range found {
+		out[id] = true
+	}
+	return out, nil
+}
+
+// CommitTimes returns when each history row of m's entities was written
+// (its "at"), by id: the commit time of the event it captured.
+func CommitTimes(ctx context.Context, db Querier, m Manifest) (map[string]time.Time, error) {
+	out := map[string]time.Time{}
+	for _, e := range m.Entities {
+		rows, err := db.Query(ctx, `SELECT id::text, at FROM `+qi(historyTable(e.Name)))
+		if err != nil {
+			return nil, fmt.Errorf("sdkfixture: commit times of %s: %w", e.Name, err)
+		}
+		var id string
+		var at time.Time
+		if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { out[id] = at; return nil }); err != nil {
+			return nil, fmt.Errorf("sdkfixture: commit times of %s: %w", e.Name, err)
+		}
+	}
+	return out, nil
+}
+
+// TurnHolders returns the application_name of every session of this
+// database that holds a drain's turn or next turn (store.DrainTurnClass).
+func TurnHolders(ctx context.Context, db Querier) ([]string, error) {
+	rows, err := db.Query(ctx, `SELECT coalesce(a.application_name, '') FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid::int = hashtext($1)
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass)
+	if err != nil {
+		return nil, fmt.Errorf("sdkfixture: turn holders: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// LifecycleWaiters counts the sessions of this database waiting for the
+// SDK's lifecycle lock.
+func LifecycleWaiters(ctx context.Context, db Querier) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+		AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid AND objid = (hashtextextended($1, 0) & 4294967295)::oid
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, LifecycleLock).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("sdkfixture: lifecycle waiters: %w", err)
+	}
+	return n, nil
+}
+
+// HoldLifecycleLock holds the SDK's lifecycle lock exclusively as a
+// migration does (the singleton row, then the lock) on a transaction of
+// db until release is called.
+func HoldLifecycleLock(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}) (release func(), err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sdkfixture: hold the lifecycle lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT FROM _ontology_replication WHERE id FOR UPDATE`); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, fmt.Errorf("sdkfixture: hold the lifecycle lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, LifecycleLock); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, fmt.Errorf("sdkfixture: hold the lifecycle lock: %w", err)
+	}
+	return func() { _ = tx.Commit(context.WithoutCancel(ctx)) }, nil
 }

@@ -18,26 +18,50 @@ import (
 type Writer struct {
 	db DB
 	m  Manifest
+	// committed, when set, receives the history ids of each committed
+	// transaction (OnCommit).
+	committed func(historyIDs []string)
 }
 
 // NewWriter returns a writer for manifest m.
 func NewWriter(db DB, m Manifest) *Writer { return &Writer{db: db, m: m} }
+
+// OnCommit returns a writer like w that passes fn the ids of the history
+// rows (the delivery rows' event_id) each of its transactions wrote, once
+// it committed: a test's way to follow its own commits' events.
+func (w *Writer) OnCommit(fn func(historyIDs []string)) *Writer {
+	c := *w
+	c.committed = fn
+	return &c
+}
 
 // Change writes the changes of one transaction.
 type Change struct {
 	ctx context.Context
 	tx  pgx.Tx
 	m   Manifest
+	// record: the writer follows its commits (OnCommit); ids are the
+	// history rows written.
+	record bool
+	ids    []string
 }
 
 // Commit runs fn in one SDK write transaction and commits it.
 func (w *Writer) Commit(ctx context.Context, fn func(c *Change) error) error {
-	return pgx.BeginFunc(ctx, w.db, func(tx pgx.Tx) error {
+	var ids []string
+	err := pgx.BeginFunc(ctx, w.db, func(tx pgx.Tx) error {
 		if err := beginReplicationWrite(ctx, tx); err != nil {
 			return err
 		}
-		return fn(&Change{ctx: ctx, tx: tx, m: w.m})
+		c := &Change{ctx: ctx, tx: tx, m: w.m, record: w.committed != nil}
+		err := fn(c)
+		ids = c.ids
+		return err
 	})
+	if err == nil && w.committed != nil {
+		w.committed(ids)
+	}
+	return err
 }
 
 // beginReplicationWrite is the SDK's beginReplicationWrite (seed 000).
@@ -125,8 +149,14 @@ func (c *Change) history(e Entity, recordID, kind string, changes map[string]any
 	if err != nil {
 		return err
 	}
-	_, err = c.tx.Exec(c.ctx, "INSERT INTO "+qi(historyTable(e.Name))+` ("record_id", "kind", "changes") VALUES ($1::uuid, $2, $3::jsonb)`,
-		recordID, kind, string(raw))
+	insert := "INSERT INTO " + qi(historyTable(e.Name)) + ` ("record_id", "kind", "changes") VALUES ($1::uuid, $2, $3::jsonb)`
+	if c.record {
+		var id string
+		err = c.tx.QueryRow(c.ctx, insert+" RETURNING id::text", recordID, kind, string(raw)).Scan(&id)
+		c.ids = append(c.ids, id)
+	} else {
+		_, err = c.tx.Exec(c.ctx, insert, recordID, kind, string(raw))
+	}
 	if err != nil {
 		return fmt.Errorf("sdkfixture: %s %s history: %w", kind, e.Name, err)
 	}
