@@ -97,6 +97,12 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	if res.Coalesced {
 		out.fields = append(out.fields, slog.String("coalesced", res.CoalescedBy))
 	}
+	if res.HandedOver {
+		out.fields = append(out.fields, slog.Bool("handed_over", true))
+	}
+	if res.Requeued > 0 {
+		out.fields = append(out.fields, slog.Int("requeued", res.Requeued))
+	}
 	if res.Waited > 0 {
 		out.fields = append(out.fields, slog.Int64("waited_ms", res.Waited.Milliseconds()))
 	}

@@ -63,7 +63,10 @@ type workspaceStatus struct {
 	// LifecycleHeld is a session holding the SDK's lifecycle lock
 	// exclusively, which every SDK write waits for.
 	LifecycleHeld *delivery.LifecycleHold `json:"lifecycle_held,omitempty"`
-	Error         string                  `json:"error,omitempty"`
+	// TurnsHeld are the sessions that have held the workspace's drain turn
+	// or next turn for 5 s or more: its wake-ups wait behind them.
+	TurnsHeld []delivery.TurnHold `json:"turns_held,omitempty"`
+	Error     string              `json:"error,omitempty"`
 }
 
 // deadLetterPeek is how many dead-lettered messages `job status` counts at
@@ -112,6 +115,7 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 	}
 	out.SetAside = st.SetAside
 	out.LifecycleHeld = st.LifecycleHeld
+	out.TurnsHeld = st.TurnsHeld
 	backlog, dlErr := e.svc.DeadLetterBacklog(ctx, ws.ID, deadLetterPeek, deadLetterPeekTime)
 	out.DeadLetterBacklog = backlog
 	if dlErr != nil {
@@ -206,6 +210,14 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 			}
 			fmt.Fprintf(e.stdout, "\n%s: the SDK's lifecycle lock is held exclusively by %s; %d sessions wait for it, the first for %s (SDK writes wait behind it; pg_terminate_backend ends a stray holder)\n",
 				s.Workspace, strings.Join(holders, ", "), h.Waiting, time.Duration(h.LongestWaitSeconds*float64(time.Second)).Round(time.Millisecond))
+		}
+	}
+	for _, s := range all {
+		for _, h := range s.TurnsHeld {
+			role := map[string]string{"turn": "turn", "next": "next turn"}[h.Role]
+			fmt.Fprintf(e.stdout, "\n%s: the drain's %s has been held for at least %s by pid %d (%s); %d drains wait for it (the server ends a frozen holder after 15 s idle; pg_terminate_backend ends it sooner)\n",
+				s.Workspace, role, time.Duration(h.HeldSeconds*float64(time.Second)).Round(time.Millisecond),
+				h.PID, cmp.Or(h.Application, "no application_name"), h.Waiting)
 		}
 	}
 	for _, s := range all {

@@ -8,11 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 )
 
 // chaosConfig is the chaos run's flags: how long the faults run, the seed
-// of their schedule and the SDK workload's rate.
+// of their schedule and the SDK workload's rate while it is busy.
 type chaosConfig struct {
 	duration time.Duration
 	seed     uint64
@@ -24,6 +25,11 @@ type chaosConfig struct {
 // the BigQuery faults.
 const minChaos = 45 * time.Second
 
+// sweepEvery is the verifier's sweep's schedule during the faults:
+// production's (Cloud Scheduler calls the verifier once a minute), so that
+// what the sweep delivers is told from what the wake-ups' drains do.
+const sweepEvery = time.Minute
+
 // chaosRun is one chaos run: the workload, the nemesis, the operations
 // and the live proofs, and what they recorded.
 type chaosRun struct {
@@ -34,8 +40,10 @@ type chaosRun struct {
 	started time.Time
 	token   *tokenSource
 	commits atomic.Int64
-	// wakesInFlight counts the wake-ups sent and not answered yet.
-	wakesInFlight atomic.Int64
+	failed  atomic.Int64 // SDK commits that failed (a restart, say)
+	traffic traffic
+	wakes   wakeLedger
+	promise promiseChecker
 	// stalled holds the BigQuery subscription's writes while above 0.
 	stalled  atomic.Int64
 	changes  sync.Map // kind → *atomic.Int64
@@ -44,6 +52,9 @@ type chaosRun struct {
 	// replays are the replays run, with when each started: the proofs
 	// check that each sent its events through Pub/Sub again.
 	replays []replayRecord
+	// passes counts the verifier's passes, and failedPasses those that
+	// failed a workspace.
+	passes, failedPasses atomic.Int64
 }
 
 // replayRecord is one replay the run made, for the proofs.
@@ -62,10 +73,12 @@ type replayRecord struct {
 // promised.
 func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	c := &chaosRun{l: l, started: time.Now(), report: &chaosReport{Seed: l.cfg.chaos.seed, DurationSeconds: l.cfg.chaos.duration.Seconds(),
-		RateCommitsPerSecond: l.cfg.chaos.rate, Changes: map[string]int64{}}}
+		RateCommitsPerSecond: l.cfg.chaos.rate, Drains: len(l.drainProcs), Changes: map[string]int64{}}}
 	c.token = &tokenSource{issuer: l.issuer}
+	c.traffic = newTraffic(l.cfg.chaos.seed)
 	c.nemesis = newNemesis(c, l.cfg.chaos)
 	c.checker = &liveChecker{l: l, found: violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}}
+	c.promise = promiseChecker{c: c}
 	runCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup
 	defer func() {
@@ -75,33 +88,27 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
 		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries, Stalled: func() bool { return c.stalled.Load() > 0 }}
 	background.Go(func() { _ = l.feeder.Run(runCtx) })
-	background.Go(func() { c.verifyLoop(runCtx) })
-	background.Go(func() { c.checker.run(runCtx) })
-	l.progress.enter("chaos", fmt.Sprintf("%v of SDK commits at %.0f/s with faults (seed %d)", l.cfg.chaos.duration, l.cfg.chaos.rate, l.cfg.chaos.seed))
 	faultCtx, endFaults := context.WithTimeout(ctx, l.cfg.chaos.duration)
 	defer endFaults()
+	background.Go(func() { c.verifyLoop(runCtx, faultCtx) })
+	background.Go(func() { c.checker.run(runCtx) })
+	background.Go(func() { c.promise.run(faultCtx) })
+	l.progress.enter("chaos", fmt.Sprintf("%v of SDK commits at %.0f/s while busy, with faults, %d drain instances (seed %d)",
+		l.cfg.chaos.duration, l.cfg.chaos.rate, len(l.drainProcs), l.cfg.chaos.seed))
 	var writers sync.WaitGroup
-	errs := make(chan error, l.cfg.writers)
 	for i := range l.cfg.writers {
-		writers.Go(func() {
-			if err := c.writer(faultCtx, i); err != nil {
-				errs <- err
-			}
-		})
+		writers.Go(func() { c.writer(faultCtx, i) })
 	}
 	c.nemesis.run(faultCtx, ctx)
 	writers.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return nil, fmt.Errorf("chaos workload: %w", err)
-	}
+	c.report.CommitsPerSecond = float64(c.commits.Load()) / time.Since(c.started).Seconds()
 	l.progress.enter("faults off", "waiting for the operations still running")
 	c.opsWG.Wait()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
 	faultsOff := time.Now()
-	c.report.Commits = c.commits.Load()
+	c.report.Commits, c.report.CommitsFailed = c.commits.Load(), c.failed.Load()
 	c.changes.Range(func(k, v any) bool { c.report.Changes[k.(string)] = v.(*atomic.Int64).Load(); return true })
 	if err := c.awaitVerification(ctx); err != nil {
 		return nil, err
@@ -112,47 +119,133 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	return c.report, c.prove(ctx)
 }
 
-// writer commits changes as writer number i at its share of the rate,
-// each followed by a wake-up of the drain with a current token, until ctx
-// ends.
-func (c *chaosRun) writer(ctx context.Context, i int) error {
+// writer commits changes as writer number i at its share of the rate while
+// the SDK is busy (traffic), each followed by a wake-up of one of the
+// drain instances with a current token, until ctx ends. A commit that
+// fails (the database restarting, a migration holding the writers past
+// their patience) is an action that failed: counted, and not woken.
+func (c *chaosRun) writer(ctx context.Context, i int) {
 	l := c.l
-	wk := &localWriter{l: l, rng: rand.New(rand.NewPCG(c.l.cfg.chaos.seed+uint64(i)+1, 42))}
+	rng := rand.New(rand.NewPCG(c.l.cfg.chaos.seed+uint64(i)+1, 42))
+	var ids []string
+	wk := &localWriter{l: l, rng: rng, ww: l.writer.OnCommit(func(h []string) { ids = h })}
 	every := time.Duration(float64(time.Second) * float64(l.cfg.writers) / l.cfg.chaos.rate)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
+		if !c.traffic.awaitBusy(ctx, c.started) {
+			return
+		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick.C:
 		}
-		kind, err := wk.step(ctx)
+		ids = nil
+		kind, err := c.commitOnce(ctx, wk)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
-			return err
+			c.failed.Add(1)
+			continue
 		}
+		committed := time.Now()
 		c.commits.Add(1)
 		l.commits.Add(1)
 		n, _ := c.changes.LoadOrStore(kind, new(atomic.Int64))
 		n.(*atomic.Int64).Add(1)
 		token, err := c.token.get()
 		if err != nil {
-			return err
+			continue
 		}
-		c.wakesInFlight.Add(1)
-		code := l.wake(ctx, token)
-		c.wakesInFlight.Add(-1)
-		c.nemesis.countWake(code)
+		rec := &wakeRecord{HistoryIDs: ids, Committed: committed, Drain: rng.IntN(len(l.urls.drains))}
+		for _, h := range ids {
+			rec.EventIDs = append(rec.EventIDs, event.ID(l.gen.SourceID, h, l.gen.Generation))
+		}
+		c.wakes.send(ctx, l, l.urls.drains[rec.Drain], token, rec)
 	}
 }
 
-// verifyLoop calls the verifier every --verify-every, as Cloud Scheduler
-// does, one pass at a time.
-func (c *chaosRun) verifyLoop(ctx context.Context) {
-	every(ctx, c.l.cfg.verifyEvery, func() { c.l.callVerify(ctx) })
+// commitOnce commits one change, bounded as an SDK action is (a writer
+// waiting behind a migration gives up after 10 s).
+func (c *chaosRun) commitOnce(ctx context.Context, wk *localWriter) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return wk.step(cctx)
+}
+
+// traffic is when the SDK is busy: bursts of commits at the rate, 1.5 to 4
+// s long, and pauses of 1 to 3 s between them, drawn from the seed. At each
+// pause every wake-up ends, and the promise is checked (promiseChecker).
+type traffic struct{ bursts []time.Duration } // alternate ends of busy and quiet spans
+
+func newTraffic(seed uint64) traffic {
+	rng := rand.New(rand.NewPCG(seed, 0x747261666663))
+	var t traffic
+	at := time.Duration(0)
+	for at < 24*time.Hour && len(t.bursts) < 100_000 {
+		at += 1500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
+		t.bursts = append(t.bursts, at)
+		at += time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+		t.bursts = append(t.bursts, at)
+	}
+	return t
+}
+
+// busy reports whether the SDK is busy at elapsed, and until when the
+// span lasts.
+func (t traffic) busy(elapsed time.Duration) (bool, time.Duration) {
+	for i, end := range t.bursts {
+		if elapsed < end {
+			return i%2 == 0, end
+		}
+	}
+	return true, elapsed + time.Hour
+}
+
+// awaitBusy waits until the SDK is busy (false when ctx ended first).
+func (t traffic) awaitBusy(ctx context.Context, started time.Time) bool {
+	busy, until := t.busy(time.Since(started))
+	if busy {
+		return ctx.Err() == nil
+	}
+	return sleepUntil(ctx, started.Add(until))
+}
+
+// verifyLoop calls the verifier as Cloud Scheduler does: every
+// --verify-every a pass that only verifies and, during the faults, a pass
+// with the sweep once a minute (production's schedule); once the faults
+// are off, every pass sweeps, so that what the faults left pending is
+// settled. Like Cloud Scheduler it does not wait for a pass to end before
+// it starts the next (a pass held by a slow BigQuery goes on beside the
+// next ones), up to four at once.
+func (c *chaosRun) verifyLoop(ctx, faults context.Context) {
+	lastSweep := time.Now()
+	var running atomic.Int64
+	var passes sync.WaitGroup
+	defer passes.Wait()
+	every(ctx, c.l.cfg.verifyEvery, func() {
+		if running.Load() >= 4 {
+			return
+		}
+		url := c.l.urls.verify
+		if faults.Err() != nil || time.Since(lastSweep) >= sweepEvery {
+			url, lastSweep = c.l.urls.sweep, time.Now()
+		}
+		running.Add(1)
+		passes.Go(func() {
+			defer running.Add(-1)
+			res := c.l.callVerifyAt(ctx, url)
+			c.passes.Add(1)
+			for _, w := range res {
+				if w.Outcome == "failed" {
+					c.failedPasses.Add(1)
+					break
+				}
+			}
+		})
+	})
 }
 
 // awaitVerification waits, up to --timeout, for every event to be

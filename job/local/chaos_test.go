@@ -27,12 +27,25 @@ func TestChaosRun(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout.String()), &rep), "the report; stderr:\n%s", stderr.String())
 	require.NoError(t, err, "report:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 	require.EqualValues(t, 7, rep.Seed)
+	require.Equal(t, 2, rep.Drains, "two drain instances by default")
 	for _, kind := range append(faultKinds, opReplay, opPartialReplay, opJobDrain, opReplay+"_done", opPartialReplay+"_done", opJobDrain+"_done") {
 		require.Positive(t, rep.Faults[kind], "%s happened", kind)
 	}
+	effective := 0
+	for _, kind := range faultKinds {
+		if rep.FaultsEffective[kind] > 0 {
+			effective++
+		}
+	}
+	// A 60 s run meets most kinds; a window the SDK's pause left empty is
+	// reported as such (10-minute runs meet every kind).
+	require.GreaterOrEqual(t, effective, len(faultKinds)*3/4, "faults that took effect: %v of %v", rep.FaultsEffective, rep.Faults)
 	for _, e := range rep.Timeline {
 		require.False(t, e.Failed, "%+v", e)
 	}
+	require.Positive(t, rep.Promise.Pauses, "the promise was checked at the SDK's pauses")
+	require.Positive(t, rep.Path.ByWakeUps, "the wake-ups' drains published")
+	require.Positive(t, rep.CommitsPerSecond)
 	require.Positive(t, rep.Commits)
 	require.True(t, rep.FullyVerified)
 	require.Equal(t, rep.Events, rep.Verified)
@@ -43,12 +56,12 @@ func TestChaosRun(t *testing.T) {
 		require.True(t, p.OK, "%s: %s", p.Name, p.Detail)
 		names[p.Name] = true
 	}
-	for _, want := range []string{"every captured event verified", "none accepted but never published", "none verified before it landed", "receipts agree with the delivery rows", "none lost",
+	for _, want := range []string{"every promised commit published by a drain in flight", "the wake-up path delivered", "every captured event verified", "none accepted but never published", "none verified before it landed", "receipts agree with the delivery rows", "none lost",
 		"the replay published its events again", "the partial_replay published its events again", "no set-aside event left",
 		"views equal to the source, every column", "job audit equal"} {
 		require.True(t, names[want], "proof %q in the report", want)
 	}
-	require.True(t, strings.Contains(stderr.String(), "chaos ") && strings.Contains(stderr.String(), faultDrainRestart), "the timeline printed as it goes")
+	require.True(t, strings.Contains(stderr.String(), "chaos ") && strings.Contains(stderr.String(), faultDrainFreeze), "the timeline printed as it goes")
 }
 
 // TestChaosSchedule: a seed gives one schedule; every fault kind and
@@ -82,7 +95,8 @@ func TestChaosSchedule(t *testing.T) {
 // TestChaosFlags: the chaos flags' bounds.
 func TestChaosFlags(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--chaos", "10s"}, {"--chaos", "60s", "--keep"}, {"--chaos", "60s", "--rate", "0"}, {"--chaos", "60s", "--rate", "900"}} {
+	for _, args := range [][]string{{"--chaos", "10s"}, {"--chaos", "60s", "--keep"}, {"--chaos", "60s", "--rate", "0"}, {"--chaos", "60s", "--rate", "900"},
+		{"--chaos", "60s", "--drains", "0"}, {"--chaos", "60s", "--drains", "9"}} {
 		_, err := parseLocalFlags(args, nil)
 		require.ErrorAs(t, err, new(usageError), "%v", args)
 	}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -74,6 +76,15 @@ func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.Delivery
 	if err != nil {
 		return nil, published{}, nil, err
 	}
+	judgeRows(rows, pub, landed, v)
+	return rows, pub, landed, nil
+}
+
+// judgeRows records in v the delivery rows that break a promise, given
+// what Pub/Sub stored and what landed, read after the rows: an accepted row
+// with no message of its event, a verified one with no row in the
+// warehouse.
+func judgeRows(rows []sdkfixture.DeliveryRow, pub published, landed map[string]bool, v *violations) {
 	for _, r := range rows {
 		if r.Accepted && len(pub.times[r.EventID]) == 0 {
 			v.AcceptedNotPublished[r.EventID] = true
@@ -82,24 +93,34 @@ func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.Delivery
 			v.VerifiedNotLanded[r.EventID] = true
 		}
 	}
-	return rows, pub, landed, nil
 }
 
-// liveChecker checks the promises every second while the run goes on.
+// liveChecker checks the promises every second while the run goes on, and
+// notes the most events set aside at once.
 type liveChecker struct {
-	l      *local
-	mu     sync.Mutex
-	found  violations
-	checks int
+	l        *local
+	mu       sync.Mutex
+	found    violations
+	checks   int
+	setAside int
 }
 
 func (c *liveChecker) run(ctx context.Context) {
 	every(ctx, time.Second, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if _, _, _, err := c.l.check(ctx, &c.found); err == nil {
-			c.checks++
+		rows, _, _, err := c.l.check(ctx, &c.found)
+		if err != nil {
+			return
 		}
+		c.checks++
+		aside := 0
+		for _, r := range rows {
+			if r.SetAside {
+				aside++
+			}
+		}
+		c.setAside = max(c.setAside, aside)
 	})
 }
 
@@ -112,16 +133,23 @@ type proof struct {
 
 // chaosReport is what a chaos run did and proved.
 type chaosReport struct {
-	Seed                 uint64           `json:"seed"`
-	DurationSeconds      float64          `json:"duration_seconds"`
-	RateCommitsPerSecond float64          `json:"rate_commits_per_second"`
-	Commits              int64            `json:"commits"`
-	Changes              map[string]int64 `json:"changes"`
-	Events               int64            `json:"events"`
-	Verified             int64            `json:"verified"`
-	Pending              int64            `json:"pending"`
-	SetAside             int64            `json:"set_aside"`
-	FullyVerified        bool             `json:"fully_verified"`
+	Seed                 uint64  `json:"seed"`
+	DurationSeconds      float64 `json:"duration_seconds"`
+	RateCommitsPerSecond float64 `json:"rate_commits_per_second"`
+	// CommitsPerSecond is the rate achieved over the run (the SDK pauses
+	// between bursts, and waits for its wake-ups' answers).
+	CommitsPerSecond float64 `json:"commits_per_second"`
+	Drains           int     `json:"drains"`
+	Commits          int64   `json:"commits"`
+	// CommitsFailed are SDK commits that failed (a restart, a migration):
+	// actions the SDK reports failed, with nothing to deliver.
+	CommitsFailed int64            `json:"commits_failed"`
+	Changes       map[string]int64 `json:"changes"`
+	Events        int64            `json:"events"`
+	Verified      int64            `json:"verified"`
+	Pending       int64            `json:"pending"`
+	SetAside      int64            `json:"set_aside"`
+	FullyVerified bool             `json:"fully_verified"`
 	// VerifiedAfterFaultsSecs is the time from the faults' end (and the
 	// operations') to full verification.
 	VerifiedAfterFaultsSecs float64 `json:"verified_after_faults_seconds"`
@@ -131,11 +159,21 @@ type chaosReport struct {
 	// replays sent again, on purpose, the events they found published
 	// before they started; the rest the faults caused (a lost answer, a
 	// publish cut by a stop or a reset, a verifier's retry).
-	Duplicates         int                   `json:"duplicates"`
-	DuplicatesReplays  int                   `json:"duplicates_by_replays"`
-	DuplicatesFaults   int                   `json:"duplicates_by_faults"`
-	Faults             map[string]int        `json:"faults"`
-	WakeUps            map[string]int        `json:"wake_ups"`
+	Duplicates        int            `json:"duplicates"`
+	DuplicatesReplays int            `json:"duplicates_by_replays"`
+	DuplicatesFaults  int            `json:"duplicates_by_faults"`
+	Faults            map[string]int `json:"faults"`
+	// FaultsEffective counts, by kind, the faults that met something
+	// (Effect > 0): only they count towards "every kind".
+	FaultsEffective map[string]int `json:"faults_effective"`
+	WakeUps         map[string]int `json:"wake_ups"`
+	// Path is how events reached Pub/Sub first, and the promise's checks.
+	Path    pathSummary    `json:"path"`
+	Promise promiseSummary `json:"promise"`
+	// SetAsideDuringRun is the most events set aside at once during the
+	// faults.
+	SetAsideDuringRun  int                   `json:"set_aside_during_run"`
+	PassesFailed       int64                 `json:"verifier_passes_failed"`
 	LiveChecks         int                   `json:"live_checks"`
 	Timeline           []timelineEntry       `json:"timeline"`
 	Views              []viewCheck           `json:"views"`
@@ -154,21 +192,53 @@ func (c *chaosRun) opErrs(kind string, err error) {
 	c.report.operationsFailures = append(c.report.operationsFailures, kind+": "+err.Error())
 }
 
+// pathSummary is how the events reached Pub/Sub first, and how long the
+// promised ones took.
+type pathSummary struct {
+	ByWakeUps    int     `json:"by_wake_ups"`
+	ByOperations int     `json:"by_operations"`
+	BySweep      int     `json:"by_sweep"`
+	LagMaxSecs   float64 `json:"delivery_lag_max_seconds"`
+	LagP99Secs   float64 `json:"delivery_lag_p99_seconds"`
+}
+
+// promiseSummary is the live checks of a wake-up's promise.
+type promiseSummary struct {
+	Pauses   int `json:"pauses_checked"`
+	Promised int `json:"promised_delivered"`
+	Stranded int `json:"stranded"`
+	Excused  int `json:"excused"`
+}
+
+// deliveryLagBound is the delivery-lag bound of a promised commit outside
+// the drain's own faults: the drain's time-out (30 s), within which a
+// drain that carries it publishes it whatever it meets.
+const deliveryLagBound = 30 * time.Second
+
 // prove checks every promise once the run is over and fills the report.
 func (c *chaosRun) prove(ctx context.Context) error {
 	l, rep := c.l, c.report
 	n := c.nemesis
 	n.mu.Lock()
-	rep.Timeline, rep.WakeUps = n.timeline, n.wakes
+	rep.Timeline = slices.Clone(n.timeline)
 	n.mu.Unlock()
-	rep.Faults = map[string]int{}
+	slices.SortStableFunc(rep.Timeline, func(a, b timelineEntry) int { return cmp.Compare(a.AtSeconds, b.AtSeconds) })
+	rep.WakeUps = c.wakes.codes()
+	rep.Faults, rep.FaultsEffective = map[string]int{}, map[string]int{}
 	for _, e := range rep.Timeline {
 		rep.Faults[e.Kind]++
+		if e.Effect > 0 {
+			rep.FaultsEffective[e.Kind]++
+		}
 	}
+	rep.PassesFailed = c.failedPasses.Load()
 	c.checker.mu.Lock()
 	found, checks := c.checker.found, c.checker.checks
+	rep.SetAsideDuringRun = c.checker.setAside
 	c.checker.mu.Unlock()
 	rep.LiveChecks = checks
+	c.promise.final(ctx)
+	c.provePromise(n.excusals())
 	rows, pub, landed, err := l.check(ctx, &found)
 	if err != nil {
 		return err
@@ -301,4 +371,27 @@ func example(ids map[string]bool) string {
 	}
 	sort.Strings(sorted)
 	return " (for example " + sorted[0] + ")"
+}
+
+// provePromise adds the wake-up path's proofs: no promised commit stranded
+// at a pause (promiseChecker), and every promised commit published first by
+// a drain (not the sweep) within deliveryLagBound, the drain's own faults
+// excused.
+func (c *chaosRun) provePromise(excused excusals) {
+	rep := c.report
+	p := &c.promise
+	p.mu.Lock()
+	stranded := slices.Clone(p.stranded)
+	rep.Promise = promiseSummary{Pauses: p.checks, Promised: p.promised, Stranded: len(stranded), Excused: p.excused}
+	p.mu.Unlock()
+	path := judgePath(c.wakes.records(), c.l.published.snapshot(), excused, deliveryLagBound)
+	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep,
+		LagMaxSecs: quantile(path.Lags, 1).Seconds(), LagP99Secs: quantile(path.Lags, 0.99).Seconds()}
+	rep.add("every promised commit published by a drain in flight", len(stranded) == 0 && p.checks > 0,
+		fmt.Sprintf("%d wake-ups answered 2xx, checked at %d pauses of the SDK with no drain in flight: %d commits stranded, %d excused by the drain's own faults%s",
+			rep.Promise.Promised+len(stranded), p.checks, len(stranded), rep.Promise.Excused, describeStranded(stranded)))
+	rep.add("the wake-up path delivered", len(path.SweptPromised) == 0 && len(path.Late) == 0 && path.ByWakeUps > 0,
+		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d only the sweep published, %d later than %v after their commit (max %.1fs, p99 %.1fs)%s",
+			path.ByWakeUps, path.ByOperations, path.BySweep, len(path.SweptPromised), len(path.Late), deliveryLagBound,
+			rep.Path.LagMaxSecs, rep.Path.LagP99Secs, example(setOf(append(path.SweptPromised, path.Late...)))))
 }

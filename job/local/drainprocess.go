@@ -15,52 +15,64 @@ import (
 	"time"
 )
 
-// drainProcess is the chaos run's drain: the deployed entry point
-// (functions/cmd, FUNCTION_TARGET=Drain) built and run as a process of its
-// own on a fixed loopback port, as the `replication-drain` Cloud Run
-// service runs it, so that its restart is the one Cloud Run makes: SIGTERM,
-// the process's own stop (no new connections, the requests in flight get
-// their grace), SIGKILL if it is still alive 10 s later, then a new
-// process on the same port.
+// drainProcess is one of the chaos run's drain instances: the deployed
+// entry point (functions/cmd, FUNCTION_TARGET=Drain) run as a process of
+// its own on a fixed loopback port, as a `replication-drain` Cloud Run
+// instance runs it, so that its faults are a real process's: a restart as
+// Cloud Run makes it (SIGTERM, the process's own stop, SIGKILL after a
+// delay if still alive, a new process on the same port), a SIGKILL, and a
+// freeze (SIGSTOP … SIGCONT). Each instance reaches the database under an
+// application_name of its own (see startDrains).
 type drainProcess struct {
+	index  int
+	name   string // its application_name
 	binary string
 	env    []string
 	port   int
 	logs   io.Writer
 
-	mu       sync.Mutex
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	restarts atomic.Int64
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	// starts counts the processes started on its port: a wake-up sent to
+	// the instance is answered by the process of its start.
+	starts atomic.Int64
+	frozen atomic.Bool
 }
 
-// buildDrainProcess builds functions/cmd into dir and starts it with env
-// (the registry and Pub/Sub address), on a free loopback port.
-func buildDrainProcess(ctx context.Context, dir string, env []string, logs io.Writer) (*drainProcess, error) {
+// buildDrain builds functions/cmd into dir, once for every instance.
+func buildDrain(ctx context.Context, dir string) (string, error) {
 	binary := filepath.Join(dir, "functions")
 	build := exec.CommandContext(ctx, "go", "build", "-o", binary, "github.com/segmentstream/ontology-replication/functions/cmd")
 	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("--chaos builds the drain's entry point from source: run it inside the repository (go run ./job/local --chaos …): go build ./functions/cmd: %w: %s", err, bytes.TrimSpace(out))
+		return "", fmt.Errorf("--chaos builds the drain's entry point from source: run it inside the repository (go run ./job/local --chaos …): go build ./functions/cmd: %w: %s", err, bytes.TrimSpace(out))
 	}
+	return binary, nil
+}
+
+// newDrainProcess starts instance index of the binary with env (the
+// registry and Pub/Sub address) on a free loopback port.
+func newDrainProcess(ctx context.Context, index int, name, binary string, env []string, logs io.Writer) (*drainProcess, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	d := &drainProcess{binary: binary, env: env, port: port, logs: logs}
+	d := &drainProcess{index: index, name: name, binary: binary, env: env, port: port, logs: logs}
 	if err := d.start(ctx); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// URL is the drain's base URL.
+// URL is the instance's base URL.
 func (d *drainProcess) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", d.port) }
 
-// start starts the process and waits until it accepts connections.
+// start starts a process on the instance's port, listening on loopback
+// only, and waits until it accepts connections.
 func (d *drainProcess) start(ctx context.Context) error {
-	cmd := exec.Command(d.binary, "-port", fmt.Sprint(d.port))
+	cmd := exec.Command(d.binary, "-addr", fmt.Sprintf("127.0.0.1:%d", d.port))
 	// Only what the deployed service is given: none of the caller's
 	// registry or credentials.
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "FUNCTION_TARGET=Drain"}, d.env...)
@@ -71,6 +83,8 @@ func (d *drainProcess) start(ctx context.Context) error {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	d.cmd, d.exited = cmd, exited
+	d.starts.Add(1)
+	d.frozen.Store(false)
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
 		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", d.port), time.Second)
 		if err == nil {
@@ -87,36 +101,85 @@ func (d *drainProcess) start(ctx context.Context) error {
 	}
 }
 
-// restart stops the process as Cloud Run does (SIGTERM, SIGKILL 10 s later)
-// and starts a new one on the same port. It returns how long the old one
-// took to stop.
-func (d *drainProcess) restart(ctx context.Context) (time.Duration, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	stopped := d.stop()
-	d.restarts.Add(1)
-	return stopped, d.start(ctx)
+// restartResult is how a restart went.
+type restartResult struct {
+	stopped time.Duration // how long the old process took to end
+	killed  bool          // SIGKILL ended it, its own stop did not
 }
 
-func (d *drainProcess) stop() time.Duration {
-	started := time.Now()
+// restart stops the process as Cloud Run does, SIGTERM and SIGKILL killAfter
+// later if it is still alive (the drain's own stop waits up to 8 s for the
+// requests in flight, so a killAfter shorter than that can cut a drain),
+// and starts a new one on the same port.
+func (d *drainProcess) restart(ctx context.Context, killAfter time.Duration) (restartResult, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	res := d.stop(killAfter)
+	return res, d.start(ctx)
+}
+
+// kill ends the process with SIGKILL (its sessions end with it; its
+// requests in flight get no answer) and starts a new one.
+func (d *drainProcess) kill(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd != nil {
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		d.cmd = nil
+	}
+	return d.start(ctx)
+}
+
+// freeze stops the process (SIGSTOP) for d, then lets it go on (SIGCONT):
+// an instance that hangs, its connections open.
+func (d *drainProcess) freeze(ctx context.Context, hold time.Duration) {
+	d.mu.Lock()
+	cmd := d.cmd
+	d.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	d.frozen.Store(true)
+	_ = cmd.Process.Signal(syscall.SIGSTOP)
+	sleepUntil(ctx, time.Now().Add(hold))
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	d.frozen.Store(false)
+}
+
+// pid is the running process's pid (0 when none).
+func (d *drainProcess) pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.cmd == nil {
 		return 0
 	}
+	return d.cmd.Process.Pid
+}
+
+func (d *drainProcess) stop(killAfter time.Duration) restartResult {
+	started := time.Now()
+	if d.cmd == nil {
+		return restartResult{}
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGCONT) // a frozen one cannot stop itself
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	res := restartResult{}
 	select {
 	case <-d.exited:
-	case <-time.After(10 * time.Second):
+	case <-time.After(killAfter):
 		_ = d.cmd.Process.Kill()
 		<-d.exited
+		res.killed = true
 	}
 	d.cmd = nil
-	return time.Since(started)
+	res.stopped = time.Since(started)
+	return res
 }
 
 // Close stops the process.
 func (d *drainProcess) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.stop()
+	d.stop(10 * time.Second)
 }

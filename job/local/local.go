@@ -134,6 +134,8 @@ type localConfig struct {
 	verifyTimeout time.Duration
 	verifyBudget  time.Duration
 	chaos         chaosConfig
+	// drains is how many drain instances serve the wake-ups (--chaos).
+	drains int
 }
 
 // The local deployment's fixed names.
@@ -166,12 +168,14 @@ type local struct {
 	pubsub   *pstest.Server
 	client   *pubsub.Client
 	faults   *faultSwitch
-	// pubsubProxy is the product's way to Pub/Sub, bigqueryFaults its way
-	// to BigQuery: where the chaos run puts its wire faults.
-	pubsubProxy    *faultproxy.GRPC
+	// pubsubProxies are each component's way to Pub/Sub, bigqueryFaults
+	// the product's way to BigQuery: where the chaos run puts its wire
+	// faults. published is what the proxies saw published, by whom.
+	pubsubProxies  map[string]*faultproxy.GRPC
+	published      *publishLedger
 	bigqueryFaults *faultproxy.HTTP
-	// drainProc is the chaos run's drain process.
-	drainProc *drainProcess
+	// drainProcs are the chaos run's drain instances.
+	drainProcs []*drainProcess
 	// logs receives the drain process's lines (with LOG_LEVEL set).
 	logs     io.Writer
 	wh       *localwarehouse.Local
@@ -192,7 +196,11 @@ type local struct {
 }
 
 type localURLs struct {
-	functions, drain, verify, jwks, bigquery, ontologyDB, warehouseDB string
+	verify, sweep, jwks, bigquery, ontologyDB, warehouseDB string
+	// drains are the drain's URLs, one per instance.
+	drains []string
+	// roles are each component's database URL, as its role.
+	roles map[string]string
 }
 
 func (l *local) close() {
@@ -222,14 +230,15 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.SetOutput(io.Discard)
 	var cfg localConfig
 	fs.IntVar(&cfg.records, "records", 3000, "how many changes the workload commits")
-	fs.IntVar(&cfg.writers, "writers", 4, "concurrent writers")
+	fs.IntVar(&cfg.writers, "writers", 4, "concurrent writers (8 with --chaos)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")
 	fs.BoolVar(&cfg.json, "json", false, "print the summary as JSON")
 	fs.DurationVar(&cfg.verifyEvery, "verify-every", 2*time.Second, "how often the verifier runs")
 	fs.DurationVar(&cfg.verifyTimeout, "timeout", 3*time.Minute, "how long to wait for full verification after the workload")
 	fs.DurationVar(&cfg.chaos.duration, "chaos", 0, "run the SDK workload for this long under injected faults, then prove nothing was lost (at least 45s)")
 	fs.Uint64Var(&cfg.chaos.seed, "seed", 0, "with --chaos: the fault schedule's seed (default: from the clock, printed)")
-	fs.Float64Var(&cfg.chaos.rate, "rate", 40, "with --chaos: SDK commits per second, over all writers")
+	fs.Float64Var(&cfg.chaos.rate, "rate", 40, "with --chaos: SDK commits per second while the SDK is busy, over all writers")
+	fs.IntVar(&cfg.drains, "drains", 2, "with --chaos: drain instances (processes of the deployed entry point), 1 to 8")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:")
@@ -247,8 +256,13 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	}
 	cfg.verifyBudget = 10 * time.Second
 	if cfg.chaos.duration != 0 {
-		if cfg.chaos.duration < minChaos || cfg.keep || cfg.chaos.rate < 1 || cfg.chaos.rate > 500 {
-			return cfg, usageError{errors.New("local: --chaos must be at least 45s, without --keep, and --rate between 1 and 500")}
+		writersSet := false
+		fs.Visit(func(f *flag.Flag) { writersSet = writersSet || f.Name == "writers" })
+		if !writersSet {
+			cfg.writers = 8 // the SDK's writers wait for each wake-up's answer
+		}
+		if cfg.chaos.duration < minChaos || cfg.keep || cfg.chaos.rate < 1 || cfg.chaos.rate > 500 || cfg.drains < 1 || cfg.drains > 8 {
+			return cfg, usageError{errors.New("local: --chaos must be at least 45s, without --keep, with --rate between 1 and 500 and --drains between 1 and 8")}
 		}
 		if cfg.chaos.seed == 0 {
 			cfg.chaos.seed = uint64(time.Now().UnixNano()%1_000_000) + 1
@@ -335,13 +349,18 @@ func (l *local) keepServing(ctx context.Context) {
 	fmt.Fprintln(l.out, "stopping and cleaning up")
 }
 
-// wake calls the drain as the ontology service does after a commit: POST
-// with the runtime token and organisation, 5 s, body ignored, a non-2xx
-// only logged (the SDK logs it as deferred).
-func (l *local) wake(ctx context.Context, token string) int {
+// wake calls the drain at url as the ontology service does after a
+// commit: POST with the runtime token and organisation, 5 s, body ignored,
+// a non-2xx only logged (the SDK logs it as deferred).
+func (l *local) wake(ctx context.Context, url, token string) int {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, l.urls.drain, nil)
+	return l.post(ctx, url, token)
+}
+
+// post sends a wake-up to url and returns its status (0: no answer).
+func (l *local) post(ctx context.Context, url, token string) int {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 	req.Header.Set("x-segmentstream-runtime-identity", token)
 	req.Header.Set("x-segmentstream-organization-id", localOrganization)
 	resp, err := http.DefaultClient.Do(req)
@@ -377,7 +396,7 @@ for example:
   go run ./job dead-letter --discard       # remove it (it was retried and verified)
   go run ./job replay --entity customer    # send the customers back; they land again
   go run ./job audit                       # the warehouse against the source: exit 0 when equal
-`, l.urls.ontologyDB, l.urls.warehouseDB, token, localOrganization, l.urls.drain, l.urls.verify, l.urls.bigquery, l.pubsub.Addr, compact(l.registry))
+`, l.urls.ontologyDB, l.urls.warehouseDB, token, localOrganization, l.urls.drains[0], l.urls.verify, l.urls.bigquery, l.pubsub.Addr, compact(l.registry))
 }
 
 // every calls fn every d until ctx ends, one call at a time.

@@ -65,7 +65,7 @@ func TestLocalRun(t *testing.T) {
 	require.GreaterOrEqual(t, sum.Landed, sum.EventsWritten)
 	require.Equal(t, sum.Landed-sum.DuplicatesAbsorbed, sum.EventsWritten, "each event landed, duplicates aside")
 	require.Positive(t, sum.Replayed, "the replay in the middle sent events back")
-	require.Positive(t, sum.OutageRefusals, "the injected outage refused wake-ups")
+	require.Positive(t, sum.OutagePublishes, "the injected outage refused publishes")
 	require.EqualValues(t, 1, sum.DeadLettered)
 	require.True(t, sum.DeadLetterVerified, "the dropped message was retried and verified")
 	require.Positive(t, sum.Requeued)

@@ -20,7 +20,12 @@ import (
 
 // callVerify runs the Verify function once, as Cloud Scheduler does.
 func (l *local) callVerify(ctx context.Context) []delivery.VerifyResult {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, l.urls.verify, strings.NewReader(`{}`))
+	return l.callVerifyAt(ctx, l.urls.verify)
+}
+
+// callVerifyAt runs the Verify function served at url once.
+func (l *local) callVerifyAt(ctx context.Context, url string) []delivery.VerifyResult {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil

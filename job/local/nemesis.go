@@ -5,18 +5,19 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
-	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
 // The nemesis's fault kinds. Each reaches the product only through a
-// boundary production has: its database sessions, the wire to Pub/Sub and
-// to BigQuery, the issuer's key set, the server's stop.
+// boundary production has: its database sessions and server, the SDK's
+// lifecycle lock, the wire to Pub/Sub and to BigQuery, the issuer's key
+// set, the drain instances' processes.
 const (
 	faultEndDrainSessions  = "end_drain_sessions"
 	faultEndVerifySessions = "end_verifier_sessions"
@@ -25,16 +26,37 @@ const (
 	faultPubSubHang        = "pubsub_hang"
 	faultPubSubLose        = "pubsub_lose_response"
 	faultPubSubReset       = "pubsub_reset_connections"
+	faultPubSubSlow        = "pubsub_slow"
+	faultPubSubSplit       = "pubsub_split"
 	faultBigQuerySlow      = "bigquery_slow"
 	faultBigQueryError     = "bigquery_5xx"
+	faultBigQueryDown      = "bigquery_down_stalled"
 	faultKeyRotation       = "key_rotation"
 	faultDrainRestart      = "drain_restart"
+	faultDrainKill         = "drain_kill"
+	faultDrainFreeze       = "drain_freeze"
 	faultWarehouseStall    = "warehouse_stall"
+	faultMigration         = "migration"
+	faultPostgresRestart   = "postgres_restart"
 )
 
 // faultKinds lists every fault kind; each schedule has all of them.
 var faultKinds = []string{faultEndDrainSessions, faultEndVerifySessions, faultEndJobSessions, faultPubSubRefuse, faultPubSubHang,
-	faultPubSubLose, faultPubSubReset, faultBigQuerySlow, faultBigQueryError, faultKeyRotation, faultDrainRestart, faultWarehouseStall}
+	faultPubSubLose, faultPubSubReset, faultPubSubSlow, faultPubSubSplit, faultBigQuerySlow, faultBigQueryError, faultBigQueryDown,
+	faultKeyRotation, faultDrainRestart, faultDrainKill, faultDrainFreeze, faultWarehouseStall, faultMigration, faultPostgresRestart}
+
+// drainOwnFaults are the faults of a drain instance itself: while one
+// lasts, a promise resting on that instance's drain may be broken by the
+// fault (see excusals).
+var drainOwnFaults = []string{faultDrainRestart, faultDrainKill, faultDrainFreeze}
+
+// freezeFor is how long a drain_freeze holds an instance: longer than the
+// drains' wait for a turn (20 s), so that the others' waits for the turns
+// it holds time out unless the server ends its sessions first.
+const freezeFor = 22 * time.Second
+
+// bigqueryDownFor is the least length of a bigquery_down_stalled window.
+const bigqueryDownFor = 22 * time.Second
 
 // The operations the chaos run makes while the faults run, as `job` does.
 const (
@@ -67,14 +89,20 @@ func schedule(seed uint64, d time.Duration) []step {
 	at := gap / 2
 	lastRotation, rotationDue := -rotationSpacing, false
 	for at < d*9/10 {
-		kinds := append([]string(nil), faultKinds...)
+		kinds := slices.DeleteFunc(slices.Clone(faultKinds), func(k string) bool { return k == faultDrainFreeze || k == faultBigQueryDown })
 		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		// The long windows need room to end within the run: first in a
+		// round.
+		kinds = append([]string{faultDrainFreeze, faultBigQueryDown}, kinds...)
 		for _, k := range kinds {
 			if at >= d*9/10 {
 				break
 			}
-			if k == faultKeyRotation {
+			switch {
+			case k == faultKeyRotation:
 				rotationDue = true
+				continue
+			case (k == faultDrainFreeze || k == faultBigQueryDown) && at+windowOf(k, gap, nil) > d:
 				continue
 			}
 			if rotationDue && at-lastRotation >= rotationSpacing {
@@ -82,14 +110,7 @@ func schedule(seed uint64, d time.Duration) []step {
 				lastRotation, rotationDue = at, false
 				at += gap*3/4 + time.Duration(rng.Int64N(int64(gap/2)))
 			}
-			s := step{At: at, Kind: k}
-			switch k {
-			case faultPubSubRefuse, faultPubSubHang, faultPubSubLose:
-				s.For = gap/4 + time.Duration(rng.Int64N(int64(gap/2)))
-			case faultBigQuerySlow, faultBigQueryError, faultWarehouseStall:
-				// Long enough for a verifier pass to meet it.
-				s.For = 3*time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
-			}
+			s := step{At: at, Kind: k, For: windowOf(k, gap, rng)}
 			steps = append(steps, s)
 			at += gap*3/4 + time.Duration(rng.Int64N(int64(gap/2)))
 		}
@@ -103,6 +124,32 @@ func schedule(seed uint64, d time.Duration) []step {
 	return steps
 }
 
+// windowOf is how long a fault of kind k lasts (0: it is an event, not a
+// window).
+func windowOf(k string, gap time.Duration, rng *rand.Rand) time.Duration {
+	switch k {
+	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose:
+		return gap/2 + time.Duration(rng.Int64N(int64(gap/2)))
+	case faultPubSubSlow, faultPubSubSplit, faultBigQuerySlow, faultBigQueryError, faultWarehouseStall:
+		// Long enough for a drain's publishes, or a verifier pass, to meet it.
+		return 3*time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+	case faultBigQueryDown:
+		// Past a lookup's 20 s time-out, which the BigQuery client's own
+		// retries of a 5xx run to: the lookups fail while the events
+		// published meanwhile are absent.
+		if rng == nil {
+			return bigqueryDownFor
+		}
+		return bigqueryDownFor + time.Duration(rng.Int64N(int64(2*time.Second)))
+	case faultMigration:
+		// Past the SDK's lock timeout (5 s), the drains' included.
+		return 6*time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+	case faultDrainFreeze:
+		return freezeFor
+	}
+	return 0
+}
+
 // rotationSpacing is the least time between key rotations.
 const rotationSpacing = 35 * time.Second
 
@@ -112,7 +159,10 @@ type timelineEntry struct {
 	Kind       string  `json:"kind"`
 	ForSeconds float64 `json:"for_seconds,omitempty"`
 	Detail     string  `json:"detail,omitempty"`
-	Failed     bool    `json:"failed,omitempty"`
+	// Effect counts what the fault met (publishes, sessions, requests,
+	// passes failed…); a fault that met nothing took no effect.
+	Effect int  `json:"effect"`
+	Failed bool `json:"failed,omitempty"`
 }
 
 // nemesis injects the schedule's faults and starts its operations,
@@ -120,34 +170,33 @@ type timelineEntry struct {
 type nemesis struct {
 	c     *chaosRun
 	steps []step
+	rng   *rand.Rand
 
 	mu       sync.Mutex
 	timeline []timelineEntry
-	wakes    map[string]int
 	rotation int
+	// own are the drain's own faults' spans (see excusals).
+	own excusals
+	// busy are the drain instances a fault holds (a freeze, a restart).
+	busy map[int]bool
 }
 
 func newNemesis(c *chaosRun, cfg chaosConfig) *nemesis {
-	return &nemesis{c: c, steps: schedule(cfg.seed, cfg.duration), wakes: map[string]int{}}
+	return &nemesis{c: c, steps: schedule(cfg.seed, cfg.duration), rng: rand.New(rand.NewPCG(cfg.seed, 7)), busy: map[int]bool{}}
 }
 
-// countWake counts a wake-up's answer (0: no answer, as when the drain
-// was restarting).
-func (n *nemesis) countWake(code int) {
-	key := "no_answer"
-	if code != 0 {
-		key = fmt.Sprint(code)
-	}
+// excusals returns the drain's own faults' spans so far.
+func (n *nemesis) excusals() excusals {
 	n.mu.Lock()
-	n.wakes[key]++
-	n.mu.Unlock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.own)
 }
 
-// run injects the faults until ctx ends (the duration), in the
-// schedule's order; the operations run beside them, one after another,
-// each started at its time even on a machine so slow that the faults
-// ended first, and stopped only by opsCtx. When it returns every fault is
-// off.
+// run injects the faults until ctx ends (the duration), in the schedule's
+// order, each at its time and in the background, so that windows overlap;
+// the operations run beside them, one after another, each started at its
+// time even on a machine so slow that the faults ended first, and stopped
+// only by opsCtx. When it returns every fault is off.
 func (n *nemesis) run(ctx, opsCtx context.Context) {
 	start := n.c.started
 	var ops []step
@@ -157,7 +206,11 @@ func (n *nemesis) run(ctx, opsCtx context.Context) {
 		}
 	}
 	n.c.opsWG.Go(func() { n.runOperations(opsCtx, ops) })
-	defer n.allOff()
+	var windows sync.WaitGroup
+	defer func() {
+		windows.Wait()
+		n.allOff()
+	}()
 	for _, s := range n.steps {
 		if s.Kind == opReplay || s.Kind == opPartialReplay || s.Kind == opJobDrain {
 			continue
@@ -165,7 +218,15 @@ func (n *nemesis) run(ctx, opsCtx context.Context) {
 		if !sleepUntil(ctx, start.Add(s.At)) {
 			return
 		}
-		n.inject(ctx, s)
+		windows.Go(func() {
+			// A fault that met nothing (the SDK paused, say) is tried
+			// again, twice at most: only a fault that took effect counts.
+			for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
+				if n.inject(ctx, s) > 0 || !sleepUntil(ctx, time.Now().Add(4*time.Second)) {
+					return
+				}
+			}
+		})
 	}
 	<-ctx.Done()
 }
@@ -183,71 +244,10 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 
 // allOff ends every fault.
 func (n *nemesis) allOff() {
-	n.c.l.pubsubProxy.Set(faultproxy.Pass)
-	n.c.l.bigqueryFaults.Set(faultproxy.HTTPPass)
-}
-
-// inject applies one fault and, for a window, holds it for its length.
-func (n *nemesis) inject(ctx context.Context, s step) {
-	l := n.c.l
-	at := time.Since(n.c.started)
-	detail, failed := "", false
-	switch s.Kind {
-	case faultEndDrainSessions, faultEndVerifySessions, faultEndJobSessions:
-		component := map[string]string{faultEndDrainSessions: componentDrain, faultEndVerifySessions: componentVerify, faultEndJobSessions: componentJob}[s.Kind]
-		ended, err := pgtest.TerminateBackends(context.WithoutCancel(ctx), l.ontology, component)
-		detail, failed = fmt.Sprintf("%d sessions of %s ended", ended, component), err != nil
-	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose:
-		f := map[string]faultproxy.Fault{faultPubSubRefuse: faultproxy.Refuse, faultPubSubHang: faultproxy.Hang, faultPubSubLose: faultproxy.LoseResponse}[s.Kind]
-		before := l.pubsubProxy.Count(f)
-		l.pubsubProxy.Set(f)
-		sleepUntil(ctx, time.Now().Add(s.For))
-		l.pubsubProxy.Set(faultproxy.Pass)
-		detail = fmt.Sprintf("%d publishes met it", l.pubsubProxy.Count(f)-before)
-	case faultPubSubReset:
-		detail = fmt.Sprintf("%d connections reset", l.pubsubProxy.Reset())
-	case faultBigQuerySlow, faultBigQueryError:
-		f := map[string]faultproxy.HTTPFault{faultBigQuerySlow: faultproxy.HTTPSlow, faultBigQueryError: faultproxy.HTTPError}[s.Kind]
-		before := l.bigqueryFaults.Count(f)
-		l.bigqueryFaults.Set(f)
-		sleepUntil(ctx, time.Now().Add(s.For))
-		l.bigqueryFaults.Set(faultproxy.HTTPPass)
-		detail = fmt.Sprintf("%d BigQuery requests met it", l.bigqueryFaults.Count(f)-before)
-	case faultWarehouseStall:
-		detail = n.stall(ctx, s.For)
-	case faultKeyRotation:
-		n.mu.Lock()
-		n.rotation++
-		kid := fmt.Sprintf("local-key-%d", n.rotation)
-		n.mu.Unlock()
-		err := l.issuer.Rotate(kid)
-		detail, failed = "new key "+kid+" served, the old one removed, tokens signed again", err != nil
-	case faultDrainRestart:
-		// At a moment a wake-up is in flight (2 s at most), and in the
-		// background: the stop waits for the requests in flight.
-		for wait := time.Now().Add(2 * time.Second); n.c.wakesInFlight.Load() == 0 && time.Now().Before(wait); {
-			time.Sleep(time.Millisecond)
-		}
-		inFlight := n.c.wakesInFlight.Load()
-		n.c.opsWG.Go(func() {
-			stopped, err := l.drainProc.restart(context.WithoutCancel(ctx))
-			n.record(timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind + "_done",
-				Detail: fmt.Sprintf("the old process stopped in %.1fs; a new one serves", stopped.Seconds()), Failed: err != nil})
-		})
-		detail = fmt.Sprintf("SIGTERM to the drain process with %d wake-ups in flight", inFlight)
+	for _, p := range n.c.l.pubsubProxies {
+		p.Set(faultproxy.Pass)
 	}
-	n.record(timelineEntry{AtSeconds: at.Seconds(), Kind: s.Kind, ForSeconds: s.For.Seconds(), Detail: detail, Failed: failed})
-}
-
-// stall holds the BigQuery subscription's writes for d (the events
-// published meanwhile land late, and the verifier finds them absent) and
-// says how many messages were published meanwhile.
-func (n *nemesis) stall(ctx context.Context, d time.Duration) string {
-	before := n.c.l.readPublished().messages
-	n.c.stalled.Add(1)
-	sleepUntil(ctx, time.Now().Add(d))
-	n.c.stalled.Add(-1)
-	return fmt.Sprintf("the BigQuery subscription wrote nothing while %d messages were published", n.c.l.readPublished().messages-before)
+	n.c.l.bigqueryFaults.Set(faultproxy.HTTPPass)
 }
 
 // replayStall is how long the BigQuery subscription is held from a
@@ -279,7 +279,7 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		}
 		started := time.Now()
 		rec.started = started
-		start := timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind}
+		start := timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind, Effect: 1}
 		if s.Kind != opJobDrain {
 			start.Detail = fmt.Sprintf("the BigQuery subscription held for its first %v", replayStall)
 		}
@@ -316,7 +316,7 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		}
 		n.c.opErrs(s.Kind, rec.err)
 		n.record(timelineEntry{AtSeconds: time.Since(n.c.started).Seconds(), Kind: s.Kind + "_done", ForSeconds: time.Since(started).Seconds(),
-			Detail: detail, Failed: err != nil})
+			Detail: detail, Effect: 1, Failed: err != nil})
 	}
 }
 

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -27,6 +29,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
+	"github.com/segmentstream/ontology-replication/terraform"
 )
 
 // start starts every part: PostgreSQL, the SDK database, Pub/Sub, the
@@ -100,13 +103,21 @@ func (l *local) startPubSub(ctx context.Context) error {
 	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: localDeadTopic, AckDeadlineSeconds: 60}); err != nil {
 		return err
 	}
-	// The product reaches Pub/Sub through the fault proxy (the chaos run's
-	// wire faults on Publish; it passes everything otherwise).
-	l.pubsubProxy, err = faultproxy.NewGRPC(l.pubsub.Addr, func(method string) bool { return method == publishMethod })
-	if err != nil {
-		return err
+	// Each component reaches Pub/Sub through a fault proxy of its own (the
+	// chaos run's wire faults on Publish, on every proxy at once; it passes
+	// everything otherwise), which also tells which component published
+	// what (published).
+	l.published = newPublishLedger()
+	l.pubsubProxies = map[string]*faultproxy.GRPC{}
+	for _, component := range []string{componentDrain, componentVerify, componentJob} {
+		proxy, err := faultproxy.NewGRPC(l.pubsub.Addr, func(method string) bool { return method == publishMethod })
+		if err != nil {
+			return err
+		}
+		proxy.Observe(l.published.observer(component))
+		l.pubsubProxies[component] = proxy
+		l.cleanup = append(l.cleanup, proxy.Close)
 	}
-	l.cleanup = append(l.cleanup, l.pubsubProxy.Close)
 	return nil
 }
 
@@ -137,17 +148,27 @@ func (l *local) startWarehouse(ctx context.Context) error {
 // startFunctions serves the Drain and Verify functions as two services,
 // each built as functions.NewHandler builds them with a registry of this
 // run's parts, and opens the job's Service. Each component reaches the
-// database under its Cloud Run name (application_name), so that the chaos
-// run can end one component's sessions. The chaos run's drain is the
-// deployed entry point run as a process (drainProcess), so that its
-// restart is a real SIGTERM.
+// database as its own role, holding exactly the GRANTs of terraform's
+// README (sdkfixture.ComponentRoles), and under its Cloud Run name
+// (application_name), so that the chaos run can end one component's
+// sessions. The chaos run's drain instances are the deployed entry point
+// run as processes (drainProcess), so that their faults are a process's.
 func (l *local) startFunctions(ctx context.Context) error {
-	l.registry = l.registryFor("")
-	drainURL, err := l.startDrain(ctx)
+	grants, err := sdkfixture.Grants(terraform.README)
 	if err != nil {
 		return err
 	}
-	verify, closeVerify, err := l.functionsHandler(ctx, componentVerify)
+	roles, drop, err := sdkfixture.ComponentRoles(ctx, l.ontology, l.urls.ontologyDB, grants, 4)
+	if err != nil {
+		return err
+	}
+	l.cleanup = append(l.cleanup, func() { drop(context.Background()) })
+	l.urls.roles = roles
+	l.registry = l.registryFor("")
+	if err := l.startDrains(ctx); err != nil {
+		return err
+	}
+	verify, closeVerify, err := l.functionsHandler(ctx, componentVerify, "")
 	if err != nil {
 		return err
 	}
@@ -156,43 +177,77 @@ func (l *local) startFunctions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	l.urls.verify = verifyURL + "/Verify"
+	if l.cfg.chaos.duration != 0 {
+		// Production's schedule: the verifier's passes sweep once a minute
+		// (sweep), the passes between only verify (verify), so that the
+		// chaos run can tell what the sweep delivered from the wake-ups'.
+		l.urls.sweep = l.urls.verify
+		frequent, closeFrequent, err := l.functionsHandler(ctx, componentVerify, "0")
+		if err != nil {
+			return err
+		}
+		l.cleanup = append(l.cleanup, closeFrequent)
+		if l.urls.verify, err = l.serve(frequent); err != nil {
+			return err
+		}
+		l.urls.verify += "/Verify"
+	}
 	reg, err := registry.Parse([]byte(l.registryFor(componentJob)))
 	if err != nil {
 		return err
 	}
-	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsubProxy.Addr, Logger: l.log,
+	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsubProxies[componentJob].Addr, Logger: l.log,
 		Views: l.wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1}}); err != nil {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.svc.Close)
-	l.urls.drain = drainURL + "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
-	l.urls.verify = verifyURL + "/Verify"
 	return nil
 }
 
-// startDrain serves the drain: in this process, or with --chaos as a
-// process of the deployed entry point.
-func (l *local) startDrain(ctx context.Context) (string, error) {
+// startDrains serves the drain: in this process, or with --chaos as
+// --drains processes of the deployed entry point, the wake-ups spread over
+// them as Cloud Run spreads them over its instances.
+func (l *local) startDrains(ctx context.Context) error {
 	if l.cfg.chaos.duration == 0 {
-		drain, closeDrain, err := l.functionsHandler(ctx, componentDrain)
+		drain, closeDrain, err := l.functionsHandler(ctx, componentDrain, "")
 		if err != nil {
-			return "", err
+			return err
 		}
 		l.cleanup = append(l.cleanup, closeDrain)
-		return l.serve(drain)
+		base, err := l.serve(drain)
+		if err != nil {
+			return err
+		}
+		l.urls.drains = []string{base + drainPath}
+		return nil
 	}
 	dir, err := os.MkdirTemp("", "replication-local-")
 	if err != nil {
-		return "", err
+		return err
 	}
 	l.cleanup = append(l.cleanup, func() { _ = os.RemoveAll(dir) })
-	env := []string{"REPLICATION_WORKSPACES=" + l.registryFor(componentDrain), "PUBSUB_EMULATOR_HOST=" + l.pubsubProxy.Addr, "LOG_LEVEL=" + l.logLevel}
-	if l.drainProc, err = buildDrainProcess(ctx, dir, env, l.logs); err != nil {
-		return "", err
+	binary, err := buildDrain(ctx, dir)
+	if err != nil {
+		return err
 	}
-	l.cleanup = append(l.cleanup, l.drainProc.Close)
-	return l.drainProc.URL(), nil
+	for i := range l.cfg.drains {
+		name := fmt.Sprintf("%s-%d", componentDrain, i+1)
+		env := []string{"REPLICATION_WORKSPACES=" + l.registryAs(componentDrain, name), "PUBSUB_EMULATOR_HOST=" + l.pubsubProxies[componentDrain].Addr,
+			"LOG_LEVEL=" + l.logLevel}
+		proc, err := newDrainProcess(ctx, i, name, binary, env, l.logs)
+		if err != nil {
+			return err
+		}
+		l.cleanup = append(l.cleanup, proc.Close)
+		l.drainProcs = append(l.drainProcs, proc)
+		l.urls.drains = append(l.urls.drains, proc.URL()+drainPath)
+	}
+	return nil
 }
+
+// drainPath is the drain's path for the local workspace.
+const drainPath = "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
 
 // The components' names, as application_name in PostgreSQL.
 const (
@@ -201,14 +256,19 @@ const (
 	componentJob    = "replication-job"
 )
 
-// registryFor is the run's registry, its database URL naming component
-// (none: the registry the sandbox prints).
-func (l *local) registryFor(component string) string {
-	dbURL := l.urls.ontologyDB
-	if component != "" {
+// registryFor is the run's registry for a component: its database URL is
+// the component's role's, under its name (none: the registry the sandbox
+// prints, as the job's role).
+func (l *local) registryFor(component string) string { return l.registryAs(component, component) }
+
+// registryAs is registryFor with the component's sessions under
+// application_name name.
+func (l *local) registryAs(component, name string) string {
+	dbURL := l.urls.roles[strings.TrimPrefix(cmp.Or(component, componentJob), "replication-")]
+	if name != "" {
 		u, _ := url.Parse(dbURL)
 		q := u.Query()
-		q.Set("application_name", component)
+		q.Set("application_name", name)
 		u.RawQuery = q.Encode()
 		dbURL = u.String()
 	}
@@ -219,12 +279,13 @@ func (l *local) registryFor(component string) string {
 		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, dbURL, localProject, localProject, l.urls.bigquery)
 }
 
-// functionsHandler builds the functions for one component. No
-// Google-signed tokens here: the verifier's caller check is off (its loop
-// calls it directly).
-func (l *local) functionsHandler(ctx context.Context, component string) (http.Handler, func(), error) {
-	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.pubsubProxy.Addr,
-		"VERIFY_TIME_BUDGET": l.cfg.verifyBudget.String(), "LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off"}
+// functionsHandler builds the functions for one component, with
+// VERIFY_SWEEP_BATCHES sweep (empty: the default). No Google-signed tokens
+// here: the verifier's caller check is off (its loop calls it directly).
+func (l *local) functionsHandler(ctx context.Context, component, sweep string) (http.Handler, func(), error) {
+	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.pubsubProxies[component].Addr,
+		"VERIFY_TIME_BUDGET": l.cfg.verifyBudget.String(), "LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off",
+		functions.EnvSweepBatches: sweep}
 	return functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log})
 }
 

@@ -25,13 +25,15 @@ type summary struct {
 	Requeued           int            `json:"requeued"`
 	Replayed           int            `json:"replayed"`
 	OutageRefusals     int64          `json:"outage_refusals"`
-	DeadLettered       int64          `json:"dead_lettered"`
-	DeadLetterEvent    string         `json:"dead_letter_event"`
-	DeadLetterVerified bool           `json:"dead_letter_verified"`
-	FullyVerified      bool           `json:"fully_verified"`
-	WorkloadSeconds    float64        `json:"workload_seconds"`
-	VerifiedAfterSecs  float64        `json:"verified_after_last_commit_seconds"`
-	Views              []viewCheck    `json:"views"`
+	// OutagePublishes is how many publishes Pub/Sub refused in the outage.
+	OutagePublishes    int64       `json:"outage_publishes_refused"`
+	DeadLettered       int64       `json:"dead_lettered"`
+	DeadLetterEvent    string      `json:"dead_letter_event"`
+	DeadLetterVerified bool        `json:"dead_letter_verified"`
+	FullyVerified      bool        `json:"fully_verified"`
+	WorkloadSeconds    float64     `json:"workload_seconds"`
+	VerifiedAfterSecs  float64     `json:"verified_after_last_commit_seconds"`
+	Views              []viewCheck `json:"views"`
 	// Audit is `job audit`'s audit of the local warehouse at the end.
 	Audit *delivery.AuditReport `json:"audit"`
 	// The largest lags seen during the run: how long the oldest event
@@ -93,7 +95,8 @@ func (s *summary) print(w io.Writer, asJSON bool) error {
 	fmt.Fprintf(tw, "landed\t%d rows in the local warehouse; %d duplicates absorbed by the views\n", s.Landed, s.DuplicatesAbsorbed)
 	fmt.Fprintf(tw, "verified\t%d of %d\n", s.Verified, s.EventsWritten)
 	fmt.Fprintf(tw, "replay\t%d events sent back to pending mid-run and published again\n", s.Replayed)
-	fmt.Fprintf(tw, "outage\t%d wake-ups answered 503 during the injected Pub/Sub outage\n", s.OutageRefusals)
+	fmt.Fprintf(tw, "outage\tPub/Sub refused %d publishes during the injected outage; the drains queued again until it took them, %d wake-ups answered 503 meanwhile\n",
+		s.OutagePublishes, s.OutageRefusals)
 	fmt.Fprintf(tw, "dead letter\t%d message dead-lettered (event %.12s…), retried: %s\n", s.DeadLettered, s.DeadLetterEvent, yes(s.DeadLetterVerified))
 	fmt.Fprintf(tw, "retried\t%d absent events looked for again, %d sent back to pending\n", s.Retried, s.Requeued)
 	fmt.Fprintf(tw, "time to full verification\t%.1fs after the last commit\n", s.VerifiedAfterSecs)

@@ -135,7 +135,7 @@ func (w *workload) writer(ctx context.Context, i, n int, token string) error {
 		w.sum.Changes[kind]++
 		w.mu.Unlock()
 		during := w.outageActive.Load()
-		if code := w.l.wake(ctx, token); code == http.StatusServiceUnavailable && (during || w.outageActive.Load()) {
+		if code := w.l.wake(ctx, w.l.urls.drains[0], token); code == http.StatusServiceUnavailable && (during || w.outageActive.Load()) {
 			w.outageRefusals.Add(1)
 		}
 	}
@@ -213,6 +213,7 @@ func (w *workload) check(ctx context.Context) error {
 	sum.DeadLettered = l.deadCount.Load()
 	sum.Replayed = int(w.replayed.Load())
 	sum.OutageRefusals = w.outageRefusals.Load()
+	sum.OutagePublishes = w.l.faults.refused.Load()
 	for _, m := range l.pubsub.Messages() {
 		if m.Topic == localTopic {
 			sum.Published++

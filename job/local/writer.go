@@ -14,8 +14,10 @@ import (
 // localWriter is one workload writer: it owns its records, so writers never
 // touch each other's.
 type localWriter struct {
-	l         *local
-	rng       *rand.Rand
+	l   *local
+	rng *rand.Rand
+	// ww commits (nil: the run's writer).
+	ww        *sdkfixture.Writer
 	customers []string
 	products  []string
 	orders    []string
@@ -31,9 +33,18 @@ func remove(ids []string, id string) []string {
 	return ids
 }
 
-// step commits one random change and returns its kind.
+// writer is the writer the commits go through.
+func (w *localWriter) writer() *sdkfixture.Writer {
+	if w.ww != nil {
+		return w.ww
+	}
+	return w.l.writer
+}
+
+// step commits one random change and returns its kind. What the writer
+// knows of its records changes only with a commit that succeeded.
 func (w *localWriter) step(ctx context.Context) (string, error) {
-	ww := w.l.writer
+	ww := w.writer()
 	roll := w.rng.IntN(100)
 	switch {
 	case roll < 15 && len(w.orders) > 0 && len(w.products) > 0:
@@ -43,13 +54,19 @@ func (w *localWriter) step(ctx context.Context) (string, error) {
 				return w.create(ctx)
 			}
 		}
+		if err := ww.Link(ctx, "order", "products", o, p); err != nil {
+			return "link", err
+		}
 		w.edges = append(w.edges, [2]string{o, p})
-		return "link", ww.Link(ctx, "order", "products", o, p)
+		return "link", nil
 	case roll < 22 && len(w.edges) > 0:
 		i := w.rng.IntN(len(w.edges))
 		e := w.edges[i]
+		if err := ww.Unlink(ctx, "order", "products", e[0], e[1]); err != nil {
+			return "unlink", err
+		}
 		w.edges = slices.Delete(w.edges, i, i+1)
-		return "unlink", ww.Unlink(ctx, "order", "products", e[0], e[1])
+		return "unlink", nil
 	case roll < 47 && len(w.products)+len(w.customers)+len(w.orders) > 3:
 		switch w.rng.IntN(3) {
 		case 0:
@@ -68,26 +85,33 @@ func (w *localWriter) step(ctx context.Context) (string, error) {
 		return w.create(ctx)
 	case roll < 57 && len(w.products) > 2:
 		p := w.pick(w.products)
+		if err := ww.Delete(ctx, "product", p); err != nil {
+			return "delete", err
+		}
 		w.products = remove(w.products, p)
 		w.edges = slices.DeleteFunc(w.edges, func(e [2]string) bool { return e[1] == p })
-		return "delete", ww.Delete(ctx, "product", p)
+		return "delete", nil
 	}
 	return w.create(ctx)
 }
 
 func (w *localWriter) create(ctx context.Context) (string, error) {
-	ww := w.l.writer
+	ww := w.writer()
 	switch w.rng.IntN(3) {
 	case 0:
 		id, err := ww.Create(ctx, "customer", map[string]any{"name": fmt.Sprintf("Customer %d", w.rng.IntN(1e6)),
 			"email": fmt.Sprintf("c%d@example.com", w.rng.IntN(1e6)), "age": 18 + w.rng.IntN(60), "score": w.rng.Float64(),
 			"active": true, "birthday": "1990-01-02", "signed_up_at": time.Now().UTC(), "attributes": map[string]any{"tier": w.rng.IntN(3)}})
-		w.customers = append(w.customers, id)
+		if err == nil {
+			w.customers = append(w.customers, id)
+		}
 		return "create", err
 	case 1:
 		id, err := ww.Create(ctx, "product", map[string]any{"title": fmt.Sprintf("Product %d", w.rng.IntN(1e6)),
 			"price": float64(w.rng.IntN(10000)) / 100, "stock": w.rng.IntN(100)})
-		w.products = append(w.products, id)
+		if err == nil {
+			w.products = append(w.products, id)
+		}
 		return "create", err
 	default:
 		values := map[string]any{"reference": fmt.Sprintf("O-%d", w.rng.IntN(1e6)), "total": float64(w.rng.IntN(100000)) / 100,
@@ -96,7 +120,9 @@ func (w *localWriter) create(ctx context.Context) (string, error) {
 			values["customer_id"] = w.pick(w.customers)
 		}
 		id, err := ww.Create(ctx, "order", values)
-		w.orders = append(w.orders, id)
+		if err == nil {
+			w.orders = append(w.orders, id)
+		}
 		return "create", err
 	}
 }

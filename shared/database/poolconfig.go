@@ -54,8 +54,13 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	// Session defaults that bound every statement, including those the
 	// store's transactions cannot bound themselves (pgx prepares a
 	// pipeline's statements before it runs the first, SET LOCAL included);
-	// the store still sets both locally in every transaction.
-	for name, value := range map[string]string{"statement_timeout": "30s", "lock_timeout": "5s"} {
+	// the store still sets both locally in every transaction. And
+	// client_connection_check_interval: a statement waiting in the server
+	// (a drain queued for its turn, which holds the next turn while it
+	// waits) notices within a second that its client has gone (a process
+	// killed) and ends, where it would otherwise keep its locks until its
+	// wait's own bound; PostgreSQL 14 and later, on Linux (Cloud SQL).
+	for name, value := range map[string]string{"statement_timeout": "30s", "lock_timeout": "5s", "client_connection_check_interval": "1s"} {
 		if _, ok := cfg.ConnConfig.RuntimeParams[name]; !ok {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}

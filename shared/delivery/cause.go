@@ -32,6 +32,8 @@ const (
 	CauseWarehouseNotFound    = "warehouse_not_found"   // the dataset or table is missing
 	CauseWarehouseUnavailable = "warehouse_unavailable" // BigQuery failed or throttled: a retry may succeed
 	CauseKeysUnavailable      = "keys_unavailable"      // the token issuer's keys could not be fetched
+	CauseTurnHeld             = "turn_held"             // the workspace's drain turn was held past the wait's bound
+	CauseDrainRetrying        = "drain_retrying"        // coalesced into a drain that is retrying after a transient fault
 	CauseTimeout              = "timeout"               // the work ran out of time
 	CauseInternal             = "internal"              // anything else: the error text says what
 )
@@ -48,6 +50,10 @@ func Cause(err error) string {
 		return CausePubSubMisconfigured
 	case errors.Is(err, errPublish):
 		return CausePubSubUnavailable
+	case errors.Is(err, ErrDrainRetrying):
+		return CauseDrainRetrying
+	case errors.Is(err, store.ErrTurnWait):
+		return CauseTurnHeld
 	case errors.Is(err, database.ErrServerBusy):
 		return CauseDatabaseBusy
 	case errors.Is(err, store.ErrUnsupportedProtocol):

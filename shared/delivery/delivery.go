@@ -58,10 +58,15 @@ type Config struct {
 	// Retry bounds the retries of transient faults inside a command (drain
 	// batches, backfill and replay pages).
 	Retry RetryPolicy
-	// DrainFor is how long one wake-up of the drain goes on publishing
-	// batches while more events are pending (see Drain): within the SDK's
-	// 5 s for a wake-up. Default: 2s.
+	// DrainFor is how long a drain goes on publishing batches while more
+	// events are pending, counted from its first claim, before it leaves
+	// them to a drain that claimed after it, when there is one (see Drain):
+	// within the SDK's 5 s for a wake-up. Default: 2s.
 	DrainFor time.Duration
+	// RequeueFor bounds, from a drain's start, how long it goes on queueing
+	// for its turn again after transient faults (see Drain); the request's
+	// own deadline bounds it too. Default: 25s.
+	RequeueFor time.Duration
 	// TurnWait bounds each of a wake-up's waits for the drains of its
 	// workspace ahead of it: for the drain that is next to claim, and its
 	// claim's for the drain in progress to end its turn (see Drain).
@@ -141,6 +146,8 @@ func (c Config) Validate() error {
 		return errors.New("Publisher is required")
 	case c.DrainFor < 0:
 		return fmt.Errorf("DrainFor %v: must not be negative", c.DrainFor)
+	case c.RequeueFor < 0:
+		return fmt.Errorf("RequeueFor %v: must not be negative", c.RequeueFor)
 	case c.TurnWait < 0:
 		return fmt.Errorf("TurnWait %v: must not be negative", c.TurnWait)
 	case c.RequeueReportAfter < 0:
@@ -169,6 +176,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	cfg.DrainFor = cmp.Or(cfg.DrainFor, 2*time.Second)
 	cfg.TurnWait = cmp.Or(cfg.TurnWait, 20*time.Second)
+	cfg.RequeueFor = cmp.Or(cfg.RequeueFor, 25*time.Second)
 	if cfg.Gather == 0 {
 		cfg.Gather = DefaultGather
 	}
@@ -180,6 +188,13 @@ func New(cfg Config) (*Service, error) {
 
 // ErrUnknownWorkspace: the registry has no such workspace.
 var ErrUnknownWorkspace = errors.New("unknown workspace")
+
+// ErrDrainRetrying answers a wake-up coalesced into its process's pending
+// drain while that drain waits to queue again after a transient fault: the
+// commit is left to that drain, which may still publish it, but no 2xx is
+// given on its word (an HTTP caller gets 503, which the SDK logs as
+// deferred).
+var ErrDrainRetrying = errors.New("the workspace's drain is retrying after a transient fault; this commit is left to it")
 
 // errPublish marks a failed Publish RPC.
 var errPublish = errors.New("publish failed")
@@ -194,7 +209,7 @@ func Transient(err error) bool {
 	if errors.Is(err, errPublish) {
 		return !publish.Misconfigured(err)
 	}
-	return store.Retryable(err) || errors.Is(err, database.ErrServerBusy)
+	return store.Retryable(err) || errors.Is(err, database.ErrServerBusy) || errors.Is(err, ErrDrainRetrying)
 }
 
 // Workspace returns a workspace of the registry.

@@ -13,19 +13,66 @@
 // without a statement. The drain that holds the next turn waits
 // Config.Gather first, so that one batch takes the commits of many
 // wake-ups, and then claims: its claim waits in the server for the turn,
-// if the drain ahead of it still holds it. A drain whose turn it is claims the oldest
-// pending events (disjoint from other claims, holding no lock the SDK
-// waits on; see the store's claims), publishes them as one Pub/Sub request
-// and acknowledges them only after Pub/Sub accepted them, and goes on while
-// more are pending, for up to Config.DrainFor. A
-// failed or timed-out publish acknowledges nothing; a lost response only
-// ever yields duplicates. Events that cannot be published are set aside
-// with a backoff, and the events behind them go on: those the store found
+// if the drain ahead of it still holds it. A drain whose turn it is claims
+// the oldest pending events (disjoint from other claims, holding no lock
+// the SDK waits on; see the store's claims), publishes them as one Pub/Sub
+// request and acknowledges them only after Pub/Sub accepted them. A failed
+// or timed-out publish acknowledges nothing; a lost response only ever
+// yields duplicates. Events that cannot be published are set aside with a
+// backoff, and the events behind them go on: those the store found
 // unpublishable (missing history row, table without a capture trigger,
 // malformed capture), those larger than a request may be, and those Pub/Sub
 // refuses, found by bisection of the refused request. Events set aside
 // before, whose backoff has passed, go in a request of their own. Each
 // drain that sets events aside logs one error line naming them.
+//
+// # A wake-up's word
+//
+// The SDK wakes the drain once per commit and never retries; it gives the
+// request 5 s and only logs a non-2xx (as deferred). So a wake-up answered
+// 2xx is a promise: its commit is published by a drain in flight, never
+// left to a later wake-up or the verifier's sweep. Cloud Run gives a
+// request CPU only while it is served, so what carries a commit is always
+// a request in flight: the drain of the wake-up itself, or the pending
+// drain it was coalesced into, which claims after it. The structure keeps
+// the promise, whatever that drain meets:
+//
+//   - A drain goes on while its last claim left more pending (its claim
+//     read after every commit coalesced into it, oldest first, a batch at a
+//     time). It stops only when a claim left nothing (nothing it could
+//     take: events other drains hold are theirs), or by handing what is
+//     left to a drain that claims after it: its process's pending drain
+//     (HandedOver), which claims when this drain's turn ends; or, once
+//     Config.DrainFor has passed since its own first claim, a drain that has
+//     claimed since (it queues for the next turn and finds the turn held:
+//     that drain's claim read after this one's), unless wake-ups were
+//     coalesced into it meanwhile. A drain never leaves its commits to a
+//     drain it has not seen claim: one that holds the next turn may be
+//     frozen.
+//   - A drain that meets a transient fault (its wait for a turn past
+//     Config.TurnWait, its session ended, the SDK's lifecycle lock held by
+//     a migration past the lock timeout, Pub/Sub unavailable or slow past
+//     its time-out) queues again from its process's pending place after a
+//     backoff (100 ms, doubling to 2 s; Requeued, and a warning with the
+//     cause), or hands over to the pending drain there is, for up to
+//     Config.RequeueFor from its start and within its request's deadline.
+//     Meanwhile a wake-up coalesced into it is answered ErrDrainRetrying
+//     (503): its commit is left to the drain, which may well publish it,
+//     but no promise is made on a drain that is failing.
+//   - A drain that freezes while it holds a turn (its instance stopped or
+//     cut off) is ended by the server after store.Config.TurnIdleTimeout
+//     (15 s), shorter than TurnWait, so the drains queued behind it take
+//     the turn within their bound; one killed while it waits in the server
+//     is noticed within a second (see the store's Turns).
+//   - Whatever the drain cannot outlive (Pub/Sub down past its 25 s, its own
+//     instance frozen or killed after answering coalesced wake-ups) leaves
+//     events pending, never acknowledged: the next wake-up's drain, which
+//     claims the oldest pending first, or the verifier's sweep publishes
+//     them. The chaos proof (`go run ./job/local --chaos`) measures how
+//     many events only the sweep delivered.
+//
+// At protocol 3 a drain holds the turn from its scan to its end (the
+// store's legacy claims), so no two drains publish the same events.
 //
 // DrainAll publishes a workspace's pending events until nothing
 // publishable is left, with several batches out at once, all claimed and
@@ -62,8 +109,11 @@
 // a transient fault (Transient) under the Service's RetryPolicy, with
 // backoff, logging each retry at WARNING; acknowledged work is never re-run
 // (a session's batches out are finished with what Pub/Sub accepted, the
-// rest released, and a new session claims what is still pending). The
-// drain function does not retry inside a request.
+// rest released, and a new session claims what is still pending). A
+// wake-up's drain on a busy workspace queues again after a transient fault
+// within its request (see A wake-up's word); a quiet wake-up's drain, which
+// no other wake-up counts on, does not retry: its 503 leaves its commit to
+// the next wake-up or the sweep.
 //
 // # Audit and repair
 //

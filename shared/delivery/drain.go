@@ -43,6 +43,12 @@ type DrainResult struct {
 	// (this process's pending drain, without a statement).
 	Coalesced   bool   `json:"coalesced,omitempty"`
 	CoalescedBy string `json:"-"`
+	// HandedOver reports that the drain left what was still pending to a
+	// drain that claims after it (see Drain).
+	HandedOver bool `json:"handed_over,omitempty"`
+	// Requeued is how many times the drain queued for its turn again after
+	// a transient fault (see Drain).
+	Requeued int `json:"requeued,omitempty"`
 	// Waited is how long the wake-up waited in the server for the drains
 	// ahead of it: for the next turn, and in its claim for the turn.
 	Waited time.Duration `json:"-"`
@@ -67,89 +73,211 @@ func (r *DrainResult) add(b DrainResult) {
 }
 
 // Drain is a wake-up of a workspace's drain: the ontology service sends one
-// after every commit. On a quiet workspace (this process's wake-ups of it
-// come less often than one per Config.QuietInterval) a wake-up claims on
-// its own.
-// On a busy one the wake-ups of the workspace coalesce. In this process, a
-// wake-up that finds a drain of its workspace that has not claimed yet
-// (the process's pending drain) leaves its events to that drain and
-// publishes nothing (Coalesced), without a statement. Otherwise it is the
-// process's pending drain: across every instance the drains meet at the
-// workspace's database (store.QueueTurn), one statement that takes the
-// next turn, or waits for it first (at most Config.TurnWait); the drain
-// then claims, and its claim waits for the turn if another drain still
-// holds it (at most Config.TurnWait too). So a busy workspace costs the
-// database a few statements per claim, not one per wake-up. A drain with
-// the turn publishes one batch of the oldest pending events (disjoint from
-// other claims, holding no lock the SDK waits on) as one Pub/Sub request
-// and acknowledges it only after Pub/Sub accepted it; while more are
-// pending it takes a turn again and goes on, for up to Config.DrainFor,
-// unless another drain is next (then that one takes them, and this one
-// answers). The drain that claims next gathers
-// commits for Config.Gather first (see awaitTurn), so that one batch takes
-// the commits of several wake-ups. An event that cannot be published is
-// set aside and the others go on. When replication is disabled or has no
-// active target it publishes nothing and reports the state.
+// after every commit, and never again for that commit. Its 2xx answer is a
+// promise: the commit is published by a drain that is in flight (this one,
+// or the one it was coalesced into), never left to a later wake-up or the
+// verifier's sweep, whatever that drain meets (see "A wake-up's word" in
+// the package doc).
+//
+// On a quiet workspace (this process's wake-ups of it come less often than
+// one per Config.QuietInterval) a wake-up claims on its own. On a busy one
+// the wake-ups of the workspace coalesce. In this process, a wake-up that
+// finds a drain of its workspace that has not claimed yet (the process's
+// pending drain) leaves its events to that drain and publishes nothing
+// (Coalesced), without a statement; while that drain waits to queue again
+// after a transient fault, such a wake-up is answered with
+// ErrDrainRetrying (503: the SDK logs it as deferred), its commit still
+// left to that drain. Otherwise it is the process's pending drain: across
+// every instance the drains meet at the workspace's database
+// (store.QueueTurn), one statement that takes the next turn, or waits for
+// it first (at most Config.TurnWait); the drain gathers commits for
+// Config.Gather (on its first claim), then claims, and its claim waits for
+// the turn if another drain still holds it (at most Config.TurnWait too).
+// So a busy workspace costs the database a few statements per claim, not
+// one per wake-up. A drain with the turn publishes one batch of the oldest
+// pending events (disjoint from other claims, holding no lock the SDK waits
+// on) as one Pub/Sub request and acknowledges it only after Pub/Sub
+// accepted it. An event that cannot be published is set aside and the
+// others go on. When replication is disabled or has no active target it
+// publishes nothing and reports the state.
+//
+// While more are pending after its batch, a drain goes on (drainTurns): it
+// takes its process's pending place again and queues for its turn, or,
+// when its process has a pending drain already, hands the rest over to it
+// (HandedOver): that drain claims as soon as this one's turn ends. After
+// Config.DrainFor, counted from its first claim, it also hands over to a
+// drain that has claimed after it (it holds the next turn and finds the
+// turn held), unless wake-ups were coalesced into it meanwhile. A drain
+// that meets a transient fault (its turn's wait past its bound, a lost
+// session, the lifecycle lock held by a migration, Pub/Sub unavailable)
+// queues again after a backoff (Requeued), for up to Config.RequeueFor
+// from its start and within ctx's deadline, or hands over to its process's
+// pending drain; only then does it fail.
 func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, error) {
 	ws, err := s.Workspace(workspaceID)
 	if err != nil {
 		return DrainResult{Workspace: workspaceID}, err
 	}
+	started := time.Now()
 	res := DrainResult{Workspace: ws.ID}
 	local := s.turns.of(ws.ID)
-	local.arrived(time.Now())
+	local.arrived(started)
 	// On a quiet workspace a wake-up claims on its own, as the drain did
 	// before its wake-ups coalesced: no turn to take, nothing to gather,
 	// and no drain counts on it (a wake-up is coalesced only into a pending
 	// drain, which claims after it).
 	quiet := s.cfg.QuietInterval > 0 && local.interval() >= s.cfg.QuietInterval
 	var pending *pendingDrain
-	if !quiet {
-		pending = local.enter()
+	var joined, retrying bool
+	if quiet {
+		joined, retrying = local.join()
+	} else {
+		pending, joined, retrying = local.enterOrJoin()
 	}
-	if pending == nil && (!quiet || local.waiting()) {
+	if joined {
 		// A drain of this process has not claimed yet: its claim takes
 		// this wake-up's events.
 		res.Coalesced, res.CoalescedBy = true, "instance"
+		if retrying {
+			return res, ErrDrainRetrying
+		}
 		return res, nil
 	}
-	defer pending.leave() // when it fails before its claim; a no-op after
 	st, err := s.lease(ctx, ws)
 	if err != nil {
+		pending.leave()
 		return res, err
 	}
 	defer st.Release()
-	until := time.Now().Add(s.cfg.DrainFor)
-	for first := true; ; first = false {
-		var state store.State
-		var target store.Target
-		var claim *store.Claim
-		if quiet {
-			state, target, claim, err = st.store.ClaimActive(ctx)
-		} else {
-			var turn *store.Turn
-			// err is the loop's: the claim's error below must reach
-			// drainClaim (a := here would shadow it, and a failed claim
-			// would be taken for an empty one).
-			turn, err = s.takeTurn(ctx, st.store, first)
-			if err != nil {
-				return res, err
-			}
-			if turn.Role() == store.TurnCoalesced {
-				// Only when it goes on after a batch: another drain is next
-				// and takes what is left.
-				return res, nil
-			}
-			if err := s.awaitTurn(ctx, turn, local, pending, first); err != nil {
-				return res, err
-			}
-			state, target, claim, err = s.claimTurn(ctx, turn, local, &res)
-		}
+	if quiet {
+		state, target, claim, err := st.store.ClaimActive(ctx)
 		batch, err := s.drainClaim(ctx, ws, state, target, claim, err)
 		res.add(batch)
-		if err != nil || !batch.More || batch.Published == 0 && batch.SetAside == 0 || !time.Now().Before(until) || ctx.Err() != nil {
+		if err != nil || !batch.goesOn() {
 			return res, err
 		}
+		// More are pending than its batch took: it goes on through the
+		// turns, or leaves them to its process's pending drain.
+		if pending = local.enter(); pending == nil {
+			res.HandedOver = true
+			return res, nil
+		}
+	}
+	return res, s.drainTurns(ctx, st, ws, local, pending, started, &res)
+}
+
+// goesOn reports that a drain goes on after this batch: more were pending
+// than it took, and it published or set aside something (a claim that took
+// nothing found the others held by other drains).
+func (r DrainResult) goesOn() bool {
+	return r.More && (r.Published > 0 || r.SetAside > 0)
+}
+
+// drainTurns is a busy drain from its process's pending place (pending) to
+// its end (see Drain): claim after claim on its turns while more are
+// pending, queueing again after a transient fault, until nothing is left
+// at its last claim or it hands what is left over to a drain that claims
+// after it.
+func (s *Service) drainTurns(ctx context.Context, st *workspaceLease, ws registry.Workspace, local *localTurn, pending *pendingDrain,
+	started time.Time, res *DrainResult) error {
+	defer func() { pending.leave() }()
+	var until time.Time // Config.DrainFor after its first claim
+	backoff := requeueBackoff
+	for gather := true; ; gather = false {
+		// It holds its process's pending place here.
+		turn, err := st.store.QueueTurn(ctx, s.cfg.TurnWait)
+		if err == nil && !until.IsZero() && !time.Now().Before(until) && turn.Role() == store.TurnNext && pending.leaveIfAlone() {
+			// Past its time, and the drain that holds the turn claimed
+			// after its last claim, and so takes whatever it left.
+			turn.End(ctx)
+			res.HandedOver = true
+			return nil
+		}
+		var batch DrainResult
+		if err == nil {
+			err = s.awaitTurn(ctx, turn, pending, gather)
+		}
+		if err == nil {
+			var state store.State
+			var target store.Target
+			var claim *store.Claim
+			state, target, claim, err = s.claimTurn(ctx, turn, local, res)
+			if until.IsZero() {
+				until = time.Now().Add(s.cfg.DrainFor)
+			}
+			batch, err = s.drainClaim(ctx, ws, state, target, claim, err)
+			res.add(batch)
+		}
+		switch {
+		case err == nil && !batch.goesOn():
+			return nil
+		case err != nil && (!Transient(err) || !s.mayRequeue(ctx, started, backoff)):
+			return err
+		}
+		// It goes on: from its process's pending place, or it hands over to
+		// the drain that holds it (which claims when this turn has ended).
+		if !pending.holds() {
+			pending = local.enter()
+		}
+		if err != nil {
+			s.log.WarnContext(ctx, LogDrainRequeues, slog.String("workspace", ws.ID), slog.String("cause", Cause(err)),
+				slog.Bool("handed_over", pending == nil), slog.Int64("backoff_ms", backoff.Milliseconds()), slog.String("error", err.Error()))
+		}
+		if pending == nil {
+			res.HandedOver = true
+			return nil
+		}
+		if err != nil {
+			res.Requeued++
+			pending.setRetrying(true)
+			if !sleepCtx(ctx, backoff) {
+				return err
+			}
+			pending.setRetrying(false)
+			backoff = min(2*backoff, maxRequeueBackoff)
+		}
+	}
+}
+
+// LogDrainRequeues is the warning of a drain that meets a transient fault
+// and goes on: it queues for its turn again after backoff_ms, its commits
+// (and those coalesced into it) still its own, or, with handed_over, leaves
+// them to its process's pending drain. cause and error say what it met.
+const LogDrainRequeues = "replication: the drain queues again after a transient fault"
+
+// The backoff between a drain's queueings after a transient fault.
+const (
+	requeueBackoff    = 100 * time.Millisecond
+	maxRequeueBackoff = 2 * time.Second
+)
+
+// mayRequeue reports whether a drain that started at started may queue
+// again after backoff: within Config.RequeueFor of its start and ctx's
+// deadline, with time left for a batch.
+func (s *Service) mayRequeue(ctx context.Context, started time.Time, backoff time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	end := started.Add(s.cfg.RequeueFor)
+	if deadline, ok := ctx.Deadline(); ok && deadline.Before(end) {
+		end = deadline
+	}
+	return time.Until(end) > backoff+minRequeueWork
+}
+
+// minRequeueWork is the least time a drain that queues again must have
+// left after its backoff.
+const minRequeueWork = time.Second
+
+// sleepCtx waits d, or until ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
 	}
 }
 
@@ -210,11 +338,8 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	res.More = claim.More
 	out := s.publishBatch(ctx, ws, claim)
 	res.Requests, res.PublishTime = out.requests, out.elapsed
-	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More && out.probe && !s.turns.of(ws.ID).claimsSoon() {
-		beside, err := DrainResult{}, claim.Narrow(ctx)
-		if err == nil {
-			beside, err = s.probe(ctx, ws)
-		}
+	if mayProbe && out.failedAlone && !out.othersFailed && len(claim.Events) == 1 && claim.More && out.probe {
+		beside, err := s.probeBeside(ctx, ws, claim)
 		res.Published, res.SetAside, res.Bytes = beside.Published, beside.SetAside, beside.Bytes
 		res.Requests, res.PublishTime = res.Requests+beside.Requests, res.PublishTime+beside.PublishTime
 		if err != nil {
@@ -241,18 +366,48 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 	return res, nil
 }
 
-// probe drains one batch beside a claim whose lone event failed alone: that
-// claim still holds the event, so this claim takes the events behind it,
-// which so flow, and whose publishing tells whether Pub/Sub works (see
-// suspects). It is a claim of its own outside the turns, as drainOnce's.
-func (s *Service) probe(ctx context.Context, ws registry.Workspace) (DrainResult, error) {
+// probeBeside drains one batch beside a claim whose lone event failed
+// alone (see publishClaim), on a connection it reserves first without
+// waiting for one (probeReserveWait at most): a drain of this process that
+// claims soon may hold the pool's other connection while it waits for
+// this claim's turn, and a probe that waited for that connection would wait
+// for it until that drain's wait timed out. Once it has its connection, it
+// leaves the events to such a drain, if there is one (it claims as soon as
+// this claim ends); a drain that comes after the check waits for the
+// probe's connection in the pool, holding no lock, and so for one batch.
+// The reservation's bound leaves time to open a connection, not to wait
+// for one that a drain holds while it waits in the server.
+func (s *Service) probeBeside(ctx context.Context, ws registry.Workspace, claim *store.Claim) (DrainResult, error) {
 	st, err := s.lease(ctx, ws)
 	if err != nil {
 		return DrainResult{}, err
 	}
 	defer st.Release()
-	state, target, claim, err := st.store.ClaimActive(ctx)
-	if err != nil || !state.Enabled {
+	reserved, err := st.store.Reserve(ctx, probeReserveWait)
+	if err != nil {
+		return DrainResult{}, nil // no connection free: the events wait for the next claim
+	}
+	defer reserved.Release()
+	if s.turns.of(ws.ID).claimsSoon() {
+		return DrainResult{}, nil
+	}
+	if err := claim.Narrow(ctx); err != nil {
+		return DrainResult{}, err
+	}
+	return s.probe(ctx, ws, reserved)
+}
+
+// probeReserveWait bounds the wait for a probe's connection.
+const probeReserveWait = time.Second
+
+// probe drains one batch beside a claim whose lone event failed alone: that
+// claim still holds the event, so this claim takes the events behind it,
+// which so flow, and whose publishing tells whether Pub/Sub works (see
+// suspects). It is a claim of its own outside the turns, as drainOnce's,
+// on the connection reserved for it.
+func (s *Service) probe(ctx context.Context, ws registry.Workspace, reserved *store.Reserved) (DrainResult, error) {
+	state, target, claim, err := reserved.ClaimActive(ctx)
+	if err != nil || !state.Enabled || claim == nil {
 		return DrainResult{}, err
 	}
 	return s.publishClaim(ctx, ws, target, claim, DrainResult{Workspace: ws.ID, Generation: target.Generation, State: StateActive}, false)

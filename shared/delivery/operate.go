@@ -73,6 +73,30 @@ type WorkspaceStatus struct {
 	// LifecycleHeld is a session holding the SDK's lifecycle lock
 	// exclusively, which every SDK write waits for (nil: none).
 	LifecycleHeld *LifecycleHold
+	// TurnsHeld are the sessions that have held the workspace's drain turn
+	// or next turn for TurnHeldAfter or longer (a slow batch, or a frozen
+	// drain, which the server ends after the store's TurnIdleTimeout):
+	// the wake-ups behind them wait.
+	TurnsHeld []TurnHold
+}
+
+// TurnHeldAfter is how long a drain's turn may be held before Status
+// reports its holder: a gathering takes Config.Gather, a batch's publish
+// well under a second.
+const TurnHeldAfter = 5 * time.Second
+
+// TurnHold is a session that has held a drain's turn or next turn for
+// TurnHeldAfter or longer (HeldSeconds, at least).
+type TurnHold struct {
+	PID         int32  `json:"pid"`
+	Application string `json:"application"`
+	Role        string `json:"role"` // turn, or next
+	// State is the session's (idle: a batch out, a gathering; active),
+	// when the job's role may see it (pg_read_all_stats).
+	State       string  `json:"state,omitempty"`
+	HeldSeconds float64 `json:"held_seconds"`
+	// Waiting counts the drains that wait for it.
+	Waiting int `json:"waiting"`
 }
 
 // EntityProgress is how far an operation went in one entity's events.
@@ -252,6 +276,16 @@ func (s *Service) status(ctx context.Context, workspaceID, generation string, se
 		out.LifecycleHeld = &LifecycleHold{Waiting: hold.Waiting, LongestWaitSeconds: hold.LongestWait.Seconds()}
 		for _, h := range hold.Holders {
 			out.LifecycleHeld.Holders = append(out.LifecycleHeld.Holders, LifecycleHolder{PID: h.PID, Application: h.Application})
+		}
+	}
+	holders, err := st.TurnHolders(ctx)
+	if err != nil {
+		return out, err
+	}
+	for _, h := range holders {
+		if h.Held >= TurnHeldAfter {
+			out.TurnsHeld = append(out.TurnsHeld, TurnHold{PID: h.PID, Application: h.Application, Role: h.Role, State: h.State,
+				HeldSeconds: h.Held.Seconds(), Waiting: h.Waiting})
 		}
 	}
 	out.BaselineComplete, out.BackfillComplete, out.ReplayComplete = t.BaselineComplete, t.BackfillComplete, t.ReplayComplete

@@ -62,10 +62,13 @@ func TestAProbeLeavesTheEventsBehindToThePendingDrain(t *testing.T) {
 	r.awaitTurnWaits(t, 1)
 	close(limit.open) // the lone event fails alone
 	f := <-first
-	require.ErrorContains(t, f.err, "ResourceExhausted")
-	require.Zero(t, f.res.Published, "it left the events behind to the pending drain")
+	// It handed its commit over to the pending drain, or, when that one had
+	// claimed already, queued again.
+	require.NoError(t, f.err)
+	require.True(t, f.res.HandedOver || f.res.Requeued > 0, "%+v", f.res)
 	p := <-pending
 	require.NotErrorIs(t, p.err, store.ErrTurnWait)
-	require.Equal(t, 16, p.res.Published, "the pending drain drains the events behind the one that fails")
+	require.Equal(t, 16, p.res.Published+f.res.Published, "the events behind the one that fails are drained")
+	require.Positive(t, p.res.Published, "by the pending drain")
 	require.EqualValues(t, 1, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }

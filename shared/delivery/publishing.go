@@ -74,13 +74,15 @@ func (p *publishing) publishAlone(ctx context.Context, e store.Pending) error {
 		p.reject(e, err)
 		p.refusal = err
 		return nil
-	case publish.Misconfigured(err) || ctx.Err() != nil:
+	case publish.Misconfigured(err) || ctx.Err() != nil || neverTheEvents(publish.Code(err)):
+		// Not the event's fault: Pub/Sub (or the way to it) is down, as
+		// for any batch.
 		return fmt.Errorf("%w: %w", errPublish, err)
 	}
 	p.failedAlone = true
 	code := publish.Code(err)
-	setAside, again := p.svc.suspects.failedAlone(p.generation, e.HistoryID, code, p.failure)
-	p.probe = p.svc.suspects.worthProbing(p.failure, again)
+	setAside, again := p.svc.suspects.failedAlone(p.topic, p.generation, e.HistoryID, code, p.failure)
+	p.probe = p.svc.suspects.worthProbing(p.topic, p.failure, again)
 	if setAside {
 		p.aside = append(p.aside, store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
 			Reason: store.ReasonPublishFailed, Code: int(code),
@@ -147,10 +149,12 @@ func (p *publishing) send(ctx context.Context, events []store.Pending) error {
 	switch {
 	case err == nil:
 		p.accepted = append(p.accepted, events...)
-		p.svc.suspects.published.Add(1)
+		p.svc.suspects.published(p.topic)
 	case !publish.Rejected(err) && !publish.Misconfigured(err):
-		p.failure = p.svc.suspects.noteFailure()
-		p.svc.suspects.mark(p.generation, events)
+		p.failure = p.svc.suspects.noteFailure(p.topic)
+		if !neverTheEvents(publish.Code(err)) {
+			p.svc.suspects.mark(p.generation, events)
+		}
 	}
 	return err
 }

@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 
@@ -21,30 +20,76 @@ const suspectFailures = 3
 const maxSuspects = 4096
 
 // suspects is this process's suspected events, by generation and history
-// id.
+// id, and what it knows of each topic's requests.
 type suspects struct {
-	// published counts this process's successful Publish requests.
-	published atomic.Uint64
-
 	mu sync.Mutex
-	// failed counts the requests that failed (neither refused nor
-	// misconfigured), and failedAfter is published at the last of them.
-	failed, failedAfter uint64
-	events              map[string]*suspect
-	order               []string // keys in the order they were first suspected
+	// topics are the request counts by topic: whether "Pub/Sub takes other
+	// events" is judged on the event's own topic, never on another
+	// workspace's.
+	topics map[string]*topicRequests
+	events map[string]*suspect
+	order  []string // keys in the order they were first suspected
 }
 
-// failure is what a failed request saw: the failures counted with it, and
-// published at the failure before it.
+// topicRequests counts one topic's requests of this process: the
+// successful ones, the failed ones (neither refused nor misconfigured),
+// and published at the last failure (failedAfter).
+type topicRequests struct {
+	published, failed, failedAfter uint64
+}
+
+// failure is what a failed request saw: the failures of its topic counted
+// with it, and its topic's published at the failure before it.
 type failure struct{ n, publishedBefore uint64 }
 
-// noteFailure counts a failed request.
-func (ss *suspects) noteFailure() failure {
+// topic returns a topic's counts. ss.mu is held.
+func (ss *suspects) topic(name string) *topicRequests {
+	if ss.topics == nil {
+		ss.topics = map[string]*topicRequests{}
+	}
+	t, ok := ss.topics[name]
+	if !ok {
+		t = &topicRequests{}
+		ss.topics[name] = t
+	}
+	return t
+}
+
+// published counts a successful request to topic.
+func (ss *suspects) published(topic string) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	f := failure{n: ss.failed + 1, publishedBefore: ss.failedAfter}
-	ss.failed, ss.failedAfter = f.n, ss.published.Load()
+	ss.topic(topic).published++
+}
+
+// publishedTo is how many requests to topic succeeded.
+func (ss *suspects) publishedTo(topic string) uint64 {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.topic(topic).published
+}
+
+// noteFailure counts a failed request to topic.
+func (ss *suspects) noteFailure(topic string) failure {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	t := ss.topic(topic)
+	f := failure{n: t.failed + 1, publishedBefore: t.failedAfter}
+	t.failed, t.failedAfter = f.n, t.published
 	return f
+}
+
+// neverTheEvents reports the codes of failures that are never an event's
+// own: Pub/Sub (or the way to it) unavailable or out of time, a request
+// cancelled or aborted, a credential refused. They never count against an
+// event, never make it a suspect, and are never a reason to probe: one
+// event on a quiet workspace meets them as any batch does.
+func neverTheEvents(code codes.Code) bool {
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Unauthenticated:
+		return true
+	}
+	return false
 }
 
 // suspect is one suspected event.
@@ -66,13 +111,14 @@ func (ss *suspects) isSuspect(generation, historyID string) bool {
 	return ok
 }
 
-// worthProbing reports whether a lone event's failure f is worth the claim
-// beside it (Service.probe): f is the process's first failure, Pub/Sub took
-// a request since the failure before, or that failure was this event's own
-// (no other request failed in between: again is failedAlone's). During an
-// outage, when the other requests fail too, it is not.
-func (ss *suspects) worthProbing(f failure, again bool) bool {
-	return f.n == 1 || again || ss.published.Load() > f.publishedBefore
+// worthProbing reports whether a lone event's failure f on topic is worth
+// the claim beside it (Service.probe): f is the topic's first failure,
+// Pub/Sub took a request to the topic since the failure before, or that
+// failure was this event's own (no other request to the topic failed in
+// between: again is failedAlone's). During an outage, when the other
+// requests fail too, it is not.
+func (ss *suspects) worthProbing(topic string, f failure, again bool) bool {
+	return f.n == 1 || again || ss.publishedTo(topic) > f.publishedBefore
 }
 
 // mark suspects the largest of the events a failed request carried.
@@ -110,10 +156,11 @@ func (ss *suspects) entry(key string) *suspect {
 	return sp
 }
 
-// failedAlone records a failed publish of one event alone (f, as
-// noteFailure counted it) and reports whether the event is now to be set
+// failedAlone records a failed publish of one event alone to topic (f, as
+// noteFailure counted it; its code is one that may be the event's own:
+// see neverTheEvents) and reports whether the event is now to be set
 // aside, and whether the failure before f was this event's own (again).
-func (ss *suspects) failedAlone(generation, historyID string, code codes.Code, f failure) (setAside, again bool) {
+func (ss *suspects) failedAlone(topic, generation, historyID string, code codes.Code, f failure) (setAside, again bool) {
 	key := suspectKey(generation, historyID)
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -124,7 +171,7 @@ func (ss *suspects) failedAlone(generation, historyID string, code codes.Code, f
 	}
 	sp.failures++
 	sp.last = f.n
-	if sp.failures < suspectFailures || ss.published.Load() == sp.since {
+	if sp.failures < suspectFailures || ss.topic(topic).published == sp.since {
 		return false, again
 	}
 	ss.forgetLocked(key)

@@ -25,28 +25,26 @@ func (s *Service) takeTurn(ctx context.Context, st *store.Store, first bool) (*s
 }
 
 // awaitTurn readies a turn for its claim. A drain that holds the next
-// turn gathers commits until Config.Gather has passed since it held it,
-// on the wake-up's first claim only, so that one batch takes the commits
-// of several wake-ups: the workspace is busy (Drain takes turns only
-// then). Its claim then waits for the turn, if another drain still holds
-// it (store.Turn.Claim). Until the claim, wake-ups of this process are
-// coalesced into it without a statement: the first claim's drain is the
-// process's pending drain already (Drain), a later one holding the next
-// turn becomes it here. It stops being pending before it returns, and so
-// before its claim: a wake-up from then on is not counted on it.
-func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, local *localTurn, pending *pendingDrain, first bool) error {
-	if !first && turn.HoldsNext() {
-		pending = local.enter() // Drain's pending place was left at its first claim
-	}
+// turn gathers commits for Config.Gather, when gather says so (its first
+// claim), so that one batch takes the commits of several wake-ups: the
+// workspace is busy (Drain takes turns only then). Its claim then waits
+// for the turn, if another drain still holds it (store.Turn.Claim). Until
+// the claim, wake-ups of this process are coalesced into it without a
+// statement (it is the process's pending drain). It stops being pending
+// before it returns, and so before its claim: a wake-up from then on is
+// not counted on it.
+func (s *Service) awaitTurn(ctx context.Context, turn *store.Turn, pending *pendingDrain, gather bool) error {
 	defer pending.leave()
-	if !turn.HoldsNext() || !first || s.cfg.Gather <= 0 {
+	if !gather || !turn.HoldsNext() || s.cfg.Gather <= 0 {
 		return nil
 	}
+	timer := time.NewTimer(s.cfg.Gather)
+	defer timer.Stop()
 	select {
 	case <-ctx.Done():
 		turn.End(ctx)
 		return context.Cause(ctx)
-	case <-time.After(s.cfg.Gather):
+	case <-timer.C:
 	}
 	return nil
 }
@@ -99,8 +97,17 @@ type localTurn struct {
 }
 
 // pendingDrain is a drain's hold on its process's pending place: it holds
-// it from enter until leave.
-type pendingDrain struct{ l *localTurn }
+// it from enter until leave. The wake-ups coalesced into it (joined) were
+// answered on its word: it claims after them.
+type pendingDrain struct {
+	l *localTurn
+	// joined counts the wake-ups coalesced into it; retrying reports that
+	// it waits to queue again after a transient fault (a wake-up that
+	// finds it so is answered 503, and its commit still left to it).
+	// Guarded by l.mu.
+	joined   int
+	retrying bool
+}
 
 // maxInterval bounds localTurn's mean interval, so that a burst after a
 // quiet spell counts as busy within half a dozen wake-ups, and a pause of
@@ -152,6 +159,32 @@ func (l *localTurn) enter() *pendingDrain {
 	return l.pending
 }
 
+// enterOrJoin makes the caller the process's pending drain or, when there
+// is one, coalesces the caller's wake-up into it (joined), saying whether
+// that drain is retrying after a transient fault.
+func (l *localTurn) enterOrJoin() (p *pendingDrain, joined, retrying bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending != nil {
+		l.pending.joined++
+		return nil, true, l.pending.retrying
+	}
+	l.pending = &pendingDrain{l: l}
+	return l.pending, false, false
+}
+
+// join coalesces a wake-up into the process's pending drain, if there is
+// one (a quiet wake-up's check: see Drain).
+func (l *localTurn) join() (joined, retrying bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending == nil {
+		return false, false
+	}
+	l.pending.joined++
+	return true, l.pending.retrying
+}
+
 // waiting reports whether the process has a pending drain.
 func (l *localTurn) waiting() bool {
 	l.mu.Lock()
@@ -192,4 +225,37 @@ func (p *pendingDrain) leave() {
 	if p.l.pending == p {
 		p.l.pending = nil
 	}
+}
+
+// holds reports whether p holds the pending place.
+func (p *pendingDrain) holds() bool {
+	if p == nil {
+		return false
+	}
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	return p.l.pending == p
+}
+
+// leaveIfAlone gives the pending place up if no wake-up was coalesced
+// into p, and reports whether it did: a drain that leaves its place then
+// breaks no wake-up's word (see drainTurns).
+func (p *pendingDrain) leaveIfAlone() bool {
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	if p.joined > 0 {
+		return false
+	}
+	if p.l.pending == p {
+		p.l.pending = nil
+	}
+	return true
+}
+
+// setRetrying marks p as waiting to queue again after a transient fault,
+// or no longer.
+func (p *pendingDrain) setRetrying(on bool) {
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	p.retrying = on
 }

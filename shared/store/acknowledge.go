@@ -72,6 +72,17 @@ const sqlFinish = `WITH finished AS (
 // legacy path the receipts. ids are history ids. It returns the number of
 // receipts written.
 func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64, error) {
+	var n int64
+	err := s.retryRenamed(func() (err error) {
+		n, err = s.acknowledgeOn(ctx, s.db, t, ids)
+		return err
+	})
+	return n, err
+}
+
+// acknowledgeOn is Acknowledge in a transaction of db (the pool, or a
+// claim's session).
+func (s *Store) acknowledgeOn(ctx context.Context, db beginner, t Target, ids []string) (int64, error) {
 	fail := func(err error) (int64, error) {
 		return 0, fmt.Errorf("store: acknowledge %d events of %s: %w", len(ids), t.Generation, err)
 	}
@@ -87,7 +98,7 @@ func (s *Store) Acknowledge(ctx context.Context, t Target, ids []string) (int64,
 		list = idsJSON(ids)
 	}
 	var n int64
-	err := s.inKeyOrderTx(ctx, func(tx pgx.Tx) error {
+	err := s.inTxOnce(ctx, db, true, func(tx pgx.Tx) error {
 		if delivery {
 			if _, err := tx.Exec(ctx, sqlShareLifecycle, LifecycleLock); err != nil {
 				return err

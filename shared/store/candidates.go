@@ -129,13 +129,14 @@ type candidate struct {
 
 // queueCandidates queues a page of candidates (sqlCandidates) of the
 // generation (nil: the active one) after the given candidate (nil: from the
-// start), reading the events of the read tables (see readTables).
-func (s *Store) queueCandidates(b *pgx.Batch, generation any, read readTables, after *candidate) {
+// start), reading the events of the read tables (see readTables); its
+// first lock sets the session's idle_session_timeout to idle.
+func (s *Store) queueCandidates(b *pgx.Batch, generation any, read readTables, after *candidate, idle time.Duration) {
 	if after == nil {
-		b.Queue(candidatesStatement(read.idents, false), generation, ClaimLockClass, s.backoffs, read.names, ms(s.cfg.ClaimIdleTimeout))
+		b.Queue(candidatesStatement(read.idents, false), generation, ClaimLockClass, s.backoffs, read.names, ms(idle))
 		return
 	}
-	b.Queue(candidatesStatement(read.idents, true), generation, ClaimLockClass, s.backoffs, read.names, ms(s.cfg.ClaimIdleTimeout), after.revision, after.id)
+	b.Queue(candidatesStatement(read.idents, true), generation, ClaimLockClass, s.backoffs, read.names, ms(idle), after.revision, after.id)
 }
 
 // candidates reads and locks the next page of candidates after the given
@@ -150,7 +151,7 @@ func (c *Claim) candidates(ctx context.Context, generation string, after *candid
 	}
 	b := &pgx.Batch{}
 	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	s.queueCandidates(b, generation, read, after)
+	s.queueCandidates(b, generation, read, after, cmp.Or(c.idle, s.cfg.ClaimIdleTimeout))
 	c.locked = true
 	results := conn.SendBatch(ctx, b)
 	cands, err := func() ([]candidate, error) {

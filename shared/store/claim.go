@@ -45,8 +45,11 @@ type Claim struct {
 	// idlePrior is the session's idle_session_timeout before the claim
 	// (nil: not read), which its release puts back.
 	idlePrior *string
-	keys      []int32 // the keys of the claim locks it took (a Session's claims)
-	last      *candidate
+	// idle is the idle_session_timeout its locks set: Config.ClaimIdleTimeout,
+	// or TurnIdleTimeout on a drain's turn.
+	idle time.Duration
+	keys []int32 // the keys of the claim locks it took (a Session's claims)
+	last *candidate
 	// backoffs are the claimed rows' last set-aside backoffs, by history id
 	// (those set aside before only).
 	backoffs map[string]time.Duration
@@ -94,6 +97,49 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 	}
 }
 
+// Reserved is a connection of the store's pool set apart for one claim
+// (ClaimActive), or given back (Release).
+type Reserved struct {
+	store *Store
+	conn  *pgxpool.Conn
+}
+
+// Reserve sets a connection of the store's pool apart, waiting at most
+// wait for one.
+func (s *Store) Reserve(ctx context.Context, wait time.Duration) (*Reserved, error) {
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	conn, err := s.db.Acquire(actx)
+	if err != nil {
+		return nil, fmt.Errorf("store: reserve a connection: %w", err)
+	}
+	return &Reserved{store: s, conn: conn}, nil
+}
+
+// ClaimActive is Store.ClaimActive on the reserved connection, which the
+// claim takes over.
+func (r *Reserved) ClaimActive(ctx context.Context) (State, Target, *Claim, error) {
+	if r.conn == nil {
+		return State{}, Target{}, nil, errors.New("store: claim on a reserved connection: it was used or released")
+	}
+	conn := r.conn
+	r.conn = nil
+	state, t, c, err := r.store.claimActive(ctx, conn, turnHold{})
+	if undefinedTable(err) {
+		r.store.forgetCaptureTables()
+		return r.store.ClaimActive(ctx)
+	}
+	return state, t, c, err
+}
+
+// Release gives the connection back, unless a claim took it over.
+func (r *Reserved) Release() {
+	if r.conn != nil {
+		r.conn.Release()
+		r.conn = nil
+	}
+}
+
 // claimActive is one attempt of ClaimActive on conn, which the claim takes
 // over (and gives back to the pool when it ends), with what of the drain's
 // turn its session holds.
@@ -101,7 +147,10 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 	fail := func(err error) (State, Target, *Claim, error) {
 		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
 	}
-	c := &Claim{store: s, conn: conn, turn: hold.turn || hold.take, locked: hold.turn || hold.next}
+	c := &Claim{store: s, conn: conn, turn: hold.turn || hold.take, locked: hold.turn || hold.next, idle: s.cfg.ClaimIdleTimeout}
+	if hold.turn || hold.next {
+		c.idle = s.cfg.TurnIdleTimeout
+	}
 	keep := false
 	defer func() {
 		if !keep {
@@ -125,14 +174,11 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 		return state, Target{}, nil, err
 	}
 	if state.Version < ProtocolDelivery {
-		c.Release(ctx)
-		keep = true // released: the legacy claim needs no session
-		state, t, err := s.ActiveTarget(ctx)
-		if err != nil || !state.Enabled {
-			return state, t, nil, err
+		keep = true // the legacy claim takes the session over (see claimLegacy)
+		if c.conn != nil && c.conn.Conn().PgConn().TxStatus() != 'I' {
+			c.Release(ctx)
 		}
-		c, err := s.legacyClaim(ctx, t)
-		return state, t, c, err
+		return s.claimLegacy(ctx, c)
 	}
 	s.legacy.Store(false)
 	if legacyHint {
@@ -187,7 +233,7 @@ func (s *Store) queueClaimStart(ctx context.Context, c *Claim, hold turnHold, le
 	if !legacyHint {
 		b.Queue(sqlActiveTargetV4)
 		c.locked = true
-		s.queueCandidates(b, nil, read, nil)
+		s.queueCandidates(b, nil, read, nil, c.idle)
 	}
 	return b, nil
 }
@@ -305,7 +351,9 @@ func (c *Claim) Release(ctx context.Context) {
 		return
 	case c.mode == legacyScan:
 		c.legacyEnded = true
-		return
+		if c.conn == nil {
+			return
+		}
 	case c.conn == nil:
 		return
 	}

@@ -17,11 +17,14 @@ import (
 // which the claim's first statement lets go, before its candidates are
 // read; or the next turn only (take), and then the claim's first statement
 // takes the turn first, waiting at most bound, and adds how long it waited
-// to waited.
+// to waited. idlePrior is the session's idle_session_timeout before the
+// turn's statement set it (Config.TurnIdleTimeout), which the claim's
+// release puts back.
 type turnHold struct {
 	turn, next, take bool
 	bound            time.Duration
 	waited           *time.Duration
+	idlePrior        *string
 }
 
 // sqlClaimSession reads the session's idle_session_timeout (which the
@@ -78,6 +81,9 @@ func readClaimSession(results pgx.BatchResults, hold turnHold) (string, time.Dur
 		dest = append(dest, &waited)
 	}
 	err := results.QueryRow().Scan(dest...)
+	if hold.idlePrior != nil {
+		prior = *hold.idlePrior // the turn's statement set what the claim read
+	}
 	return prior, time.Duration(waited) * time.Microsecond, err
 }
 

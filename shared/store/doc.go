@@ -194,11 +194,27 @@
 // so before that one claimed, whose claim then takes its events, up to the
 // byte bound (events beyond it are pending and more is reported; the drain
 // function goes on while more are pending). A drain that dies frees its
-// locks with its session; one that hangs holding the turn is ended by the
-// claim's idle_session_timeout like any claim, and the drains waiting for
-// the turn give up after their bound (a 503: the next wake-up, or the
-// verifier's sweep, takes the events). An idle workspace costs nothing: no
-// drain runs, and no statement is sent, until a wake-up comes.
+// locks with its session; if it dies while its statement waits in the
+// server (for the next turn, or in its claim for the turn), the server
+// notices within a second (the pools' client_connection_check_interval)
+// and ends the wait, instead of holding the next turn to the end of the
+// wait's bound. One that freezes holding the turn or the next turn (its
+// instance stopped or cut off) is ended by the server after
+// Config.TurnIdleTimeout (15 s) idle: every statement that takes a turn
+// (sqlTakeTurn, sqlQueueTurn, and the claim's first locks on a turn) sets
+// the session's idle_session_timeout to it, and the turn's end (its
+// acknowledgement's unlock, Turn.End, a claim's release) puts the
+// session's own setting back. That is shorter than the drains behind it
+// wait for a turn (20 s), so they take it within their bound. A drain whose
+// wait ends past its bound (ErrTurnWait) queues again
+// (delivery.Service.Drain). An idle workspace costs nothing: no drain runs,
+// and no statement is sent, until a wake-up comes.
+//
+// At protocol 3 the SDK's scan locks nothing, so a legacy claim holds the
+// turn from its scan to its end (claimLegacy): a wake-up's on its turn's
+// session, any other (a quiet wake-up, the sweep, a bulk drain) on a
+// session that takes the turn first. No two drains scan and publish the
+// same events.
 //
 // # Finding rows by key
 //

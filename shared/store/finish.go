@@ -48,7 +48,7 @@ func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAsi
 		n, _, _, err := c.session.Next(ctx, []Finishing{{Claim: c, Accepted: accepted, SetAside: setAside}}, false)
 		return n, err
 	case legacyScan:
-		c.legacyEnded = true
+		defer c.Release(ctx) // the turn the claim held
 		return c.finishLegacy(ctx, accepted, setAside)
 	}
 	defer c.Release(ctx)

@@ -154,22 +154,6 @@ func (a *legacyAside) excluded(now time.Time) []string {
 	return ids
 }
 
-// legacyClaim reads the next batch by the SDK's legacy scan, which locks
-// nothing (concurrent drains of a protocol-3 database may publish the same
-// events, as the SDK's do), skipping events this Store set aside.
-func (s *Store) legacyClaim(ctx context.Context, t Target) (*Claim, error) {
-	var c *Claim
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		b, aside, err := s.legacyPending(ctx, tx, t, s.legacyAside.excluded(time.Now()))
-		c = &Claim{Batch: b, Unpublishable: aside, store: s, target: t, mode: legacyScan}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
-	}
-	return c, nil
-}
-
 // finishLegacy acknowledges a legacy claim's accepted events (receipts) and
 // keeps its set-aside ones in memory.
 func (c *Claim) finishLegacy(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
@@ -202,5 +186,8 @@ func (c *Claim) finishLegacy(ctx context.Context, accepted []string, setAside []
 	if len(accepted) == 0 {
 		return 0, nil
 	}
-	return c.store.Acknowledge(ctx, c.target, accepted)
+	if c.conn == nil { // a test's claim of no session
+		return c.store.Acknowledge(ctx, c.target, accepted)
+	}
+	return c.store.acknowledgeOn(ctx, c.conn, c.target, accepted)
 }

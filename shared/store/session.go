@@ -235,7 +235,7 @@ func (ss *Session) queueRound(ctx context.Context, r *round) (*pgx.Batch, error)
 		if ss.out == len(r.finish) {
 			after = nil // none out once these are finished: from the head
 		}
-		s.queueCandidates(b, t.Generation, read, after)
+		s.queueCandidates(b, t.Generation, read, after, s.cfg.ClaimIdleTimeout)
 	}
 	return b, nil
 }

@@ -40,6 +40,17 @@ type Config struct {
 	// that hangs while it holds a claim) is ended by the server, which frees
 	// its claims. It must be longer than a publish may take. Default: 60s.
 	ClaimIdleTimeout time.Duration
+	// TurnIdleTimeout is the idle_session_timeout of a session that holds a
+	// drain's turn or next turn (see Turns in the package doc), set by the
+	// statement that takes it and put back when the session lets them go: a
+	// drain that freezes while it holds one (its instance stopped, or cut
+	// off from the network) is ended by the server this long after its last
+	// statement, and the drains queued behind it go on. A drain's claim on
+	// its turn keeps it while its batch is out, so it must be longer than
+	// one publish request may take (10 s), and shorter than the wait of
+	// the drains behind it (delivery.Config.TurnWait, 20 s), so that they
+	// get the turn within their own bound. Default: 15s.
+	TurnIdleTimeout time.Duration
 	// SetAsideBackoff is how long an event that cannot be published is first
 	// set aside; each later time doubles it. Default: 1m.
 	SetAsideBackoff time.Duration
@@ -60,6 +71,7 @@ func (c Config) withDefaults() Config {
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
 	c.ClaimIdleTimeout = cmp.Or(c.ClaimIdleTimeout, 60*time.Second)
+	c.TurnIdleTimeout = cmp.Or(c.TurnIdleTimeout, 15*time.Second)
 	c.SetAsideBackoff = cmp.Or(c.SetAsideBackoff, time.Minute)
 	c.SetAsideMaxBackoff = cmp.Or(c.SetAsideMaxBackoff, time.Hour)
 	c.AuditPageEvents = cmp.Or(c.AuditPageEvents, DefaultAuditPageEvents)
@@ -81,6 +93,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("LockTimeout %v: must be at least 1ms", c.LockTimeout)
 	case c.ClaimIdleTimeout < time.Second:
 		return fmt.Errorf("ClaimIdleTimeout %v: must be at least 1s", c.ClaimIdleTimeout)
+	case c.TurnIdleTimeout < time.Second:
+		return fmt.Errorf("TurnIdleTimeout %v: must be at least 1s", c.TurnIdleTimeout)
 	case c.SetAsideBackoff < time.Second:
 		// The seed's retry sets next_verify_at 30 s ahead; a set-aside
 		// backoff of 30 s could not be told from it.

@@ -181,25 +181,32 @@ func readStateRow(row pgx.Row) (State, error) {
 func (s *Store) ActiveTarget(ctx context.Context) (State, Target, error) {
 	var state State
 	var t Target
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var err error
-		if state, err = readState(ctx, tx); err != nil {
-			return err
-		}
-		q := sqlActiveTargetV3
-		if state.Version >= ProtocolDelivery {
-			q = sqlActiveTargetV4
-		}
-		t, err = scanTarget(tx.QueryRow(ctx, q))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNoActiveTarget
-		}
+	err := s.inTx(ctx, func(tx pgx.Tx) (err error) {
+		state, t, err = activeTargetIn(ctx, tx)
 		return err
 	})
 	if err != nil {
 		return state, Target{}, fmt.Errorf("store: read active target: %w", err)
 	}
 	return state, t, nil
+}
+
+// activeTargetIn reads the replication state and the active target in tx
+// (ErrNoActiveTarget when there is none).
+func activeTargetIn(ctx context.Context, tx pgx.Tx) (State, Target, error) {
+	state, err := readState(ctx, tx)
+	if err != nil {
+		return state, Target{}, err
+	}
+	q := sqlActiveTargetV3
+	if state.Version >= ProtocolDelivery {
+		q = sqlActiveTargetV4
+	}
+	t, err := scanTarget(tx.QueryRow(ctx, q))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return state, Target{}, ErrNoActiveTarget
+	}
+	return state, t, err
 }
 
 // Target returns the target of a generation, or ErrUnknownGeneration.

@@ -6,6 +6,8 @@ package store
 // finish.
 
 import (
+	"time"
+
 	"context"
 	"errors"
 	"fmt"
@@ -167,7 +169,18 @@ func (s *Store) InitiallyReady(ctx context.Context, t Target) (bool, error) {
 // must call Finish after publishing, or Release.
 func (s *Store) Claim(ctx context.Context, t Target) (*Claim, error) {
 	if !t.UsesDelivery() {
-		return s.legacyClaim(ctx, t)
+		// The legacy scan of t, on no session and outside the turns (the
+		// product's legacy claims hold the turn: claimLegacy).
+		var c *Claim
+		err := s.inTx(ctx, func(tx pgx.Tx) error {
+			b, aside, err := s.legacyPending(ctx, tx, t, s.legacyAside.excluded(time.Now()))
+			c = &Claim{Batch: b, Unpublishable: aside, store: s, target: t, mode: legacyScan}
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
+		}
+		return c, nil
 	}
 	conn, err := s.db.Acquire(ctx)
 	if err != nil {

@@ -44,21 +44,31 @@ const (
 // next), 2 the next turn, 3 both. The turn is never taken without the next
 // turn: a drain that holds the next turn and gathers commits before its
 // claim (see delivery.Service.Drain) may leave the turn free meanwhile, and
-// no other drain claims ahead of it.
-const sqlTakeTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 2)
-    THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END ELSE 0 END`
+// no other drain claims ahead of it. When it took something it sets the
+// session's idle_session_timeout to $2 (Config.TurnIdleTimeout: a holder
+// that freezes is ended by the server), and it returns the setting's value
+// before, which the turn's end puts back.
+const sqlTakeTurn = `SELECT t.role, CASE WHEN t.role > 0 THEN set_config('idle_session_timeout', $2, false) END, p.prior
+  FROM (SELECT current_setting('idle_session_timeout') AS prior OFFSET 0) p,
+       (SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 2)
+          THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END ELSE 0 END AS role OFFSET 0) t`
 
 // sqlQueueTurn is sqlTakeTurn that, when the next turn is held, waits for
 // it in the server instead of taking nothing, at most the lock_timeout it
 // sets first ($2; see waitBound); it then tries the turn as well, and says
-// what it holds (2 or 3) and how long it waited for the next turn
-// (microseconds; NULL when it did not wait). The locks are taken in order:
-// the subquery that takes the next turn is kept apart (OFFSET 0), and its
-// wait is a SubPlan the server runs only when CASE reaches its branch. It
-// never waits for the turn: the drain's claim does, after its gathering
-// (sqlClaimSessionTakingTurn), when it is still held.
-var sqlQueueTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END, q.waited
-  FROM (SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN NULL ELSE (
+// what it holds (2 or 3), how long it waited for the next turn
+// (microseconds; NULL when it did not wait), and the session's
+// idle_session_timeout before it, which it sets to $3 (as sqlTakeTurn).
+// The locks are taken in order: the subquery that takes the next turn is
+// kept apart (OFFSET 0), and its wait is a SubPlan the server runs only
+// when CASE reaches its branch. It never waits for the turn: the drain's
+// claim does, after its gathering (sqlClaimSessionTakingTurn), when it is
+// still held. A statement that fails (its wait timed out, or its session
+// was ended) leaves no setting: the session's setting is rolled back with
+// the statement's implicit transaction.
+var sqlQueueTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END, q.waited, q.prior,
+       set_config('idle_session_timeout', $3, false)
+  FROM (SELECT bound.prior, CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN NULL ELSE (
            SELECT (extract(epoch FROM clock_timestamp() - bound.at) * 1000000)::bigint FROM pg_advisory_lock(hashtext($1), 2)) END AS waited
           FROM ` + sqlWaitBound + ` OFFSET 0) q`
 
@@ -68,11 +78,13 @@ var sqlWaitBound = waitBound("$2")
 // waitBound is the FROM item that bounds a turn's waits: a row computed
 // before the statement's target list, and so before any of its locks,
 // which sets the lock_timeout (the parameter) for the statement (local to
-// its implicit transaction) and says when it began (at). It saves the
-// statement a separate set_config sent before it (one statement fewer for
-// each drain that claims).
+// its implicit transaction), says when it began (at) and reads the
+// session's idle_session_timeout (prior). It saves the statement a
+// separate set_config sent before it (one statement fewer for each drain
+// that claims).
 func waitBound(param string) string {
-	return `(SELECT set_config('lock_timeout', ` + param + `, true), clock_timestamp() AS at OFFSET 0) bound`
+	return `(SELECT set_config('lock_timeout', ` + param + `, true), clock_timestamp() AS at,
+      current_setting('idle_session_timeout') AS prior OFFSET 0) bound`
 }
 
 // Turn is a wake-up's place in its workspace's turns: it holds a
@@ -88,6 +100,10 @@ type Turn struct {
 	// waited for the next turn and then, in its claim, for the turn.
 	queued bool
 	waited time.Duration
+	// idlePrior is the session's idle_session_timeout before the turn's
+	// statement set it (Config.TurnIdleTimeout): End and the claim's
+	// release put it back.
+	idlePrior string
 }
 
 // TakeTurn takes the workspace's next turn and, if it is free too, the
@@ -122,15 +138,18 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 	var role int
 	if queue {
 		var waited *int64
-		err = awaitBounded(ctx, conn, bound, sqlQueueTurn, &role, &waited)
+		err = awaitBounded(ctx, conn, bound, sqlQueueTurn, []any{ms(s.cfg.TurnIdleTimeout)}, &role, &waited, &t.idlePrior, nil)
 		if waited != nil {
 			t.queued, t.waited = true, time.Duration(*waited)*time.Microsecond
 		}
 	} else {
-		err = conn.QueryRow(ctx, sqlTakeTurn, DrainTurnClass).Scan(&role)
+		err = conn.QueryRow(ctx, sqlTakeTurn, DrainTurnClass, ms(s.cfg.TurnIdleTimeout)).Scan(&role, nil, &t.idlePrior)
 	}
 	if err != nil {
-		t.End(ctx) // the statement may have taken a lock before it failed
+		// The statement may have taken a lock before it failed; its
+		// setting was rolled back with it.
+		t.idlePrior = ""
+		t.End(ctx)
 		if errors.Is(err, ErrTurnWait) {
 			return nil, fmt.Errorf("store: wait for the drain's turn: %w", err)
 		}
@@ -143,7 +162,7 @@ func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (
 		t.role, t.next = TurnNext, true
 	default:
 		t.role = TurnCoalesced
-		conn.Release()
+		conn.Release() // it took nothing and set nothing
 		t.conn = nil
 	}
 	return t, nil
@@ -171,10 +190,10 @@ var ErrTurnWait = errors.New("the drain's turn was held longer than the wait's b
 
 // awaitBounded runs a turn's statement that may wait in the server for a
 // lock of the turns ($1: DrainTurnClass), at most bound (the statement's
-// $2: see waitBound), and scans its row into dest; a wait past the bound
-// is ErrTurnWait.
-func awaitBounded(ctx context.Context, conn *pgxpool.Conn, bound time.Duration, query string, dest ...any) error {
-	err := conn.QueryRow(ctx, query, DrainTurnClass, ms(bound)).Scan(dest...)
+// $2: see waitBound), with more arguments after them, and scans its row
+// into dest; a wait past the bound is ErrTurnWait.
+func awaitBounded(ctx context.Context, conn *pgxpool.Conn, bound time.Duration, query string, more []any, dest ...any) error {
+	err := conn.QueryRow(ctx, query, append([]any{DrainTurnClass, ms(bound)}, more...)...).Scan(dest...)
 	if isLockTimeout(err) {
 		return fmt.Errorf("%w (%v): %w", ErrTurnWait, bound, err)
 	}
@@ -193,7 +212,8 @@ func (t *Turn) Claim(ctx context.Context) (State, Target, *Claim, error) {
 	}
 	conn := t.conn
 	t.conn = nil
-	hold := turnHold{turn: t.role == TurnTaken, next: t.next, waited: &t.waited}
+	prior := t.idlePrior
+	hold := turnHold{turn: t.role == TurnTaken, next: t.next, waited: &t.waited, idlePrior: &prior}
 	if !hold.turn {
 		hold.take, hold.bound = true, t.bound
 	}
@@ -209,8 +229,9 @@ func (t *Turn) Claim(ctx context.Context) (State, Target, *Claim, error) {
 }
 
 // End gives the turn (or the wait for it) up without claiming: the
-// session's locks are released and the connection goes back to the pool
-// (or is closed when the unlock fails). It is safe to call more than once.
+// session's locks are released, its idle_session_timeout is put back, and
+// the connection goes back to the pool (or is closed when that fails). It
+// is safe to call more than once.
 func (t *Turn) End(ctx context.Context) {
 	if t.conn == nil {
 		return
@@ -219,7 +240,13 @@ func (t *Turn) End(ctx context.Context) {
 	t.conn = nil
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.store.cfg.StatementTimeout)
 	defer cancel()
-	if _, err := conn.Exec(ctx, sqlUnlockAll); err != nil {
+	var err error
+	if t.idlePrior != "" {
+		_, err = conn.Exec(ctx, sqlUnlockRestore, t.idlePrior)
+	} else {
+		_, err = conn.Exec(ctx, sqlUnlockAll)
+	}
+	if err != nil {
 		_ = conn.Conn().Close(ctx)
 	}
 	conn.Release()

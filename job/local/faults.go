@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+)
+
+// wires serialise the faults of one wire: a Pub/Sub window waits for the
+// one before it to end (they set the same switch), and so do BigQuery's.
+var wires struct{ pubsub, bigquery sync.Mutex }
+
+// inject applies one fault, holds it for its window, and records and
+// returns what it met (Effect: a fault that met nothing took no effect).
+func (n *nemesis) inject(ctx context.Context, s step) int {
+	l := n.c.l
+	at := time.Since(n.c.started)
+	var detail string
+	effect, failed := 0, false
+	switch s.Kind {
+	case faultEndDrainSessions, faultEndVerifySessions, faultEndJobSessions:
+		names := map[string][]string{faultEndVerifySessions: {componentVerify}, faultEndJobSessions: {componentJob}}[s.Kind]
+		for _, p := range l.drainProcs {
+			if s.Kind == faultEndDrainSessions {
+				names = append(names, p.name)
+			}
+		}
+		for _, name := range names {
+			ended, err := pgtest.TerminateBackends(context.WithoutCancel(ctx), l.ontology, name)
+			effect, failed = effect+ended, failed || err != nil
+		}
+		detail = fmt.Sprintf("%d sessions of %s ended", effect, strings.Join(names, ", "))
+	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose, faultPubSubSlow, faultPubSubSplit:
+		detail, effect = n.pubsubWindow(ctx, s)
+	case faultPubSubReset:
+		for _, p := range l.pubsubProxies {
+			effect += p.Reset()
+		}
+		detail = fmt.Sprintf("%d connections reset", effect)
+	case faultBigQuerySlow, faultBigQueryError, faultBigQueryDown:
+		detail, effect = n.bigqueryWindow(ctx, s)
+	case faultWarehouseStall:
+		detail, effect = n.stall(ctx, s.For)
+	case faultKeyRotation:
+		detail, effect, failed = n.rotate(ctx)
+	case faultDrainRestart, faultDrainKill, faultDrainFreeze:
+		detail, effect, failed = n.drainFault(ctx, s)
+	case faultMigration:
+		detail, effect, failed = n.migration(ctx, s.For)
+	case faultPostgresRestart:
+		sessions, err := l.cluster.Restart(context.WithoutCancel(ctx))
+		effect, failed = sessions, err != nil
+		detail = fmt.Sprintf("the PostgreSQL server restarted (fast): %d sessions ended", sessions)
+	}
+	n.record(timelineEntry{AtSeconds: at.Seconds(), Kind: s.Kind, ForSeconds: s.For.Seconds(), Detail: detail, Effect: effect, Failed: failed})
+	return effect
+}
+
+// awaitWakeUp waits, up to within, for a wake-up to be in flight: a wire
+// fault then meets the drains (the SDK pauses between bursts).
+func (n *nemesis) awaitWakeUp(ctx context.Context, within time.Duration) {
+	for deadline := time.Now().Add(within); n.c.wakes.inFlight.Load() == 0 && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(5 * time.Millisecond) // the counter is the signal
+	}
+}
+
+// pubsubWindow puts a fault on every component's way to Pub/Sub for the
+// window and says how many publishes met it.
+func (n *nemesis) pubsubWindow(ctx context.Context, s step) (string, int) {
+	f := map[string]faultproxy.Fault{faultPubSubRefuse: faultproxy.Refuse, faultPubSubHang: faultproxy.Hang, faultPubSubLose: faultproxy.LoseResponse,
+		faultPubSubSlow: faultproxy.Delay, faultPubSubSplit: faultproxy.RefuseBatches}[s.Kind]
+	wires.pubsub.Lock()
+	defer wires.pubsub.Unlock()
+	n.awaitWakeUp(ctx, 3*time.Second)
+	proxies := n.c.l.pubsubProxies
+	delay := 2500*time.Millisecond + time.Duration(n.randInt64(int64(time.Second)))
+	var before int64
+	for _, p := range proxies {
+		before += p.Count(f)
+		p.SetDelay(delay)
+		p.Set(f)
+	}
+	sleepUntil(ctx, time.Now().Add(s.For))
+	var after int64
+	for _, p := range proxies {
+		p.Set(faultproxy.Pass)
+		after += p.Count(f)
+	}
+	met := int(after - before)
+	switch s.Kind {
+	case faultPubSubSlow:
+		return fmt.Sprintf("%d publishes held %.1fs each (longer than the drain's 2 s slice)", met, delay.Seconds()), met
+	case faultPubSubSplit:
+		return fmt.Sprintf("%d publishes of more than one message refused (RESOURCE_EXHAUSTED): claims accepted in part", met), met
+	}
+	return fmt.Sprintf("%d publishes met it", met), met
+}
+
+// bigqueryWindow puts a fault on the verifier's way to BigQuery for the
+// window; bigquery_down_stalled also stalls the subscription, so that the
+// lookups fail while the events published meanwhile are absent.
+func (n *nemesis) bigqueryWindow(ctx context.Context, s step) (string, int) {
+	l := n.c.l
+	f := map[string]faultproxy.HTTPFault{faultBigQuerySlow: faultproxy.HTTPSlow, faultBigQueryError: faultproxy.HTTPError,
+		faultBigQueryDown: faultproxy.HTTPError}[s.Kind]
+	wires.bigquery.Lock()
+	defer wires.bigquery.Unlock()
+	if s.Kind == faultBigQueryDown {
+		n.c.stalled.Add(1)
+		defer n.c.stalled.Add(-1)
+	}
+	before, passes := l.bigqueryFaults.Count(f), n.c.failedPasses.Load()
+	l.bigqueryFaults.Set(f)
+	sleepUntil(ctx, time.Now().Add(s.For))
+	l.bigqueryFaults.Set(faultproxy.HTTPPass)
+	met := int(l.bigqueryFaults.Count(f) - before)
+	if s.Kind == faultBigQueryDown {
+		failed := int(n.c.failedPasses.Load() - passes)
+		return fmt.Sprintf("%d BigQuery requests answered 503 while the subscription wrote nothing; %d verifier passes failed", met, failed), failed
+	}
+	return fmt.Sprintf("%d BigQuery requests met it", met), met
+}
+
+// stall holds the BigQuery subscription's writes for d (the events
+// published meanwhile land late, and the verifier finds them absent) and
+// says how many messages were published meanwhile.
+func (n *nemesis) stall(ctx context.Context, d time.Duration) (string, int) {
+	before := n.c.l.readPublished().messages
+	n.c.stalled.Add(1)
+	sleepUntil(ctx, time.Now().Add(d))
+	n.c.stalled.Add(-1)
+	met := n.c.l.readPublished().messages - before
+	return fmt.Sprintf("the BigQuery subscription wrote nothing while %d messages were published", met), met
+}
+
+// rotate serves a new key only and signs with it; it met the wake-ups sent
+// in the 5 s after.
+func (n *nemesis) rotate(ctx context.Context) (string, int, bool) {
+	n.mu.Lock()
+	n.rotation++
+	kid := fmt.Sprintf("local-key-%d", n.rotation)
+	n.mu.Unlock()
+	err := n.c.l.issuer.Rotate(kid)
+	before := n.c.wakes.started.Load()
+	sleepUntil(ctx, time.Now().Add(5*time.Second))
+	met := int(n.c.wakes.started.Load() - before)
+	return fmt.Sprintf("new key %s served, the old one removed, tokens signed again; %d wake-ups in the 5 s after", kid, met), met, err != nil
+}
+
+// drainFault restarts, kills or freezes one drain instance: one whose
+// session holds a turn lock, if one does within 3 s (a turn held by an
+// instance that dies or hangs is what the others must outlive), or else
+// one with wake-ups in flight. Its span is one of the drain's own faults.
+func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
+	l := n.c.l
+	var proc *drainProcess
+	held := false
+	for deadline := time.Now().Add(3 * time.Second); proc == nil && time.Now().Before(deadline) && ctx.Err() == nil; {
+		holders, _ := sdkfixture.TurnHolders(ctx, l.ontology)
+		for _, p := range l.drainProcs {
+			if slices.Contains(holders, p.name) && n.claim(p) {
+				proc, held = p, true
+				break
+			}
+		}
+		if proc == nil {
+			time.Sleep(2 * time.Millisecond) // the server's lock table is the signal
+		}
+	}
+	if proc == nil { // none held a turn: one with wake-ups in flight, if any
+		n.mu.Lock()
+		order := n.rng.Perm(len(l.drainProcs))
+		n.mu.Unlock()
+		slices.SortStableFunc(order, func(a, b int) int {
+			return int(n.c.wakes.perDrain[b].Load() - n.c.wakes.perDrain[a].Load())
+		})
+		for _, i := range order {
+			if n.claim(l.drainProcs[i]) {
+				proc = l.drainProcs[i]
+				break
+			}
+		}
+	}
+	if proc == nil {
+		return "every drain instance is held by another fault", 0, false
+	}
+	defer n.release(proc)
+	started := time.Now()
+	inFlight := n.c.wakes.perDrain[proc.index].Load()
+	why := map[bool]string{true: "holding a turn lock", false: "holding no turn lock"}[held]
+	// It met something if it held a turn, or cut wake-ups in flight.
+	effect := int(min(inFlight, 1))
+	if held {
+		effect = 1
+	}
+	var detail string
+	var err error
+	switch s.Kind {
+	case faultDrainRestart:
+		killAfter := 2*time.Second + time.Duration(n.randInt64(int64(4*time.Second)))
+		var res restartResult
+		res, err = proc.restart(context.WithoutCancel(ctx), killAfter)
+		detail = fmt.Sprintf("SIGTERM to %s (%s) with %d wake-ups in flight; ended in %.1fs%s; a new process serves", proc.name, why, inFlight,
+			res.stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.killed])
+	case faultDrainKill:
+		err = proc.kill(context.WithoutCancel(ctx))
+		detail = fmt.Sprintf("SIGKILL to %s (%s) with %d wake-ups in flight; a new process serves", proc.name, why, inFlight)
+	case faultDrainFreeze:
+		proc.freeze(ctx, s.For)
+		detail = fmt.Sprintf("SIGSTOP to %s (%s) for %.0fs, then SIGCONT", proc.name, why, s.For.Seconds())
+	}
+	// A promise resting on the instance may be broken until its drains'
+	// 30 s time-out has passed.
+	n.mu.Lock()
+	n.own = append(n.own, window{Kind: s.Kind, From: started, To: time.Now().Add(30 * time.Second)})
+	n.mu.Unlock()
+	return detail, effect, err != nil
+}
+
+// claim marks an instance as held by a fault, unless another holds it.
+func (n *nemesis) claim(p *drainProcess) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.busy[p.index] {
+		return false
+	}
+	n.busy[p.index] = true
+	return true
+}
+
+func (n *nemesis) release(p *drainProcess) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.busy, p.index)
+}
+
+// migration holds the SDK's lifecycle lock exclusively for d, as an SDK
+// migration does, past the lock timeout of everyone who waits for it (the
+// SDK's writers, the drains' claims and acknowledgements); it met the
+// sessions that waited.
+func (n *nemesis) migration(ctx context.Context, d time.Duration) (string, int, bool) {
+	l := n.c.l
+	release, err := sdkfixture.HoldLifecycleLock(context.WithoutCancel(ctx), l.ontology)
+	if err != nil {
+		return err.Error(), 0, true
+	}
+	most := 0
+	for end := time.Now().Add(d); time.Now().Before(end) && ctx.Err() == nil; {
+		if waiting, err := sdkfixture.LifecycleWaiters(ctx, l.ontology); err == nil {
+			most = max(most, waiting)
+		}
+		time.Sleep(50 * time.Millisecond) // sampling the server's lock table
+	}
+	release()
+	return fmt.Sprintf("the SDK's lifecycle lock held exclusively for %.1fs; up to %d sessions waited for it", d.Seconds(), most), most, false
+}
+
+// randInt64 draws from the nemesis's own source.
+func (n *nemesis) randInt64(limit int64) int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.rng.Int64N(limit)
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// The wake-up path's proofs (SPEC §4: a wake-up's 2xx is a promise). They
+// are pure functions of what the run recorded, so that their tests can
+// hand them fabricated wake-ups and publishes and require them to fail.
+
+// window is a time span of a fault.
+type window struct {
+	Kind     string
+	From, To time.Time
+}
+
+// excusals are the spans of the drain's own faults (an instance killed,
+// frozen or restarted), when the drain a promise rests on may itself be
+// gone: a promise broken then is the fault's, not the product's.
+type excusals []window
+
+// covers reports whether a drain's own fault overlaps [from, to].
+func (e excusals) covers(from, to time.Time) bool {
+	for _, w := range e {
+		if !w.To.Before(from) && !w.From.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// strandedCommit is a promised wake-up whose commit was found pending with
+// no drain in flight: nothing was carrying it.
+type strandedCommit struct {
+	EventID  string
+	Drain    int
+	Answered time.Time
+	Found    time.Time
+}
+
+// quiescentVerdict is one check of the promise at a moment no wake-up was
+// in flight.
+type quiescentVerdict struct {
+	Stranded []strandedCommit
+	Excused  int
+	// Resolved are the wake-ups whose events were all published (or
+	// excused), and Broken those with a stranded event: neither needs
+	// another check.
+	Resolved, Broken []*wakeRecord
+}
+
+// judgeQuiescent checks the promise at t, a moment when no wake-up request
+// was in flight (so no wake-up's drain ran): every event of each promised
+// wake-up answered before t (open) must have been published (published
+// says, by wire id), unless it is held (a claim of another drain, an
+// operation's or the sweep's, holds it, or it is set aside). stranded are
+// the open wake-ups' events (history ids) found pending, not held and
+// not set aside. A stranded event whose drain's own fault came between its
+// answer and t is excused; any other breaks the promise.
+func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals) quiescentVerdict {
+	var v quiescentVerdict
+	for _, w := range open {
+		done, broken := true, false
+		for i, h := range w.HistoryIDs {
+			switch {
+			case published(w.EventIDs[i]):
+			case stranded[h] && excused.covers(w.Answered, t):
+				v.Excused++
+			case stranded[h]:
+				v.Stranded = append(v.Stranded, strandedCommit{EventID: w.EventIDs[i], Drain: w.Drain, Answered: w.Answered, Found: t})
+				broken = true
+			default:
+				done = false // held by a claim, or set aside: looked at again
+			}
+		}
+		switch {
+		case broken:
+			v.Broken = append(v.Broken, w)
+		case done:
+			v.Resolved = append(v.Resolved, w)
+		}
+	}
+	return v
+}
+
+// pathReport is how the events got to Pub/Sub first: by the wake-ups'
+// drains, by operations (a replay's or `job drain`'s drain), or by the
+// verifier's sweep, and the delivery lag of the promised ones.
+type pathReport struct {
+	ByWakeUps, ByOperations, BySweep int
+	// SweptPromised are events of promised wake-ups that only the sweep
+	// published, outside the drain's own faults: broken promises.
+	SweptPromised []string
+	// Lags are commit → first publish of the promised wake-ups' events,
+	// outside the drain's own faults; Late those past the bound.
+	Lags []time.Duration
+	Late []string
+}
+
+// judgePath attributes every promised or unpromised commit's events to what
+// published them first (first, by wire id; components as the proxies name
+// them) and checks that a promised commit was published by a drain, within
+// bound of its commit, unless a drain's own fault excuses it.
+func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusals, bound time.Duration) pathReport {
+	var r pathReport
+	for _, w := range wakes {
+		for _, id := range w.EventIDs {
+			f, ok := first[id]
+			if !ok {
+				continue // never published: the "none lost" proof's
+			}
+			switch f.Component {
+			case componentDrain:
+				r.ByWakeUps++
+			case componentJob:
+				r.ByOperations++
+			default:
+				r.BySweep++
+			}
+			if !w.promised() || excused.covers(w.Committed, f.At) {
+				continue
+			}
+			if f.Component == componentVerify {
+				r.SweptPromised = append(r.SweptPromised, id)
+			}
+			lag := f.At.Sub(w.Committed)
+			r.Lags = append(r.Lags, lag)
+			if lag > bound {
+				r.Late = append(r.Late, id)
+			}
+		}
+	}
+	return r
+}
+
+// quantile is the q-quantile of ds (0 when empty).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// describeStranded names the first stranded commits for a proof's line.
+func describeStranded(s []strandedCommit) string {
+	if len(s) == 0 {
+		return ""
+	}
+	first := s[0]
+	return fmt.Sprintf(" (for example event %s, answered 2xx by drain %d, pending with no drain in flight %.1fs later)",
+		first.EventID, first.Drain+1, first.Found.Sub(first.Answered).Seconds())
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+)
+
+// promiseChecker checks a wake-up's promise live: whenever no wake-up
+// request is in flight (so no wake-up's drain runs: at every pause of the
+// SDK's traffic), every promised wake-up's commit must have been published,
+// or be held by a claim (an operation's, the sweep's) or set aside
+// (judgeQuiescent). Checked this way, a drain that answers coalesced
+// wake-ups and never claims, or one that lets a wake-up join after its
+// claim, fails at the first pause.
+type promiseChecker struct {
+	c *chaosRun
+
+	mu       sync.Mutex
+	checks   int // quiescent moments judged
+	promised int // promised wake-ups found delivered
+	excused  int
+	stranded []strandedCommit
+}
+
+// run checks every 100 ms until ctx ends (the faults' end), and then
+// once more when every wake-up has ended.
+func (p *promiseChecker) run(ctx context.Context) {
+	last := int64(-1)
+	every(ctx, 100*time.Millisecond, func() { p.check(ctx, &last) })
+}
+
+// final checks once more after the run: it waits, a minute at most, for
+// every wake-up to end.
+func (p *promiseChecker) final(ctx context.Context) {
+	for deadline := time.Now().Add(time.Minute); p.c.wakes.inFlight.Load() != 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond) // the requests' own ends: the signal is the counter
+	}
+	last := int64(-1)
+	p.check(ctx, &last)
+}
+
+// check judges the promise if no wake-up is in flight now and none started
+// since the last check (last is the wake-ups started then).
+func (p *promiseChecker) check(ctx context.Context, last *int64) {
+	wl := &p.c.wakes
+	started := wl.started.Load()
+	if wl.inFlight.Load() != 0 || started == *last {
+		return
+	}
+	t := time.Now()
+	open := wl.open(t)
+	if len(open) == 0 {
+		*last = started
+		return
+	}
+	stranded, err := p.c.l.strandedAmong(ctx, open)
+	if err != nil || wl.inFlight.Load() != 0 || wl.started.Load() != started {
+		return // not quiescent throughout: judged at the next pause
+	}
+	*last = started
+	published := func(id string) bool { _, ok := p.c.l.published.firstOf(id); return ok }
+	v := judgeQuiescent(t, open, stranded, published, p.c.nemesis.excusals())
+	wl.resolve(v.Resolved)
+	wl.resolve(v.Broken) // each broken promise counted once
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.checks++
+	p.promised += len(v.Resolved)
+	p.excused += v.Excused
+	p.stranded = append(p.stranded, v.Stranded...)
+}
+
+// strandedAmong returns the open wake-ups' events that nothing carries.
+func (l *local) strandedAmong(ctx context.Context, open []*wakeRecord) (map[string]bool, error) {
+	var ids []string
+	for _, w := range open {
+		ids = append(ids, w.HistoryIDs...)
+	}
+	return sdkfixture.Uncarried(ctx, l.ontology, l.gen.Generation, ids)
+}

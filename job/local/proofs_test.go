@@ -1,0 +1,141 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
+)
+
+// The chaos run's proofs on fabricated rows, messages and wake-ups: each
+// must fail, naming the event, when its promise is broken, and hold when it
+// is kept. A proof that never records a violation would pass TestChaosRun;
+// it cannot pass these.
+
+// TestRowsProofsNameTheEvent: an accepted row with no message in Pub/Sub,
+// and a verified row with no row in the warehouse, are violations.
+func TestRowsProofsNameTheEvent(t *testing.T) {
+	t.Parallel()
+	rows := []sdkfixture.DeliveryRow{
+		{EventID: "published-accepted", Accepted: true},
+		{EventID: "accepted-never-published", Accepted: true},
+		{EventID: "verified-landed", Accepted: true, Verified: true},
+		{EventID: "verified-not-landed", Accepted: true, Verified: true},
+		{EventID: "pending"},
+	}
+	now := time.Now()
+	pub := published{messages: 3, times: map[string][]time.Time{"published-accepted": {now}, "verified-landed": {now}, "verified-not-landed": {now}}}
+	landed := map[string]bool{"verified-landed": true, "published-accepted": true}
+	v := violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}
+	judgeRows(rows, pub, landed, &v)
+	require.Equal(t, map[string]bool{"accepted-never-published": true}, v.AcceptedNotPublished)
+	require.Equal(t, map[string]bool{"verified-not-landed": true}, v.VerifiedNotLanded)
+	require.Contains(t, example(v.AcceptedNotPublished), "accepted-never-published", "the report line names it")
+}
+
+// TestReplayProofNamesTheEventNotSentAgain: a replay's in-scope event with
+// no message stored after the replay started breaks its proof; one out of
+// scope does not.
+func TestReplayProofNamesTheEventNotSentAgain(t *testing.T) {
+	t.Parallel()
+	started := time.Now()
+	before, after := started.Add(-time.Second), started.Add(time.Second)
+	rows := []sdkfixture.DeliveryRow{{EventID: "sent-again"}, {EventID: "not-sent-again"}, {EventID: "out-of-scope"}}
+	pub := published{times: map[string][]time.Time{"sent-again": {before, after}, "not-sent-again": {before}, "out-of-scope": {before}}}
+	for _, scope := range []map[string]bool{nil, {"sent-again": true, "not-sent-again": true}} {
+		c := &chaosRun{report: &chaosReport{}, replays: []replayRecord{{kind: opPartialReplay, scope: scope, started: started}}}
+		if scope == nil { // the whole replay: every event is in scope
+			pub.times["out-of-scope"] = append(pub.times["out-of-scope"], after)
+		}
+		c.proveReplays(rows, pub)
+		require.Len(t, c.report.Proofs, 1)
+		p := c.report.Proofs[0]
+		require.False(t, p.OK, "%+v", p)
+		require.Contains(t, p.Detail, "1 of")
+		require.Contains(t, p.Detail, "not-sent-again")
+	}
+	c := &chaosRun{report: &chaosReport{}, replays: []replayRecord{{kind: opReplay, started: started}}}
+	pub.times["not-sent-again"] = append(pub.times["not-sent-again"], after)
+	c.proveReplays(rows, pub)
+	require.True(t, c.report.Proofs[0].OK, "kept: %+v", c.report.Proofs[0])
+}
+
+// TestPromiseProofNamesTheStrandedCommit: at a pause with no drain in
+// flight, a promised wake-up's event that is pending, unheld and was never
+// published is stranded (named), unless a drain's own fault came between
+// its answer and the pause; a published one resolves its wake-up; a held
+// one is looked at again.
+func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	wake := func(id string) *wakeRecord {
+		return &wakeRecord{HistoryIDs: []string{"h-" + id}, EventIDs: []string{id}, Code: 200, Answered: t0, Drain: 1}
+	}
+	published := func(id string) bool { return id == "delivered" }
+	stranded := map[string]bool{"h-stranded": true}
+	open := []*wakeRecord{wake("delivered"), wake("stranded"), wake("held")}
+	v := judgeQuiescent(t0.Add(time.Second), open, stranded, published, nil)
+	require.Len(t, v.Stranded, 1)
+	require.Equal(t, "stranded", v.Stranded[0].EventID)
+	require.Contains(t, describeStranded(v.Stranded), "stranded")
+	require.Equal(t, []*wakeRecord{open[0]}, v.Resolved, "the delivered one is resolved; the held one is looked at again")
+	require.Equal(t, []*wakeRecord{open[1]}, v.Broken)
+
+	killed := excusals{{Kind: faultDrainKill, From: t0.Add(500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
+	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, killed)
+	require.Empty(t, v.Stranded, "the drain's own fault excuses it")
+	require.Equal(t, 1, v.Excused)
+
+	before := excusals{{Kind: faultDrainKill, From: t0.Add(-time.Minute), To: t0.Add(-time.Second)}}
+	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, before)
+	require.Len(t, v.Stranded, 1, "a fault over before the answer excuses nothing")
+}
+
+// TestPathProofNamesWhatOnlyTheSweepPublished: a promised commit that only
+// the verifier's sweep published, or that a drain published past the
+// bound, breaks the wake-up path's proof; an unpromised one (its wake-up
+// answered 503) may go with the sweep.
+func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	wakes := []wakeRecord{
+		{EventIDs: []string{"by-drain"}, Committed: t0, Code: 200},
+		{EventIDs: []string{"by-sweep"}, Committed: t0, Code: 200},
+		{EventIDs: []string{"late"}, Committed: t0, Code: 200},
+		{EventIDs: []string{"unpromised"}, Committed: t0, Code: 503},
+		{EventIDs: []string{"by-replay"}, Committed: t0, Code: 200},
+	}
+	first := map[string]firstPublish{
+		"by-drain":   {At: t0.Add(100 * time.Millisecond), Component: componentDrain},
+		"by-sweep":   {At: t0.Add(50 * time.Second), Component: componentVerify},
+		"late":       {At: t0.Add(40 * time.Second), Component: componentDrain},
+		"unpromised": {At: t0.Add(50 * time.Second), Component: componentVerify},
+		"by-replay":  {At: t0.Add(time.Second), Component: componentJob},
+	}
+	r := judgePath(wakes, first, nil, 30*time.Second)
+	require.Equal(t, []string{"by-sweep"}, r.SweptPromised)
+	require.ElementsMatch(t, []string{"by-sweep", "late"}, r.Late)
+	require.Equal(t, 2, r.ByWakeUps)
+	require.Equal(t, 2, r.BySweep)
+	require.Equal(t, 1, r.ByOperations)
+
+	c := &chaosRun{report: &chaosReport{}, l: &local{published: newPublishLedger()}}
+	for id, f := range first {
+		c.l.published.first[id] = f
+	}
+	for _, w := range wakes {
+		c.wakes.all = append(c.wakes.all, &w)
+	}
+	c.provePromise(nil)
+	var path proof
+	for _, p := range c.report.Proofs {
+		if strings.HasPrefix(p.Name, "the wake-up path") {
+			path = p
+		}
+	}
+	require.False(t, path.OK, "%+v", path)
+	require.Contains(t, path.Detail, "by-sweep")
+}

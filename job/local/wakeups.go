@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The chaos run's wake-ups, as the SDK sends them and as the drain
+// instances serve them. The SDK waits 5 s for an answer and only logs a
+// non-2xx; the drain carries on past that. So each wake-up has two ends:
+// the SDK's (the status it saw within 5 s, or none: its promise), and the
+// request's own (when the instance answered, whenever that was: until
+// then a drain is in flight for it).
+
+// wakeRecord is one commit and its wake-up.
+type wakeRecord struct {
+	// HistoryIDs are the commit's events (its history rows), EventIDs
+	// their wire ids.
+	HistoryIDs, EventIDs []string
+	Committed            time.Time
+	// Drain is the instance the wake-up was sent to.
+	Drain int
+	// Code is the status the SDK saw within its 5 s (0: none), and
+	// Answered when.
+	Code     int
+	Answered time.Time
+	// resolved: every event was seen published, or set aside.
+	resolved bool
+}
+
+// promised reports whether the SDK got a 2xx: the commit is then the
+// promise of a drain in flight.
+func (w *wakeRecord) promised() bool { return w.Code/100 == 2 }
+
+// wakeLedger is every wake-up of the run.
+type wakeLedger struct {
+	// inFlight counts the wake-up requests not ended yet (past the SDK's
+	// 5 s too), started those ever sent: no drain of a wake-up runs while
+	// inFlight is 0.
+	inFlight, started atomic.Int64
+	// perDrain counts the requests in flight by drain instance.
+	perDrain [8]atomic.Int64
+
+	mu  sync.Mutex
+	all []*wakeRecord
+}
+
+// sdkWait is how long the SDK waits for a wake-up's answer.
+const sdkWait = 5 * time.Second
+
+// send wakes the drain at url for rec's commit as the SDK does and
+// returns once the SDK would have (its answer, or 5 s); the request itself
+// goes on until the instance answers, and the ledger counts it in flight
+// until then.
+func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec *wakeRecord) {
+	wl.mu.Lock()
+	wl.all = append(wl.all, rec)
+	wl.mu.Unlock()
+	wl.started.Add(1)
+	wl.inFlight.Add(1)
+	wl.perDrain[rec.Drain].Add(1)
+	answer := make(chan int, 1)
+	go func() {
+		defer wl.inFlight.Add(-1)
+		defer wl.perDrain[rec.Drain].Add(-1)
+		// The request's own end: the drain's time-out (30 s) and the
+		// instance's stop grace, with room.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		answer <- l.post(rctx, url, token)
+	}()
+	timer := time.NewTimer(sdkWait)
+	defer timer.Stop()
+	select {
+	case code := <-answer:
+		wl.record(rec, code)
+	case <-timer.C:
+		wl.record(rec, 0) // the SDK gave up: logged as deferred
+	case <-ctx.Done():
+		wl.record(rec, 0)
+	}
+}
+
+func (wl *wakeLedger) record(rec *wakeRecord, code int) {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	rec.Code, rec.Answered = code, time.Now()
+}
+
+// open returns the promised wake-ups answered before t whose events were
+// not all seen delivered yet.
+func (wl *wakeLedger) open(t time.Time) []*wakeRecord {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	var out []*wakeRecord
+	for _, w := range wl.all {
+		if !w.resolved && w.promised() && w.Answered.Before(t) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// records returns a copy of every wake-up recorded.
+func (wl *wakeLedger) records() []wakeRecord {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	out := make([]wakeRecord, len(wl.all))
+	for i, w := range wl.all {
+		out[i] = *w
+	}
+	return out
+}
+
+// resolve marks wake-ups resolved.
+func (wl *wakeLedger) resolve(ws []*wakeRecord) {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	for _, w := range ws {
+		w.resolved = true
+	}
+}
+
+// codes counts the SDK's answers by status ("no_answer" for none).
+func (wl *wakeLedger) codes() map[string]int {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	out := map[string]int{}
+	for _, w := range wl.all {
+		key := "no_answer"
+		if w.Code != 0 {
+			key = strconv.Itoa(w.Code)
+		}
+		out[key]++
+	}
+	return out
+}
