@@ -98,8 +98,8 @@ type repairResult struct{ delivery.RepairReport }
 
 func (r repairResult) text() []string {
 	a := r.Audit
-	lines := []string{fmt.Sprintf("generation %s as of revision %d: %d differences, %d repairable; %d events sent back to pending (%d had been verified); %s",
-		a.Generation, a.Watermark, a.Differences, a.Repairable, r.Reset, r.Verified, drainResult{r.Drain}.text()[0])}
+	lines := []string{fmt.Sprintf("generation %s as of revision %d: %s, %d repairable; %s sent back to pending (%d had been verified); %s",
+		a.Generation, a.Watermark, count(int(a.Differences), "difference"), a.Repairable, count(r.Reset, "event"), r.Verified, drainResult{r.Drain}.text()[0])}
 	if left := a.Differences - a.Repairable; left > 0 {
 		lines = append(lines, fmt.Sprintf("%d differences are the warehouse's own records (absent at the source or newer): reported, never deleted; `job audit` lists them", left))
 	}

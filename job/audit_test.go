@@ -86,7 +86,7 @@ func TestAuditAndRepairCommands(t *testing.T) {
 	require.Equal(t, 3, exitCode(err), "not audited: exit 3")
 
 	out := h.mustRun("repair", "--workspace", "w1", "--recheck-after", "50ms")
-	require.Contains(t, out, "1 events sent back to pending (1 had been verified)")
+	require.Contains(t, out, "1 event sent back to pending (1 had been verified)")
 	h.land()
 	h.mustRun("verify", "--workspace", "w1")
 	rep, err = h.audit()

@@ -28,9 +28,9 @@ func (e *env) pagesOptions(ws registry.Workspace) delivery.PagesOptions {
 type pagesResult struct{ delivery.PagesResult }
 
 func (r pagesResult) text() []string {
-	line := fmt.Sprintf("generation %s: %d pages, %d rows", r.Generation, r.Pages, r.Rows)
+	line := fmt.Sprintf("generation %s: %s, %s", r.Generation, count(r.Pages, "page"), count(int(r.Rows), "row"))
 	if sel := r.Selection; sel != nil {
-		line = fmt.Sprintf("generation %s: %d events sent back to pending in %d pages (delivered before %s)", r.Generation, r.Rows, r.Pages,
+		line = fmt.Sprintf("generation %s: %s sent back to pending in %s (delivered before %s)", r.Generation, count(int(r.Rows), "event"), count(r.Pages, "page"),
 			sel.AcceptedBefore.UTC().Format(time.RFC3339Nano))
 	}
 	if r.Resumed {
@@ -47,7 +47,7 @@ func (r pagesResult) text() []string {
 type drainResult struct{ delivery.DrainAllResult }
 
 func (r drainResult) text() []string {
-	line := fmt.Sprintf("published %d events", r.Published)
+	line := "published " + count(r.Published, "event")
 	if r.SetAside > 0 {
 		line += fmt.Sprintf(", set aside %d (job set-aside lists them)", r.SetAside)
 	}
@@ -151,7 +151,7 @@ func (r setAsideResult) text() []string {
 		}
 	}
 	if r.Retried > 0 {
-		lines = append(lines, fmt.Sprintf("retried: %d events will be tried by the next drain", r.Retried))
+		lines = append(lines, fmt.Sprintf("retried: %s will be tried by the next drain", count(int(r.Retried), "event")))
 	}
 	return lines
 }

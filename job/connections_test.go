@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -310,4 +313,32 @@ func TestParallelBoundsWorkspacesInFlight(t *testing.T) {
 	for id := range h.spaces {
 		require.Zero(t, h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), id)
 	}
+}
+
+// TestStatusGivesUpOnAnUnreachableDatabaseSoon: `job status` of a
+// database nothing listens for retries for 10 s (not the commands' 2
+// minutes: a person is waiting), in a handful of WARNING lines, and
+// --retry-budget sets another bound; a bad one is a usage error.
+func TestStatusGivesUpOnAnUnreachableDatabaseSoon(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	reg := fmt.Sprintf(`{"workspaces": [{"id": "w1", "database": {"url": "postgres://u@%s/db?connect_timeout=1"},
+		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": "http://127.0.0.1:1"}}]}`, addr)
+	env := func(k string) string { return map[string]string{"REPLICATION_WORKSPACES": reg}[k] }
+	for _, c := range []struct {
+		args        []string
+		mostRetries int
+	}{{[]string{"status"}, 8}, {[]string{"status", "--retry-budget", "1s"}, 3}} {
+		var stdout, stderr bytes.Buffer
+		err := run(t.Context(), c.args, env, &stdout, &stderr)
+		require.Error(t, err, "%v", c.args)
+		retries := strings.Count(stderr.String(), "retrying")
+		require.Positive(t, retries, "%v: it retried", c.args)
+		require.LessOrEqual(t, retries, c.mostRetries, "%v: gives up within its budget:\n%s", c.args, stderr.String())
+	}
+	err = run(t.Context(), []string{"status", "--retry-budget", "2h"}, env, io.Discard, io.Discard)
+	require.ErrorAs(t, err, new(usageError))
 }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -345,7 +347,7 @@ func TestBadInput(t *testing.T) {
 		{"malformed generation", []string{"status", "--workspace", "w1", "--generation", "nope"}, nil, "status failed for w1: ", false},
 		{"generation without workspace", []string{"replay", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "--generation needs --workspace", true},
 		{"unknown flag", []string{"drain", "--everything"}, nil, "flag provided but not defined", true},
-		{"a flag of another command", []string{"drain", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "flag provided but not defined: -generation", true},
+		{"a flag of another command", []string{"drain", "--generation", "00000000-0000-4000-8000-000000000000"}, nil, "flag provided but not defined: --generation", true},
 		{"budget zero", []string{"verify", "--budget", "0"}, nil, "--budget 0s: want 1s to 1h", true},
 		{"budget too long", []string{"verify", "--budget", "2h"}, nil, "--budget 2h0m0s: want 1s to 1h", true},
 		{"parallel zero", []string{"drain", "--parallel", "0"}, nil, "--parallel 0: want 1 to 64", true},
@@ -549,4 +551,17 @@ func TestReplayProgressLine(t *testing.T) {
 	t.Parallel()
 	got := progressLine([]delivery.EntityProgress{{Entity: "customer", Done: 250, Total: 1000}, {Entity: "order", Done: 750, Total: 1000}}, "sent back")
 	require.Equal(t, "1000 of 2000 events sent back (50%): customer 250 of 1000, order 750 of 1000", got)
+}
+
+// TestVersionNamesTheCommit: a build made as cloudbuild.yaml makes the
+// image, from an upload with no .git (no VCS stamping) and the commit
+// passed with -ldflags, names its commit.
+func TestVersionNamesTheCommit(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "job")
+	out, err := exec.Command("go", "build", "-buildvcs=false", "-ldflags", "-X main.commit=0123abcd", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	out, err = exec.Command(bin, "--version").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "commit 0123abcd")
 }

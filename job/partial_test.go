@@ -173,6 +173,6 @@ func TestPartialReplayOfNothing(t *testing.T) {
 	require.ErrorContains(t, err, "revision 1000000 or later")
 
 	out := h.mustRun("replay", "--workspace", "w1", "--records", id+",junk")
-	require.Contains(t, out, "1 events sent back to pending")
+	require.Contains(t, out, "1 event sent back to pending")
 	require.Contains(t, out, "no event of these records was selected: junk")
 }

@@ -153,7 +153,7 @@ func (p *progress) eta(now time.Time) time.Duration {
 }
 
 func (p *progress) line(now time.Time) string {
-	s := fmt.Sprintf("%s %s: %d pages, %d", p.operation, p.workspace, p.pages, p.rows)
+	s := fmt.Sprintf("%s %s: %s, %d", p.operation, p.workspace, count(p.pages, "page"), p.rows)
 	if p.total > 0 {
 		s += fmt.Sprintf("/%d", p.total)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,7 @@ var commands = []command{
 // flagHelp documents each flag.
 var flagHelp = map[string]string{
 	"workspace":       "only this workspace (default: every workspace of the registry, split across Cloud Run tasks)",
+	"retry-budget":    "how long to retry a step that meets a transient fault, 1s to 1h (default: REPLICATION_RETRY_BUDGET, or 2m; status: 10s)",
 	"generation":      "this generation instead of the active one (needs --workspace)",
 	"parallel":        "how many workspaces at once (default 4): each holds one pool of DATABASE_POOL_SIZE connections",
 	"json":            "write the result as one JSON document",
@@ -111,6 +113,9 @@ type env struct {
 	recheck    time.Duration
 	since      int64
 	before     time.Time
+	// retryBudget is --retry-budget (0: REPLICATION_RETRY_BUDGET, or the
+	// command's default).
+	retryBudget time.Duration
 }
 
 // run runs one job command. stdout receives results (tables, JSON); stderr
@@ -189,6 +194,7 @@ func (e *env) parseFlags(cmd command, args []string) (workspace, help string, er
 		},
 	}
 	fs.StringVar(&workspace, "workspace", "", flagHelp["workspace"])
+	fs.DurationVar(&e.retryBudget, "retry-budget", 0, flagHelp["retry-budget"])
 	for _, f := range cmd.flags {
 		define[f]()
 	}
@@ -196,7 +202,7 @@ func (e *env) parseFlags(cmd command, args []string) (workspace, help string, er
 		if errors.Is(err, flag.ErrHelp) {
 			return "", commandUsage(cmd, fs), nil
 		}
-		return "", "", usagef("%s: %v (job %s -h lists its flags)", name, err, name)
+		return "", "", usagef("%s: %s (job %s -h lists its flags)", name, dashes(err.Error()), name)
 	}
 	if fs.NArg() > 0 {
 		return "", "", usagef("%s: unexpected argument %q", name, fs.Arg(0))
@@ -213,6 +219,8 @@ func (e *env) checkFlags(cmd command, workspace string) error {
 		e.parallel = 1
 	}
 	switch {
+	case e.retryBudget != 0 && (e.retryBudget < time.Second || e.retryBudget > time.Hour):
+		return usagef("%s: --retry-budget %v must be between 1s and 1h", name, e.retryBudget)
 	case e.generation != "" && workspace == "":
 		return usagef("%s: --generation needs --workspace (a generation belongs to one workspace)", name)
 	case e.parallel < 1 || e.parallel > 64:
@@ -274,7 +282,7 @@ func (e *env) open(cmd command, workspace string, getenv func(string) string, st
 		// bounded by DATABASE_SERVER_MAX_CONNS whatever the pools.
 		Pools: database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, maxOpen), IdleTimeout: -1,
 			ServerMaxConns: settings.ServerMaxConns},
-		Retry:            delivery.RetryPolicy{Budget: settings.RetryBudget},
+		Retry:            delivery.RetryPolicy{Budget: e.retryBudgetFor(name, settings.RetryBudget)},
 		Logger:           e.log,
 		DeadLetterReader: name == "dead-letter" || name == "status",
 		// The read-only commands (status, audit, set-aside) never open a
@@ -302,8 +310,10 @@ func listFlag(list *[]string) func(string) error {
 func commandUsage(c command, fs *flag.FlagSet) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "usage: job %s [flags]\n\n%s\n\nflags:\n", c.name, c.summary)
+	width := 0
+	fs.VisitAll(func(f *flag.Flag) { width = max(width, len(f.Name)) })
 	fs.VisitAll(func(f *flag.Flag) {
-		fmt.Fprintf(&b, "  --%-11s %s\n", f.Name, f.Usage)
+		fmt.Fprintf(&b, "  --%-*s  %s\n", width, f.Name, f.Usage)
 	})
 	return strings.TrimRight(b.String(), "\n")
 }
@@ -364,7 +374,13 @@ func (e *env) summarise(name string, results []delivery.WorkspaceResult) error {
 		lines[i] = workspaceLine{Workspace: r.Workspace, OK: r.Err == nil, Result: r.Detail}
 		if r.Err != nil {
 			lines[i].Error = oneLine(r.Err.Error())
-			interrupted = interrupted || errors.Is(r.Err, delivery.ErrInterrupted)
+			// A first SIGINT or SIGTERM cancels the command's context: work
+			// cut by it (a replay's set-up, say) was interrupted, not failed.
+			stopped := e.ctx.Err() != nil && errors.Is(r.Err, context.Canceled)
+			if stopped {
+				lines[i].Error = "interrupted before it finished"
+			}
+			interrupted = interrupted || errors.Is(r.Err, delivery.ErrInterrupted) || stopped
 		}
 	}
 	if e.json {
@@ -426,3 +442,29 @@ func first(s []string, n int) []string {
 	}
 	return append(slices.Clone(s[:n]), fmt.Sprintf("and %d more", len(s)-n))
 }
+
+// statusRetryBudget is status's retry budget unless one is set: a person
+// asking for the status of an unreachable database wants the answer in
+// seconds, not after two minutes of retries.
+const statusRetryBudget = 10 * time.Second
+
+// retryBudgetFor is the command's retry budget: --retry-budget, else
+// REPLICATION_RETRY_BUDGET (env), else status's own or the default.
+func (e *env) retryBudgetFor(command string, env time.Duration) time.Duration {
+	switch {
+	case e.retryBudget != 0:
+		return e.retryBudget
+	case env != 0:
+		return env
+	case command == "status":
+		return statusRetryBudget
+	}
+	return 0
+}
+
+// flagNames are Go's flag package's single-dash flag names in its errors
+// ("flag provided but not defined: -bogus").
+var flagNames = regexp.MustCompile(`(^|[ :])-([a-z][a-z-]*)`)
+
+// dashes spells the flags of a flag error as the help does: --bogus.
+func dashes(msg string) string { return flagNames.ReplaceAllString(msg, "$1--$2") }

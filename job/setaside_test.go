@@ -88,7 +88,7 @@ func TestOneRefusedEventAmongMany(t *testing.T) {
 
 	r.on.Store(false)
 	out = h.mustRun("set-aside", "--retry")
-	require.Contains(t, out, "retried: 1 events")
+	require.Contains(t, out, "retried: 1 event")
 	h.mustRun("drain")
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 	require.Zero(t, h.statusJSON()[0].SetAside.Count)

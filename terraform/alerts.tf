@@ -4,10 +4,10 @@
 # var.alert_emails), WARNING opens a ticket (var.ticket_notification_channels,
 # or the paging channels when none is given). Pages: delivery stalled,
 # verification lagging, events set aside, the BigQuery subscription stuck,
-# the drain failing, a workspace failing, no verifier pass, connections near
-# an instance's max_connections, the SLO's fast burn. Tickets: dead letters,
-# workspaces not reached, the scheduled audit's findings and failures, the
-# SLO's slow burn. Each policy's documentation names the workspace (Cloud
+# a workspace failing, no verifier pass, connections near an instance's
+# max_connections, the SLO's fast and slow burns. Tickets: the drain failing,
+# dead letters, workspaces not reached, the scheduled audit's findings and
+# failures, a failed execution of replication-job, the SLO's 3-day burn. Each policy's documentation names the workspace (Cloud
 # Monitoring's ${metric.label.workspace}, written $${…} in HCL) or the
 # resource that fired, and the command to run first, as a Cloud Run job
 # execution (terraform/README.md, Runbook, says how to read its output).
@@ -18,8 +18,12 @@ locals {
     CRITICAL = local.channels
     WARNING  = local.ticket_channels
   }
+  # The scheduler jobs that call the verifier, as the runbook checks them.
+  verify_scheduler_jobs = join(", ", [for name in(var.verifier_shards == 1 ? ["replication-verify"] : [for i in range(var.verifier_shards) : "replication-verify-${i}"]) :
+    "`gcloud scheduler jobs describe ${name} --project=${var.project} --location=${var.region}`"
+  ])
   # The job's commands as the runbook runs them in production.
-  job_command = "gcloud run jobs execute replication-job --project=${var.project} --region=${var.region} --wait --args="
+  job_command = "gcloud run jobs execute replication-job --project=${var.project} --region=${var.region} --async --args="
   workspace   = "$${metric.label.workspace}"
 
   # Alert policies on a lag band: a workspace's passes reporting its lag in
@@ -74,7 +78,7 @@ resource "google_monitoring_alert_policy" "lag" {
       }
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 resource "google_monitoring_alert_policy" "dead_letters" {
@@ -171,7 +175,10 @@ resource "google_monitoring_alert_policy" "bigquery_write_errors" {
 # workspace's invocations failed (500) or were unavailable (503) over 10
 # minutes, and at least var.drain_failure_min_count of them, on the same
 # workspace (PromQL; a ratio condition alone pages on one 503 in two
-# wake-ups). The 503s are logged at WARNING, the 500s at ERROR.
+# wake-ups). The 503s are logged at WARNING, the 500s at ERROR. A ticket,
+# not a page: it is a cause (a minute's Pub/Sub blip at 10 wake-ups a second
+# fires it while delivery never lags, as the drains queue again and the next
+# wake-ups publish); the symptom, delivery stalled, pages.
 locals {
   drain_invocations = "logging_googleapis_com:user_replication_drain_invocations{monitored_resource=\"cloud_run_revision\"}"
   drain_failed      = "logging_googleapis_com:user_replication_drain_invocations{monitored_resource=\"cloud_run_revision\", outcome=~\"failed|unavailable|misconfigured\"}"
@@ -187,8 +194,8 @@ resource "google_monitoring_alert_policy" "drain_failures" {
   project               = var.project
   display_name          = "Ontology replication: drain failing"
   combiner              = "OR"
-  severity              = "CRITICAL"
-  notification_channels = local.severity_channels["CRITICAL"]
+  severity              = "WARNING"
+  notification_channels = local.severity_channels["WARNING"]
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: drain failing for ${local.workspace}"
@@ -202,7 +209,7 @@ resource "google_monitoring_alert_policy" "drain_failures" {
       duration = "0s"
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 resource "google_monitoring_alert_policy" "audit" {
@@ -236,7 +243,7 @@ resource "google_monitoring_alert_policy" "audit" {
       }
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 # The scheduled audit itself: an execution that failed (a bad registry, out
@@ -281,7 +288,7 @@ resource "google_monitoring_alert_policy" "audit_job" {
       }
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 # A workspace the verifier cannot serve (its BigQuery grant revoked, its
@@ -314,7 +321,7 @@ resource "google_monitoring_alert_policy" "workspace_failing" {
       }
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 # Only passes that ran count: a scheduler whose calls are refused (401 for
@@ -328,7 +335,7 @@ resource "google_monitoring_alert_policy" "verifier" {
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: no verifier pass for 10 minutes"
-    content   = "No verifier pass logged for 10 minutes: nothing is verified, and nothing the wake-ups missed is swept. Check the scheduler job (`gcloud scheduler jobs describe replication-verify --project=${var.project} --location=${var.region}`: its last attempt's status), the replication-verify service's logs (jsonPayload.message=\"replication verify\", a 401 or 403 is the caller check) and its permissions."
+    content   = "No verifier pass logged for 10 minutes: nothing is verified, and nothing the wake-ups missed is swept. Check the scheduler's calls with gcloud scheduler jobs describe (${local.verify_scheduler_jobs}: the last attempt's status), the replication-verify service's logs (jsonPayload.message=\"replication verify\", a 401 or 403 is the caller check) and its permissions."
     mime_type = "text/markdown"
   }
   conditions {
@@ -343,7 +350,7 @@ resource "google_monitoring_alert_policy" "verifier" {
       }
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 resource "google_monitoring_alert_policy" "verifier_not_reaching" {
@@ -372,7 +379,7 @@ resource "google_monitoring_alert_policy" "verifier_not_reaching" {
       }
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 # Connections: each Cloud SQL instance's backends against its
@@ -409,13 +416,18 @@ resource "google_monitoring_alert_policy" "connections" {
   depends_on = [google_project_service.enabled]
 }
 
-# Burn-rate alerts (the SRE workbook's pair): the error budget burning 14.4×
-# too fast over an hour (2% of 28 days' budget gone) pages; 6× over six
-# hours opens a ticket.
+# Burn-rate alerts, as the SRE workbook's multiwindow, multi-burn-rate
+# alerts: the error budget burning 14.4× too fast over an hour (2% of 28
+# days' budget gone) pages, and so does 6× over six hours (5%); 1× over
+# three days (10%) opens a ticket. Each fires only while its short window
+# (a twelfth of the long one) burns as fast too, so that it stops once
+# the burn has: without it an alert stays open up to its long window after
+# recovery.
 locals {
   slo_burns = {
-    fast = { window = "3600s", rate = 14.4, severity = "CRITICAL", name = "fast burn (1 h, 14.4×)" }
-    slow = { window = "21600s", rate = 6, severity = "WARNING", name = "slow burn (6 h, 6×)" }
+    fast   = { long = 3600, short = 300, rate = 14.4, severity = "CRITICAL", name = "fast burn (1 h and 5 min, 14.4×)" }
+    slow   = { long = 21600, short = 1800, rate = 6, severity = "CRITICAL", name = "slow burn (6 h and 30 min, 6×)" }
+    budget = { long = 259200, short = 21600, rate = 1, severity = "WARNING", name = "budget burn (3 d and 6 h, 1×)" }
   }
 }
 
@@ -423,22 +435,25 @@ resource "google_monitoring_alert_policy" "slo_burn" {
   for_each              = local.slo_burns
   project               = var.project
   display_name          = "Ontology replication: SLO ${each.value.name}"
-  combiner              = "OR"
+  combiner              = "AND"
   severity              = each.value.severity
   notification_channels = local.severity_channels[each.value.severity]
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: SLO ${each.value.name}"
-    content   = "The error budget of \"${google_monitoring_slo.verified_in_time.display_name}\" is burning ${each.value.rate}× too fast over ${each.value.window}: workspaces have events waiting longer than ${var.slo_minutes} minutes (pending, unverified or set aside). The lag alerts name them; the dashboard's lag charts show which; `${local.job_command}status` lists every workspace."
+    content   = "The error budget of \"${google_monitoring_slo.verified_in_time.display_name}\" is burning ${each.value.rate}× too fast over ${each.value.long}s and still over the last ${each.value.short}s: workspaces have events waiting longer than ${var.slo_minutes} minutes (pending, unverified or set aside). The lag alerts name them; the dashboard's lag charts show which; `${local.job_command}status` lists every workspace."
     mime_type = "text/markdown"
   }
-  conditions {
-    display_name = each.value.name
-    condition_threshold {
-      filter          = "select_slo_burn_rate(\"${google_monitoring_slo.verified_in_time.name}\", \"${each.value.window}\")"
-      comparison      = "COMPARISON_GT"
-      threshold_value = each.value.rate
-      duration        = "0s"
+  dynamic "conditions" {
+    for_each = { long = each.value.long, short = each.value.short }
+    content {
+      display_name = "burn rate over ${conditions.value}s above ${each.value.rate}"
+      condition_threshold {
+        filter          = "select_slo_burn_rate(\"${google_monitoring_slo.verified_in_time.name}\", \"${conditions.value}s\")"
+        comparison      = "COMPARISON_GT"
+        threshold_value = each.value.rate
+        duration        = "0s"
+      }
     }
   }
 }
@@ -446,4 +461,38 @@ resource "google_monitoring_alert_policy" "slo_burn" {
 moved {
   from = google_monitoring_alert_policy.slo_burn
   to   = google_monitoring_alert_policy.slo_burn["fast"]
+}
+
+# An operator's execution of replication-job that failed (a command that
+# met what it could not ride out, or an audit that found differences:
+# exit 1) opens a ticket: run by hand at 2 am, it would otherwise alert
+# nobody. The scheduled audit has its own alerts.
+resource "google_monitoring_alert_policy" "job_failed" {
+  count                 = local.deploy ? 1 : 0
+  project               = var.project
+  display_name          = "Ontology replication: job execution failed"
+  combiner              = "OR"
+  severity              = "WARNING"
+  notification_channels = local.severity_channels["WARNING"]
+  user_labels           = var.labels
+  documentation {
+    subject   = "Ontology replication: an execution of replication-job failed"
+    content   = "An execution of the replication-job job failed: its command failed, or found something (audit with differences, exit 1). `gcloud run jobs executions list --job=replication-job --project=${var.project} --region=${var.region}` lists the executions; the failed one's output and log lines say why (terraform/README.md, Runbook: reading an execution)."
+    mime_type = "text/markdown"
+  }
+  conditions {
+    display_name = "replication-job execution failed"
+    condition_threshold {
+      filter          = "metric.type=\"run.googleapis.com/job/completed_execution_count\" AND resource.type=\"cloud_run_job\" AND resource.labels.job_name=\"replication-job\" AND metric.labels.result=\"failed\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_DELTA"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+    }
+  }
+  depends_on = [google_project_service.enabled]
 }

@@ -31,9 +31,13 @@ resource "google_artifact_registry_repository" "images" {
 }
 
 resource "google_storage_bucket" "build_sources" {
-  project                     = var.project
-  name                        = "${var.project}-replication-build"
-  location                    = var.region
+  project  = var.project
+  name     = "${var.project}-replication-build"
+  location = var.region
+  # Every build leaves its source archive and the Go cache here: a destroy
+  # removes them with the bucket (nothing in it is the only copy of
+  # anything).
+  force_destroy               = true
   uniform_bucket_level_access = true
   public_access_prevention    = "enforced"
   labels                      = var.labels

@@ -154,6 +154,11 @@ resource "google_sql_user" "component" {
   instance = each.value.instance.name
   name     = local.db_users[each.value.component]
   type     = "CLOUD_IAM_SERVICE_ACCOUNT"
+  # PostgreSQL refuses to drop a role that still holds GRANTs (which the
+  # operator gave it, outside terraform: README, Database access), so a
+  # destroy would stop here; it leaves the users instead, and the README
+  # says how to revoke and drop them after.
+  deletion_policy = "ABANDON"
 }
 
 # BigQuery jobs (the verifier's lookups, the job's view statements) run in

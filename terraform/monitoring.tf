@@ -118,6 +118,18 @@ resource "google_logging_metric" "distribution" {
   depends_on = [google_project_service.enabled]
 }
 
+# Cloud Monitoring knows a log-based metric some minutes after it is created
+# (up to 10, its error says): an alert policy or SLO naming one created in
+# the same apply fails with 404. What names a metric waits for this; a
+# change of the metrics (their names) waits again.
+resource "time_sleep" "metrics_known" {
+  create_duration = var.metrics_propagation_wait
+  triggers = {
+    metrics = join(",", sort(concat(keys(google_logging_metric.counter), keys(google_logging_metric.distribution))))
+  }
+  depends_on = [google_logging_metric.counter, google_logging_metric.distribution]
+}
+
 resource "google_monitoring_notification_channel" "email" {
   for_each     = toset(var.alert_emails)
   project      = var.project
@@ -172,7 +184,7 @@ resource "google_monitoring_slo" "verified_in_time" {
       total_service_filter = "metric.type=\"${local.metric_prefix}replication/verifier_workspaces\" AND resource.type=\"cloud_run_revision\" AND metric.labels.outstanding_band=one_of(${join(", ", [for b in concat(local.lag_bands, [local.band_unknown]) : "\"${b}\""])})"
     }
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [time_sleep.metrics_known]
 }
 
 resource "google_monitoring_dashboard" "replication" {
@@ -181,5 +193,5 @@ resource "google_monitoring_dashboard" "replication" {
     prefix           = local.metric_prefix
     workspace_gauges = var.workspace_gauges
   })
-  depends_on = [google_logging_metric.counter, google_logging_metric.distribution]
+  depends_on = [time_sleep.metrics_known]
 }

@@ -23,7 +23,7 @@ import (
 var tfFunctions = map[string]function.Function{
 	"join": stdlib.JoinFunc, "slice": stdlib.SliceFunc, "length": stdlib.LengthFunc, "concat": stdlib.ConcatFunc,
 	"contains": stdlib.ContainsFunc, "keys": stdlib.KeysFunc, "min": stdlib.MinFunc, "max": stdlib.MaxFunc,
-	"floor": stdlib.FloorFunc, "lookup": stdlib.LookupFunc, "upper": stdlib.UpperFunc,
+	"floor": stdlib.FloorFunc, "lookup": stdlib.LookupFunc, "upper": stdlib.UpperFunc, "range": stdlib.RangeFunc, "merge": stdlib.MergeFunc,
 	"tostring": function.New(&function.Spec{
 		Params: []function.Parameter{{Name: "v", Type: cty.DynamicPseudoType}},
 		Type:   function.StaticReturnType(cty.String),
@@ -370,12 +370,31 @@ func TestTerraformAlertThresholds(t *testing.T) {
 		}
 		sort.Strings(all)
 		require.Equal(t, all, oneOf(t, total, "metric.labels.outstanding_band"), "total: every sample, a failed workspace's unknown lags too")
-		burn := map[string]float64{}
-		for _, c := range e.conditions("slo_burn") {
+		// The SRE workbook's multiwindow, multi-burn-rate alerts: each
+		// policy a long and a short window (a twelfth) over one rate, both
+		// required (AND), the 1 h and 6 h ones paging, the 3-day one a
+		// ticket.
+		burn := map[string]map[string]float64{}
+		for key, c := range e.conditions("slo_burn") {
+			instance, _, _ := strings.Cut(key, "/")
 			window := regexp.MustCompile(`"(\d+s)"\)$`).FindStringSubmatch(c.filter)
 			require.NotNil(t, window, c.filter)
-			burn[window[1]] = c.threshold
+			if burn[instance] == nil {
+				burn[instance] = map[string]float64{}
+			}
+			burn[instance][window[1]] = c.threshold
 		}
-		require.Equal(t, map[string]float64{"3600s": 14.4, "21600s": 6}, burn, "the SRE workbook's pair of burn rates")
+		require.Equal(t, map[string]map[string]float64{
+			"fast":   {"3600s": 14.4, "300s": 14.4},
+			"slow":   {"21600s": 6, "1800s": 6},
+			"budget": {"259200s": 1, "21600s": 1},
+		}, burn, "the SRE workbook's burn rates and windows")
+		policy := e.m.resources["google_monitoring_alert_policy.slo_burn"]
+		require.Equal(t, "AND", e.value(policy.Body.Attributes["combiner"].Expr, nil).AsString(), "the long and the short window both burn")
+		severity := map[string]string{}
+		for k, v := range e.value(e.m.locals["slo_burns"].Expr, nil).AsValueMap() {
+			severity[k] = v.GetAttr("severity").AsString()
+		}
+		require.Equal(t, map[string]string{"fast": "CRITICAL", "slow": "CRITICAL", "budget": "WARNING"}, severity, "1 h and 6 h page, 3 days tickets")
 	})
 }

@@ -169,9 +169,9 @@ variable "job_task_timeout" {
 }
 
 variable "job_max_retries" {
-  description = "Retries of a failed task of replication-job; every page is its own transaction, so a retry resumes. The scheduled audit's job (replication-audit) never retries: a finding is a result."
+  description = "Retries of a failed task of replication-job, the job operators run by hand. 0: a command runs once (an audit that finds differences exits 1, which a retry would only run again, 4 times the BigQuery bytes); every command retries transient faults itself for 2 minutes, and every page is its own transaction, so running it again resumes. The scheduled audit's job (replication-audit) never retries: a finding is a result."
   type        = number
-  default     = 3
+  default     = 0
   validation {
     condition     = var.job_max_retries >= 0 && var.job_max_retries <= 10 && floor(var.job_max_retries) == var.job_max_retries
     error_message = "job_max_retries must be a whole number from 0 to 10."
@@ -449,5 +449,15 @@ variable "iam_propagation_wait" {
   validation {
     condition     = can(regex("^[0-9]+(s|m)$", var.iam_propagation_wait))
     error_message = "iam_propagation_wait must be a whole number of seconds or minutes, such as 60s or 2m."
+  }
+}
+
+variable "metrics_propagation_wait" {
+  description = "How long the first apply waits between creating the log-based metrics and the alert policies, SLO and dashboard that name them: Cloud Monitoring may take up to 10 minutes to know a new metric (Error 404: Cannot find metric(s)). Only a change of the metrics waits again."
+  type        = string
+  default     = "10m"
+  validation {
+    condition     = can(regex("^[0-9]+(s|m)$", var.metrics_propagation_wait))
+    error_message = "metrics_propagation_wait must be a duration in seconds or minutes, such as 10m."
   }
 }

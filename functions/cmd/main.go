@@ -32,6 +32,10 @@ import (
 	"github.com/segmentstream/ontology-replication/functions"
 )
 
+// commit is the commit the image was built from (cloudbuild.yaml passes it
+// with -ldflags "-X main.commit=$COMMIT_SHA"); -version prints it.
+var commit string
+
 func main() {
 	var cfg functions.ServerConfig
 	port := flag.String("port", cmp.Or(os.Getenv("PORT"), "8080"), "port to listen on, on every interface (default $PORT or 8080)")
@@ -39,7 +43,12 @@ func main() {
 	flag.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", 0, "the time a client has to send its request headers (default 10s)")
 	flag.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "how long a kept-alive connection may stay idle (default 2m)")
 	flag.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 0, "how long a stop waits for the requests in flight (default 8s)")
+	showVersion := flag.Bool("version", false, "print the commit this build was made from, and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println("replication functions, commit", cmp.Or(commit, "unknown (not an image build)"))
+		return
+	}
 	handler, err := functions.Handler(os.Getenv("FUNCTION_TARGET"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

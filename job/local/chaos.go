@@ -18,6 +18,8 @@ type chaosConfig struct {
 	duration time.Duration
 	seed     uint64
 	rate     float64
+	// plot is where --plot writes the run's timeline (SVG).
+	plot string
 }
 
 // minChaos is the shortest chaos run: long enough for every fault kind
@@ -55,6 +57,8 @@ type chaosRun struct {
 	// passes counts the verifier's passes, and failedPasses those that
 	// failed a workspace.
 	passes, failedPasses atomic.Int64
+	// series is the run's figures over time (--plot).
+	series chaosSeries
 }
 
 // replayRecord is one replay the run made, for the proofs.
@@ -79,6 +83,9 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	c.nemesis = newNemesis(c, l.cfg.chaos)
 	c.checker = &liveChecker{l: l, found: violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}}
 	c.promise = promiseChecker{c: c}
+	if l.cfg.chaos.plot != "" {
+		l.progress.onSample = c.series.add
+	}
 	runCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup
 	defer func() {
@@ -116,7 +123,15 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	c.report.VerifiedAfterFaultsSecs = time.Since(faultsOff).Seconds()
 	stopBackground()
 	background.Wait()
-	return c.report, c.prove(ctx)
+	if err := c.prove(ctx); err != nil {
+		return c.report, err
+	}
+	if l.cfg.chaos.plot != "" {
+		if err := c.plotChaos(l.cfg.chaos.plot, faultsOff); err != nil {
+			return c.report, fmt.Errorf("--plot: %w", err)
+		}
+	}
+	return c.report, nil
 }
 
 // writer commits changes as writer number i at its share of the rate while

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +24,8 @@ func TestChaosRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	var stdout, stderr logbuf.Buffer
-	err := runLocal(ctx, []string{"--chaos", "60s", "--seed", "7", "--json", "--timeout", "5m"}, func(string) string { return "" }, &stdout, &stderr)
+	plot := filepath.Join(t.TempDir(), "chaos.svg")
+	err := runLocal(ctx, []string{"--chaos", "60s", "--seed", "7", "--json", "--timeout", "5m", "--plot", plot}, func(string) string { return "" }, &stdout, &stderr)
 	var rep chaosReport
 	require.NoError(t, json.Unmarshal([]byte(stdout.String()), &rep), "the report; stderr:\n%s", stderr.String())
 	require.NoError(t, err, "report:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
@@ -62,6 +65,11 @@ func TestChaosRun(t *testing.T) {
 		require.True(t, names[want], "proof %q in the report", want)
 	}
 	require.True(t, strings.Contains(stderr.String(), "chaos ") && strings.Contains(stderr.String(), faultDrainFreeze), "the timeline printed as it goes")
+	svg, err := os.ReadFile(plot)
+	require.NoError(t, err, "--plot wrote the timeline")
+	for _, want := range append([]string{"<svg", "commits/s", "messages published/s", "delivery lag", "verification lag", "faults end"}, faultKinds...) {
+		require.Contains(t, string(svg), want, "the plot names it")
+	}
 }
 
 // TestChaosSchedule: a seed gives one schedule; every fault kind and

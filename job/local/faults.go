@@ -104,12 +104,15 @@ func (n *nemesis) pubsubWindow(ctx context.Context, s step) (string, int) {
 }
 
 // bigqueryWindow puts a fault on the verifier's way to BigQuery for the
-// window; bigquery_down_stalled also stalls the subscription, so that the
-// lookups fail while the events published meanwhile are absent.
+// window; bigquery_down_stalled fails every request at once (an error the
+// client does not retry, so that a lookup fails within the window, where a
+// 5xx is retried to the lookup's 20 s time-out) and stalls the
+// subscription, so that the lookups fail while the events published
+// meanwhile are absent.
 func (n *nemesis) bigqueryWindow(ctx context.Context, s step) (string, int) {
 	l := n.c.l
 	f := map[string]faultproxy.HTTPFault{faultBigQuerySlow: faultproxy.HTTPSlow, faultBigQueryError: faultproxy.HTTPError,
-		faultBigQueryDown: faultproxy.HTTPError}[s.Kind]
+		faultBigQueryDown: faultproxy.HTTPFail}[s.Kind]
 	wires.bigquery.Lock()
 	defer wires.bigquery.Unlock()
 	if s.Kind == faultBigQueryDown {
@@ -123,7 +126,7 @@ func (n *nemesis) bigqueryWindow(ctx context.Context, s step) (string, int) {
 	met := int(l.bigqueryFaults.Count(f) - before)
 	if s.Kind == faultBigQueryDown {
 		failed := int(n.c.failedPasses.Load() - passes)
-		return fmt.Sprintf("%d BigQuery requests answered 503 while the subscription wrote nothing; %d verifier passes failed", met, failed), failed
+		return fmt.Sprintf("%d BigQuery requests failed at once (400, not retried) while the subscription wrote nothing; %d verifier passes failed", met, failed), failed
 	}
 	return fmt.Sprintf("%d BigQuery requests met it", met), met
 }

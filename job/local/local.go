@@ -230,7 +230,7 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.SetOutput(io.Discard)
 	var cfg localConfig
 	fs.IntVar(&cfg.records, "records", 3000, "how many changes the workload commits")
-	fs.IntVar(&cfg.writers, "writers", 4, "concurrent writers (8 with --chaos)")
+	fs.IntVar(&cfg.writers, "writers", 4, "concurrent writers (16 with --chaos)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")
 	fs.BoolVar(&cfg.json, "json", false, "print the summary as JSON")
 	fs.DurationVar(&cfg.verifyEvery, "verify-every", 2*time.Second, "how often the verifier runs")
@@ -238,6 +238,7 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.DurationVar(&cfg.chaos.duration, "chaos", 0, "run the SDK workload for this long under injected faults, then prove nothing was lost (at least 45s)")
 	fs.Uint64Var(&cfg.chaos.seed, "seed", 0, "with --chaos: the fault schedule's seed (default: from the clock, printed)")
 	fs.Float64Var(&cfg.chaos.rate, "rate", 40, "with --chaos: SDK commits per second while the SDK is busy, over all writers")
+	fs.StringVar(&cfg.chaos.plot, "plot", "", "with --chaos: write the run's timeline to this file, as SVG")
 	fs.IntVar(&cfg.drains, "drains", 2, "with --chaos: drain instances (processes of the deployed entry point), 1 to 8")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -255,11 +256,14 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 		return cfg, usageError{errors.New("local: --records must be at least 20 and --writers between 1 and 32")}
 	}
 	cfg.verifyBudget = 10 * time.Second
+	if cfg.chaos.plot != "" && cfg.chaos.duration == 0 {
+		return cfg, usageError{errors.New("local: --plot draws a chaos run: it needs --chaos")}
+	}
 	if cfg.chaos.duration != 0 {
 		writersSet := false
 		fs.Visit(func(f *flag.Flag) { writersSet = writersSet || f.Name == "writers" })
 		if !writersSet {
-			cfg.writers = 8 // the SDK's writers wait for each wake-up's answer
+			cfg.writers = 16 // the SDK's writers wait for each wake-up's answer
 		}
 		if cfg.chaos.duration < minChaos || cfg.keep || cfg.chaos.rate < 1 || cfg.chaos.rate > 500 || cfg.drains < 1 || cfg.drains > 8 {
 			return cfg, usageError{errors.New("local: --chaos must be at least 45s, without --keep, with --rate between 1 and 500 and --drains between 1 and 8")}

@@ -181,3 +181,13 @@ func TestLocalUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestLiveLineFitsTheTerminal: the live line is cut to the terminal's
+// width, less one column, with "…".
+func TestLiveLineFitsTheTerminal(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 265)
+	require.Len(t, []rune(fit(long, 120)), 119)
+	require.True(t, strings.HasSuffix(fit(long, 120), "…"))
+	require.Equal(t, "short", fit("short", 120))
+}

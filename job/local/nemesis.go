@@ -56,7 +56,7 @@ var drainOwnFaults = []string{faultDrainRestart, faultDrainKill, faultDrainFreez
 const freezeFor = 22 * time.Second
 
 // bigqueryDownFor is the least length of a bigquery_down_stalled window.
-const bigqueryDownFor = 22 * time.Second
+const bigqueryDownFor = 8 * time.Second
 
 // The operations the chaos run makes while the faults run, as `job` does.
 const (
@@ -134,9 +134,8 @@ func windowOf(k string, gap time.Duration, rng *rand.Rand) time.Duration {
 		// Long enough for a drain's publishes, or a verifier pass, to meet it.
 		return 3*time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
 	case faultBigQueryDown:
-		// Past a lookup's 20 s time-out, which the BigQuery client's own
-		// retries of a 5xx run to: the lookups fail while the events
-		// published meanwhile are absent.
+		// Long enough for several verifier passes to fail their lookups
+		// while the events published meanwhile are absent.
 		if rng == nil {
 			return bigqueryDownFor
 		}

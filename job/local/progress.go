@@ -23,6 +23,10 @@ type progress struct {
 	l        *local
 	commits  func() int64
 
+	// onSample, when set, receives each sample's figures (the chaos
+	// run's timeline).
+	onSample func(s sampled)
+
 	mu         sync.Mutex
 	phase      string
 	why        string
@@ -85,7 +89,7 @@ func (p *progress) run(ctx context.Context) {
 		}
 		line := p.sample(ctx)
 		if p.terminal && line != "" {
-			fmt.Fprint(p.w, "\r\033[K"+line)
+			fmt.Fprint(p.w, "\r\033[K"+fit(line, terminalWidth(p.w)))
 		}
 	}
 }
@@ -116,6 +120,9 @@ func (p *progress) sample(ctx context.Context) string {
 		}
 	}
 	landed, _, _ := l.wh.Counts(ctx)
+	if p.onSample != nil {
+		p.onSample(sampled{at: time.Now(), commits: p.commits(), published: published, landed: landed, deliveryLag: pendingLag, verificationLag: verifyLag})
+	}
 	verifyNote := seconds(verifyLag)
 	if l.agedDeadLetter.Load() && verifyLag >= 15*time.Minute {
 		verifyNote += " (the dead-lettered event, moved 16 minutes back)"
@@ -135,6 +142,36 @@ func (p *progress) phaseLine(figures string) string {
 		line += ": " + figures
 	}
 	return line
+}
+
+// terminalWidth is w's width in columns (80 when it cannot be read).
+func terminalWidth(w io.Writer) int {
+	if f, ok := w.(*os.File); ok {
+		if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols > 0 {
+			return cols
+		}
+	}
+	return 80
+}
+
+// fit cuts a live line to width columns (one less: a line that fills the
+// last column wraps on some terminals, and \r then redraws the wrong one),
+// ending it with "…" when cut.
+func fit(line string, width int) string {
+	runes := []rune(line)
+	if width < 2 || len(runes) < width {
+		return line
+	}
+	return string(runes[:width-2]) + "…"
+}
+
+// sampled is one sample's figures.
+type sampled struct {
+	at                           time.Time
+	commits                      int64
+	published                    int
+	landed                       int64
+	deliveryLag, verificationLag time.Duration
 }
 
 // lags returns the largest delivery and verification lags seen.

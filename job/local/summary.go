@@ -112,7 +112,8 @@ func (s *summary) print(w io.Writer, asJSON bool) error {
 		if !a.Equal {
 			verdict = fmt.Sprintf("DIFFERS (%d differences)", a.Differences)
 		}
-		fmt.Fprintf(tw, "audit\t%s as of revision %d: %d views, %d buckets compared (`job audit`)\n", verdict, a.Watermark, len(a.Views), a.Buckets)
+		fmt.Fprintf(tw, "audit\t%s as of revision %d: %d views, %d buckets compared (`job audit`; it counts every record ever written, deleted ones included, where the view rows above are the live records)\n",
+			verdict, a.Watermark, len(a.Views), a.Buckets)
 	}
 	fmt.Fprintf(tw, "delivery lag\t%.1fs at most (the oldest pending event's wait, sampled every 250 ms)\n", s.MaxDeliveryLagSecs)
 	fmt.Fprintf(tw, "verification lag\t%.1fs at most (the oldest accepted event's wait to be found in the warehouse)\n", s.MaxVerificationLagSecs)

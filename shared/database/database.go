@@ -383,6 +383,18 @@ func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, 
 
 // Close closes every pool (waiting for their connections to come back)
 // and the Cloud SQL dialer.
+// Acquired is how many connections of the open pools callers hold now:
+// zero once every turn, claim and session has given its connection back.
+func (p *Pools) Acquired() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, e := range p.pools {
+		n += int(e.pool.Stat().AcquiredConns())
+	}
+	return n
+}
+
 func (p *Pools) Close() {
 	p.mu.Lock()
 	if p.closed {

@@ -79,7 +79,7 @@ func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 		"a round trip per pending drain, and the claim of the one next, which waits for the turn; none per coalesced wake-up")
 
 	g.release()
-	f := <-first
+	f := receive(t, first, "first")
 	require.NoError(t, f.err)
 	require.Equal(t, 1, f.res.Published)
 	pending := []drained{waitFor(), waitFor()}
@@ -117,8 +117,8 @@ func TestAWakeUpAfterTheClaimIsNotCoalescedIntoIt(t *testing.T) {
 	default:
 	}
 	g.release()
-	require.NoError(t, (<-first).err)
-	d := <-later
+	require.NoError(t, receive(t, first, "first").err)
+	d := receive(t, later, "later")
 	require.NoError(t, d.err)
 	require.False(t, d.res.Coalesced)
 	require.Equal(t, 1, d.res.Published)

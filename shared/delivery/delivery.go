@@ -156,6 +156,11 @@ func (c Config) Validate() error {
 	if err := c.Store.Validate(); err != nil {
 		return fmt.Errorf("Store.%w", err)
 	}
+	// The drain that gathers holds the next turn idle meanwhile: past the
+	// store's TurnIdleTimeout the server would end its session.
+	if idle := cmp.Or(c.Store.TurnIdleTimeout, store.DefaultTurnIdleTimeout); c.Gather >= idle {
+		return fmt.Errorf("Gather %v: must be shorter than Store.TurnIdleTimeout (%v)", c.Gather, idle)
+	}
 	if err := c.Retry.Validate(); err != nil {
 		return fmt.Errorf("Retry.%w", err)
 	}

@@ -90,7 +90,7 @@ func TestSlowPublishDoesNotHoldTheSDK(t *testing.T) {
 	t.Logf("pause %v, writer %v (baseline %v) while the publish was held", pauseTook, writerTook, baseline)
 
 	g.release()
-	d := <-drain
+	d := receive(t, drain, "drain")
 	require.NoError(t, d.err, "the batch is acknowledged after the publish")
 	require.Equal(t, 55, d.res.Published)
 	r.resume(t)
@@ -136,7 +136,7 @@ func TestMigrationDuringPublish(t *testing.T) {
 	default:
 	}
 	require.NoError(t, migration.Commit(r.ctx))
-	require.NoError(t, (<-drain).err)
+	require.NoError(t, receive(t, drain, "drain").err)
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
 
@@ -151,7 +151,7 @@ func TestAcceptedAtIsAfterThePublish(t *testing.T) {
 	var released time.Time
 	require.NoError(t, r.pool.QueryRow(r.ctx, "SELECT clock_timestamp()").Scan(&released))
 	g.release()
-	require.NoError(t, (<-drain).err)
+	require.NoError(t, receive(t, drain, "drain").err)
 	require.EqualValues(t, 10, r.count(t, `SELECT count(*) FROM _ontology_replication_delivery d JOIN _ontology_replication_receipts c USING (generation, event_id)
 		WHERE d.accepted_at >= $1 AND d.next_verify_at = d.accepted_at AND c.accepted_at = d.accepted_at`, released))
 }
@@ -180,7 +180,7 @@ func TestDrainKilledMidPublishIsTakenOver(t *testing.T) {
 			switch kill {
 			case "cancelled":
 				cancel()
-				require.Error(t, <-dying)
+				require.Error(t, receive(t, dying, "dying"))
 			case "session cut":
 				var pid int32
 				require.NoError(t, r.pool.QueryRow(r.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
@@ -199,7 +199,7 @@ func TestDrainKilledMidPublishIsTakenOver(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, 20, res.Published)
 			if kill == "session cut" {
-				require.Error(t, <-dying, "its acknowledgement fails: the session is gone")
+				require.Error(t, receive(t, dying, "dying"), "its acknowledgement fails: the session is gone")
 			}
 			require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 			ids := map[string]bool{}

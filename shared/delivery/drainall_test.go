@@ -164,6 +164,6 @@ func TestDrainAllKeepsDrainsBatchesOut(t *testing.T) {
 		}
 	}
 	close(held.open)
-	require.NoError(t, <-done)
+	require.NoError(t, receive(t, done, "done"))
 	require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }

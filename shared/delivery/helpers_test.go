@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
@@ -199,7 +200,7 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 	r.newService = func() *delivery.Service {
 		pools, err := database.New(database.Config{Tracer: r.queries})
 		require.NoError(tb, err)
-		tb.Cleanup(pools.Close)
+		tb.Cleanup(func() { closePools(tb, r, pools) })
 		scfg := delivery.Config{Registry: reg, Pools: pools, Publisher: publisher, Warehouse: wh, Auditor: wh, DeadLetters: deadLetters, Store: cfg.store,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		if cfg.service != nil {
@@ -272,4 +273,45 @@ func (r *rig) drainHeld(g *gate) <-chan drained {
 func (g *gate) release() {
 	g.held.Store(false)
 	g.once.Do(func() { close(g.open) })
+}
+
+// receive takes a value from ch within two minutes, or fails the test
+// naming what it waited for (a drain that never ends is a failure, not a
+// hang until the package's time-out).
+func receive[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("waited two minutes: %s", what)
+		var zero T
+		return zero
+	}
+}
+
+// closePools closes a Service's pools when the test ends, once every
+// connection was given back and no lock of the drain's turns or claims is
+// held in the rig's database; otherwise (a turn or a claim that leaked its
+// connection) it fails the test naming that, instead of hanging in
+// pgxpool.Close until the package's time-out.
+func closePools(tb testing.TB, r *rig, pools *database.Pools) {
+	deadline := time.Now().Add(10 * time.Second)
+	for pools.Acquired() > 0 {
+		if time.Now().After(deadline) {
+			tb.Errorf("%d connections were never given back (a turn, a claim or a session not ended); %d locks of the turns and claims held",
+				pools.Acquired(), r.drainLocksHeld(tb))
+			return // left open: closing would wait for them forever
+		}
+		time.Sleep(10 * time.Millisecond) // the pools' own count is the signal
+	}
+	pools.Close()
+}
+
+// drainLocksHeld counts the advisory locks of the drain's turns and claims
+// held in the rig's database.
+func (r *rig) drainLocksHeld(tb testing.TB) int64 {
+	return r.count(tb, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+		AND classid::int IN (hashtext($1), hashtext($2)) AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		store.DrainTurnClass, store.ClaimLockClass)
 }

@@ -52,7 +52,7 @@ func TestReadsRideOutATransientFault(t *testing.T) {
 				}
 			}
 			require.NoError(t, migration.Rollback(r.ctx))
-			require.NoError(t, <-done, "the retry after the migration succeeds")
+			require.NoError(t, receive(t, done, "done"), "the retry after the migration succeeds")
 		})
 	}
 }

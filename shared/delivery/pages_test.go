@@ -129,7 +129,7 @@ func TestOperationsRetryTheirSetUp(t *testing.T) {
 				}
 			}
 			require.NoError(t, lock.Rollback(r.ctx))
-			require.NoError(t, <-done)
+			require.NoError(t, receive(t, done, "done"))
 			for id, n := range r.publishedTimes(t) {
 				require.Equal(t, 2, n, "event %s published again", id)
 			}

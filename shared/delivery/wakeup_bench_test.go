@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/plots"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -62,6 +64,7 @@ type wakeRig struct {
 	instances []*delivery.Service
 	trips     *counter      // the drains' round trips
 	every     time.Duration // the floor's interval (the drain's gather; REPLICATION_WAKEUP_FLOOR_EVERY)
+	gather    time.Duration // the drain's gather (REPLICATION_WAKEUP_GATHER)
 	warm      time.Duration // each phase's warm-up, not measured (REPLICATION_WAKEUP_WARMUP)
 }
 
@@ -135,6 +138,7 @@ func newWakeRig(b *testing.B) *wakeRig {
 		require.NoError(b, err)
 		r.instances = append(r.instances, svc)
 	}
+	r.gather = gather
 	r.every = max(gather, time.Millisecond)
 	if v := os.Getenv("REPLICATION_WAKEUP_FLOOR_EVERY"); v != "" {
 		r.every, err = time.ParseDuration(v)
@@ -468,6 +472,37 @@ func BenchmarkWakeUps(b *testing.B) {
 			b.ReportMetric(float64(percentile(e.latencies, 0.99).Microseconds())/1000, "each_p99_ms")
 			b.ReportMetric(float64(percentile(f.latencies, 0.5).Microseconds())/1000, "floor_p50_ms")
 			b.ReportMetric(float64(percentile(f.latencies, 0.99).Microseconds())/1000, "floor_p99_ms")
+			if dir := os.Getenv("REPLICATION_WAKEUP_PLOT"); dir != "" {
+				ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+				recordFrontier(b, dir, plots.FrontierPoint{GatherMS: ms(r.gather), Rate: float64(rate), DrainMS: drain, FloorMS: perCommit(f.drainCPU, f.commits),
+					DrainP50: ms(percentile(c.latencies, 0.5)), DrainP99: ms(percentile(c.latencies, 0.99)),
+					FloorP50: ms(percentile(f.latencies, 0.5)), FloorP99: ms(percentile(f.latencies, 0.99))})
+			}
 		})
 	}
+}
+
+// recordFrontier adds a measured point to dir/wakeups.csv (REPLICATION_WAKEUP_PLOT)
+// and draws every point recorded there to dir/frontier.svg: the drain's and
+// the floor's cost against latency by gather at 150 commits/s, and against
+// the rate at the default gather. Runs with other gathers
+// (REPLICATION_WAKEUP_GATHER) add their points to the same files.
+func recordFrontier(b *testing.B, dir string, p plots.FrontierPoint) {
+	b.Helper()
+	path := filepath.Join(dir, "wakeups.csv")
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	require.NoError(b, err)
+	_, err = fmt.Fprintf(f, "%g,%g,%g,%g,%g,%g,%g,%g\n", p.GatherMS, p.Rate, p.DrainMS, p.FloorMS, p.DrainP50, p.DrainP99, p.FloorP50, p.FloorP99)
+	require.NoError(b, err)
+	require.NoError(b, f.Close())
+	raw, err := os.ReadFile(path)
+	require.NoError(b, err)
+	var pts []plots.FrontierPoint
+	for line := range strings.SplitSeq(strings.TrimSpace(string(raw)), "\n") {
+		var q plots.FrontierPoint
+		_, err := fmt.Sscanf(line, "%g,%g,%g,%g,%g,%g,%g,%g", &q.GatherMS, &q.Rate, &q.DrainMS, &q.FloorMS, &q.DrainP50, &q.DrainP99, &q.FloorP50, &q.FloorP99)
+		require.NoError(b, err, line)
+		pts = append(pts, q)
+	}
+	require.NoError(b, plots.SaveFrontier(filepath.Join(dir, "frontier.svg"), pts, 150, float64(delivery.DefaultGather.Milliseconds())))
 }

@@ -54,7 +54,7 @@ func TestAuditMarkWaitsForOpenWriters(t *testing.T) {
 			return nil
 		})
 	}()
-	revision := <-took
+	revision := receive(t, took, "took")
 
 	_, err = quick.AuditMark(e.ctx, tg)
 	require.ErrorIs(t, err, store.ErrAuditFence, "the writer outlasts the fence's bound")
@@ -80,7 +80,7 @@ func TestAuditMarkWaitsForOpenWriters(t *testing.T) {
 	default:
 	}
 	release()
-	require.NoError(t, <-written)
+	require.NoError(t, receive(t, written, "written"))
 	select {
 	case m := <-marked:
 		require.GreaterOrEqual(t, m.Revision, revision)

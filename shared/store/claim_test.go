@@ -133,7 +133,7 @@ func TestReplayPageRemovesReceiptsOfAcknowledgementsItWaitedFor(t *testing.T) {
 			AND wait_event_type = 'Lock' AND query LIKE '%replay_cursor%'`) == 1
 	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, ack.Commit(e.ctx))
-	require.NoError(t, <-page)
+	require.NoError(t, receive(t, page, "page"))
 
 	require.EqualValues(t, len(ids), e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "every row reset")
 	require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts"), "no receipt left on a pending row")
@@ -370,7 +370,7 @@ func TestFirstClaimOnALegacyDatabaseNeedsOneConnection(t *testing.T) {
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)

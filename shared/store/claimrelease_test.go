@@ -21,7 +21,7 @@ func otherProcess(t testing.TB, e *env) *store.Store {
 	t.Helper()
 	pool, err := pgxpool.New(e.ctx, e.pool.Config().ConnString())
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	return st
@@ -41,16 +41,17 @@ func claimsAllAtOnce(t testing.TB, e *env, st *store.Store, tg store.Target, n i
 // in a statement that mentions what.
 func waitUntilBlocked(t testing.TB, e *env, what string) int32 {
 	t.Helper()
-	for {
-		var pid int32
+	var pid int32
+	pollFor(t, "a statement like "+what+" to wait for a lock", func() bool {
 		err := e.pool.QueryRow(e.ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
 			AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid() LIMIT 1`, what).Scan(&pid)
 		if err == nil {
-			return pid
+			return true
 		}
 		require.ErrorIs(t, err, pgx.ErrNoRows)
-		time.Sleep(10 * time.Millisecond) // polling the server's view of the wait: the signal itself
-	}
+		return false
+	})
+	return pid
 }
 
 // TestClaimLeavesNoLockBehind: a claim that ends on any path (no event
@@ -96,7 +97,7 @@ func TestClaimLeavesNoLockBehind(t *testing.T) {
 		pcfg.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprintf("%dms", cmp.Or(cfg.LockTimeout, 5*time.Second).Milliseconds())
 		pool, err := pgxpool.NewWithConfig(e.ctx, pcfg)
 		require.NoError(t, err)
-		t.Cleanup(pool.Close)
+		closeBounded(t, pool)
 		st, err := store.New(pool, cfg)
 		require.NoError(t, err)
 		migration, err := e.pool.Begin(e.ctx)
@@ -116,7 +117,7 @@ func TestClaimLeavesNoLockBehind(t *testing.T) {
 		}()
 		pid := waitUntilBlocked(t, e, "product_history")
 		during(e, pid, cancel)
-		require.Error(t, <-done)
+		require.Error(t, receive(t, done, "done"))
 		require.NoError(t, migration.Rollback(e.ctx))
 		// The server frees a terminated backend's locks as it exits.
 		for len(e.claimHolders(t)) > 0 {
@@ -152,7 +153,7 @@ func TestClaimSettingsLastAsLongAsTheClaim(t *testing.T) {
 	pcfg.MaxConns = 1 // every use takes the same connection
 	pool, err := pgxpool.NewWithConfig(e.ctx, pcfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	idle := func() string {

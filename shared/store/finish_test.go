@@ -178,8 +178,8 @@ func TestFinishCannotDeadlock(t *testing.T) {
 					"round %d: the finish waits too", round)
 
 				require.NoError(t, blocker.Rollback(e.ctx))
-				require.NoError(t, <-third, "round %d: the %s completes", round, c.name)
-				require.NoError(t, <-finished, "round %d: the finish completes", round)
+				require.NoError(t, receive(t, third, "third"), "round %d: the %s completes", round, c.name)
+				require.NoError(t, receive(t, finished, "finished"), "round %d: the finish completes", round)
 				requireConsistent(t, e)
 			}
 		})
@@ -298,7 +298,7 @@ func TestFinishLetsGoBeforeItsCommit(t *testing.T) {
 		other.Release(e.ctx)
 	}
 	require.NoError(t, gate.Commit(e.ctx))
-	require.NoError(t, <-acked)
+	require.NoError(t, receive(t, acked, "acked"))
 	require.Zero(t, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL`))
 	require.EqualValues(t, 5, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts`))
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,7 +35,7 @@ func newEnv(t testing.TB, tpl *pgtest.Template) *env {
 	// Ten connections: enough for the tests that hold several claims at once.
 	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t, tpl)+"&pool_max_conns=10")
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	e := &env{ctx: ctx, pool: pool, store: st, w: sdkfixture.NewWriter(pool, sdkfixture.Demo)}
@@ -154,4 +155,53 @@ func (e *env) genericPlan(t testing.TB, query, types, literals string) string {
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	return strings.Join(lines, "\n")
+}
+
+// closeBounded closes a test's pool when the test ends, once every
+// connection was given back; a connection still out after 10 s (a turn or
+// a claim that leaked it) fails the test naming it, instead of hanging in
+// pgxpool.Close until the package's time-out.
+func closeBounded(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for pool.Stat().AcquiredConns() > 0 {
+			if time.Now().After(deadline) {
+				t.Errorf("%d connections of the pool were never given back (a turn or a claim not ended): the pool is left open",
+					pool.Stat().AcquiredConns())
+				pool.Reset()
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // the pool's own count is the signal
+		}
+		pool.Close()
+	})
+}
+
+// pollFor calls check every 5 ms until it reports true, for a minute at
+// most: a condition that never comes fails the test naming what, instead
+// of hanging until the package's time-out.
+func pollFor(t testing.TB, what string, check func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !check() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // the condition (the server's lock table, say) is the signal
+	}
+}
+
+// receive takes a value from ch within two minutes, or fails the test
+// naming what it waited for.
+func receive[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("waited two minutes: %s", what)
+		var zero T
+		return zero
+	}
 }

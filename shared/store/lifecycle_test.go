@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -154,17 +153,18 @@ func TestBackfillResumesAfterInterruption(t *testing.T) {
 		died <- err
 	}()
 	var pid int32
-	for pid == 0 {
+	pollFor(t, "the backfill page to wait for a lock", func() bool {
 		err := e.pool.QueryRow(e.ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()
 			AND wait_event_type = 'Lock' AND query LIKE 'WITH page AS%'`).Scan(&pid)
 		if err != nil {
 			require.ErrorIs(t, err, pgx.ErrNoRows)
-			time.Sleep(5 * time.Millisecond)
+			return false
 		}
-	}
+		return true
+	})
 	_, err = e.pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid)
 	require.NoError(t, err)
-	require.Error(t, <-died)
+	require.Error(t, receive(t, died, "died"))
 	require.NoError(t, blocker.Rollback(e.ctx))
 	require.EqualValues(t, 1000, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery"))
 	require.Equal(t, thousandth, cursor(), "the cursor is where the last committed page left it")
@@ -260,17 +260,14 @@ func TestLifecycleHoldIsVisible(t *testing.T) {
 	require.NoError(t, err)
 	written := make(chan error, 1)
 	go func() { _, err := e.w.Create(e.ctx, "product", map[string]any{"title": "waits"}); written <- err }()
-	for {
+	pollFor(t, "an SDK writer to wait for the held lifecycle lock", func() bool {
 		hold, err = e.store.LifecycleHold(e.ctx)
 		require.NoError(t, err)
-		if hold != nil && hold.Waiting > 0 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond) // the lock table is the signal
-	}
+		return hold != nil && hold.Waiting > 0
+	})
 	require.Len(t, hold.Holders, 1)
 	require.Equal(t, "someone", hold.Holders[0].Application)
 	require.Equal(t, 1, hold.Waiting, "the SDK writer waits")
 	require.NoError(t, holder.Rollback(e.ctx))
-	require.NoError(t, <-written)
+	require.NoError(t, receive(t, written, "written"))
 }

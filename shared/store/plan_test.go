@@ -24,7 +24,7 @@ func TestClaimUsesGenericPlans(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t, &sdkfixture.V4Template)+"&pool_max_conns=1")
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	_, err = sdkfixture.StartGeneration(ctx, pool, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true)

@@ -194,7 +194,7 @@ func TestSessionIdleGivesItsConnectionBack(t *testing.T) {
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	ss := e.openSession(t, st)

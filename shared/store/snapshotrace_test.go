@@ -71,7 +71,7 @@ func TestClaimLeavesARowAcknowledgedAfterItsSnapshot(t *testing.T) {
 			e.exec(t, `UPDATE _ontology_replication_delivery SET next_verify_at = now() WHERE event_id = $1`, queue[1])
 			resume()
 
-			c := <-claimed
+			c := receive(t, claimed, "claimed")
 			require.NotNil(t, c)
 			defer c.Release(e.ctx)
 			require.Equal(t, queue[1:], c.IDs(), "the event acknowledged after the snapshot is not claimed; the one updated but still pending is")
@@ -111,7 +111,7 @@ func (e *env) pausedStore(t *testing.T) (*store.Store, string) {
 	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	return st, role

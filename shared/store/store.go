@@ -67,11 +67,14 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultTurnIdleTimeout is Config.TurnIdleTimeout's default.
+const DefaultTurnIdleTimeout = 15 * time.Second
+
 func (c Config) withDefaults() Config {
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
 	c.ClaimIdleTimeout = cmp.Or(c.ClaimIdleTimeout, 60*time.Second)
-	c.TurnIdleTimeout = cmp.Or(c.TurnIdleTimeout, 15*time.Second)
+	c.TurnIdleTimeout = cmp.Or(c.TurnIdleTimeout, DefaultTurnIdleTimeout)
 	c.SetAsideBackoff = cmp.Or(c.SetAsideBackoff, time.Minute)
 	c.SetAsideMaxBackoff = cmp.Or(c.SetAsideMaxBackoff, time.Hour)
 	c.AuditPageEvents = cmp.Or(c.AuditPageEvents, DefaultAuditPageEvents)

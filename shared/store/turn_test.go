@@ -69,7 +69,7 @@ func TestTurnsCoalesceWakeUps(t *testing.T) {
 	require.Equal(t, store.TurnCoalesced, e.takeTurn(t, e.store).Role(), "it holds the next turn while it waits")
 	_, err = c.Acknowledge(e.ctx) // the first drain's turn ends with its claim
 	require.NoError(t, err)
-	c = <-claimed
+	c = receive(t, claimed, "the waiting drain's claim")
 	require.NotNil(t, c)
 	require.Len(t, c.Events, 3, "the waiting drain's claim takes every event its coalesced wake-ups left it")
 	require.Positive(t, next.Waited(), "measured by the server")
@@ -190,7 +190,7 @@ func tracedStore(t testing.TB, e *env, tracer pgx.QueryTracer) *store.Store {
 	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{})
 	require.NoError(t, err)
 	return st
@@ -246,7 +246,11 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 	var turn *store.Turn
 	t.Cleanup(func() {
 		if turn == nil {
-			turn = <-queued
+			select {
+			case turn = <-queued:
+			case <-time.After(30 * time.Second):
+				t.Error("the queued drain never returned")
+			}
 		}
 		if turn != nil {
 			turn.End(e.ctx)
@@ -266,7 +270,7 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 	}()
 	_, err = c.Acknowledge(e.ctx) // the first drain's turn ends
 	require.NoError(t, err)
-	nc := <-nextClaimed
+	nc := receive(t, nextClaimed, "the next drain's claim")
 	require.NotNil(t, nc)
 	require.Len(t, nc.Events, 2)
 	select {
@@ -291,7 +295,7 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 	require.EqualValues(t, 1, awaitTurnWait(t, e), "its claim waits for the turn")
 	_, err = nc.Acknowledge(e.ctx)
 	require.NoError(t, err)
-	qc := <-queuedClaimed
+	qc := receive(t, queuedClaimed, "the queued drain's claim")
 	require.NotNil(t, qc)
 	require.Len(t, qc.Events, 1, "the commit made while it held the next turn")
 	_, err = qc.Acknowledge(e.ctx)
@@ -311,7 +315,7 @@ func TestClaimTellsALifecycleWaitFromATurnWait(t *testing.T) {
 	require.NoError(t, err)
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{LockTimeout: 100 * time.Millisecond})
 	require.NoError(t, err)
 

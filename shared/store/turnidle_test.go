@@ -20,7 +20,7 @@ func frozenStore(t testing.TB, e *env, idle time.Duration) (*store.Store, *pgxpo
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	closeBounded(t, pool)
 	st, err := store.New(pool, store.Config{TurnIdleTimeout: idle})
 	require.NoError(t, err)
 	return st, pool

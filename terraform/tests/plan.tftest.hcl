@@ -1,6 +1,8 @@
-# Plans of the root module with a mocked provider: what lands where, before
-# anything is applied. Run with `terraform test` in terraform/ (it needs the
-# hashicorp/google provider installed; .ci/run runs it when it can).
+# Plans of the root module with mocked providers: what lands where, before
+# anything is applied. `terraform test` in terraform/ runs them against the
+# real providers where they install (Cloud Build), and TestTerraformRunsOffline
+# (go test ./terraform) against a schema-only provider serving the real
+# providers' recorded schemas everywhere else.
 
 mock_provider "google" {
   # Values the real provider knows at plan (a new account's email), and
@@ -204,8 +206,8 @@ run "workspaces_in_other_projects" {
     error_message = "the topic lives in the workspace's Pub/Sub project"
   }
   assert {
-    condition     = toset(keys(google_monitoring_monitored_project.pubsub)) == toset(["ps-one", "ps-two"]) && google_monitoring_monitored_project.pubsub["ps-one"].metrics_scope == "locations/global/metricsScopes/acme"
-    error_message = "the Pub/Sub projects join the deployment project's metrics scope, so that their dead letters alert"
+    condition     = toset(keys(google_monitoring_monitored_project.pubsub)) == toset(["ps-one", "ps-two", "sql-one", "sql-two"]) && google_monitoring_monitored_project.pubsub["ps-one"].metrics_scope == "locations/global/metricsScopes/acme"
+    error_message = "the Pub/Sub and Cloud SQL projects join the deployment project's metrics scope, so that their dead letters and connections alert"
   }
 }
 

@@ -107,7 +107,7 @@ func TestHTTPFaults(t *testing.T) {
 	for _, c := range []struct {
 		fault faultproxy.HTTPFault
 		code  int
-	}{{faultproxy.HTTPPass, http.StatusTeapot}, {faultproxy.HTTPError, http.StatusServiceUnavailable}, {faultproxy.HTTPSlow, 0}} {
+	}{{faultproxy.HTTPPass, http.StatusTeapot}, {faultproxy.HTTPError, http.StatusServiceUnavailable}, {faultproxy.HTTPSlow, 0}, {faultproxy.HTTPFail, http.StatusBadRequest}} {
 		t.Run(c.fault.String(), func(t *testing.T) {
 			h.Set(c.fault)
 			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)

@@ -18,11 +18,14 @@ const (
 	// HTTPSlow holds the request until the client gives up or Hold has
 	// passed, then serves it.
 	HTTPSlow
+	// HTTPFail answers 400 with a Google API error body, which the
+	// BigQuery client does not retry: the call fails at once.
+	HTTPFail
 	httpFaultKinds
 )
 
 func (f HTTPFault) String() string {
-	return [...]string{"pass", "error_503", "slow"}[f]
+	return [...]string{"pass", "error_503", "slow", "fail_400"}[f]
 }
 
 // HTTP puts faults in front of an HTTP handler (a BigQuery REST server).
@@ -50,6 +53,11 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte(`{"error":{"code":503,"message":"faultproxy: injected backend error","status":"UNAVAILABLE","errors":[{"reason":"backendError","message":"injected"}]}}`))
+		return
+	case HTTPFail:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":{"code":400,"message":"faultproxy: injected failure","status":"FAILED_PRECONDITION","errors":[{"reason":"failedPrecondition","message":"injected"}]}}`))
 		return
 	case HTTPSlow:
 		hold := h.Hold

@@ -1,0 +1,105 @@
+package terraform_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// offlineProviders are the providers terraform/ requires, at the versions
+// whose schemas testdata records.
+var offlineProviders = []struct{ name, version string }{{"google", "7.46.0"}, {"google-beta", "7.45.0"}, {"time", "0.14.0"}}
+
+// TestTerraformRunsOffline runs `terraform init`, `terraform validate` and
+// `terraform test` on a copy of terraform/, on a machine that cannot
+// download providers: each provider is the schema-only provider
+// (shared/testbench/schemaprovider) serving that provider's recorded
+// schema, installed from a filesystem mirror made here, so that
+// `mock_provider` plans with the real providers' schemas. Where terraform
+// is not installed it is skipped, saying so; Cloud Build runs the same
+// tests against the real providers.
+func TestTerraformRunsOffline(t *testing.T) {
+	if _, err := exec.LookPath("terraform"); err != nil {
+		t.Skip("terraform is not installed: terraform validate and terraform test not run")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	mirror, work := filepath.Join(dir, "mirror"), filepath.Join(dir, "terraform")
+	binary := filepath.Join(dir, "schemaprovider")
+	build := exec.CommandContext(ctx, "go", "build", "-o", binary, "github.com/segmentstream/ontology-replication/shared/testbench/schemaprovider")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "build the schema-only provider: %s", out)
+	for _, p := range offlineProviders {
+		to := filepath.Join(mirror, "registry.terraform.io", "hashicorp", p.name, p.version, "linux_amd64")
+		require.NoError(t, os.MkdirAll(to, 0o755))
+		require.NoError(t, os.Link(binary, filepath.Join(to, fmt.Sprintf("terraform-provider-%s_v%s", p.name, p.version))))
+	}
+	config := filepath.Join(dir, "cli.tfrc")
+	require.NoError(t, os.WriteFile(config, []byte(fmt.Sprintf(`provider_installation {
+  filesystem_mirror {
+    path    = %q
+    include = ["registry.terraform.io/hashicorp/*"]
+  }
+  direct {
+    exclude = ["registry.terraform.io/hashicorp/*"]
+  }
+}
+`, mirror)), 0o644))
+	copyModule(t, ".", work)
+	testdata, err := filepath.Abs("testdata")
+	require.NoError(t, err)
+	env := append(os.Environ(), "TF_CLI_CONFIG_FILE="+config, "SCHEMA_PROVIDER_DIR="+testdata, "CHECKPOINT_DISABLE=1", "TF_IN_AUTOMATION=1",
+		"TF_PLUGIN_CACHE_DIR=")
+	for _, args := range [][]string{{"init", "-backend=false", "-input=false", "-no-color"}, {"validate", "-no-color"}, {"test", "-no-color"}} {
+		cmd := exec.CommandContext(ctx, "terraform", args...)
+		cmd.Dir, cmd.Env = work, env
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "terraform %s:\n%s", args[0], out)
+		if args[0] == "test" {
+			require.Contains(t, string(out), "Success!", "terraform test:\n%s", out)
+			require.NotContains(t, string(out), "skip", "no run skipped:\n%s", out)
+			t.Logf("terraform test: %s", lastLine(string(out)))
+		}
+	}
+}
+
+// copyModule copies terraform/'s HCL, tests and templates (not its state,
+// lock file or .terraform) to dst.
+func copyModule(t *testing.T, src, dst string) {
+	t.Helper()
+	require.NoError(t, filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		if d.IsDir() {
+			if rel == ".terraform" || rel == "testdata" {
+				return filepath.SkipDir
+			}
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		if strings.HasSuffix(rel, ".go") || strings.HasPrefix(filepath.Base(rel), "terraform.tfstate") || rel == ".terraform.lock.hcl" {
+			return nil
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), raw, 0o644)
+	}))
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
