@@ -204,4 +204,21 @@ func TestVerifierRemembersThatGooglesKeysAreDown(t *testing.T) {
 	require.LessOrEqual(t, fetches.Load()-first, int64(2), "one fetch (its retry at most), not one a token")
 	require.Equal(t, 20, strings.Count(h.logs.String(), `"cause":"keys_unavailable"`))
 	require.NotContains(t, h.logs.String(), `"cause":"internal"`)
+
+	// Google's keys are back: once the memory has lapsed (10 s), the next
+	// call fetches them again and the scheduler's token is accepted.
+	down.Store(false)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		req := httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}"))
+		req.Header.Set("Authorization", "Bearer "+googleToken(t, google, nil))
+		rec := httptest.NewRecorder()
+		h.handler.ServeHTTP(rec, req)
+		if rec.Code == http.StatusOK {
+			break
+		}
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
+		require.True(t, time.Now().Before(deadline), "the verifier still refuses a minute after Google's keys came back")
+		time.Sleep(500 * time.Millisecond) // the memory's own lapse is what is waited for
+	}
 }

@@ -190,8 +190,8 @@ func (c *chaosRun) commitOnce(ctx context.Context, wk *localWriter) (string, err
 	return wk.step(cctx)
 }
 
-// traffic is when the SDK is busy: bursts of commits at the rate, 1.5 to 4
-// s long, and pauses of 1 to 3 s between them, drawn from the seed. At each
+// traffic is when the SDK is busy: bursts of commits at the rate, 1 to 2.5
+// s long, and pauses of 1.5 to 3 s between them, drawn from the seed. At each
 // pause every wake-up ends, and the promise is checked (promiseChecker).
 type traffic struct{ bursts []time.Duration } // alternate ends of busy and quiet spans
 
@@ -200,9 +200,9 @@ func newTraffic(seed uint64) traffic {
 	var t traffic
 	at := time.Duration(0)
 	for at < 24*time.Hour && len(t.bursts) < 100_000 {
-		at += 1500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
+		at += time.Second + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
 		t.bursts = append(t.bursts, at)
-		at += time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+		at += 1500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond)))
 		t.bursts = append(t.bursts, at)
 	}
 	return t

@@ -47,7 +47,7 @@ func (p *promiseChecker) final(ctx context.Context) {
 func (p *promiseChecker) check(ctx context.Context, last *int64) {
 	wl := &p.c.wakes
 	started := wl.started.Load()
-	if wl.inFlight.Load() != 0 || started == *last {
+	if !p.quiescent() || started == *last {
 		return
 	}
 	t := time.Now()
@@ -57,7 +57,7 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 		return
 	}
 	stranded, err := p.c.l.strandedAmong(ctx, open)
-	if err != nil || wl.inFlight.Load() != 0 || wl.started.Load() != started {
+	if err != nil || !p.quiescent() || wl.started.Load() != started {
 		return // not quiescent throughout: judged at the next pause
 	}
 	*last = started
@@ -71,6 +71,19 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 	p.promised += len(v.Resolved)
 	p.excused += v.Excused
 	p.stranded = append(p.stranded, v.Stranded...)
+}
+
+// quiescent reports that no wake-up's drain can be running: no wake-up
+// request is in flight to an instance that is not frozen. A frozen
+// instance's drains carry nothing while it is stopped, and a promise
+// resting on them is excused by the freeze (a drain's own fault).
+func (p *promiseChecker) quiescent() bool {
+	for i, proc := range p.c.l.drainProcs {
+		if p.c.wakes.perDrain[i].Load() != 0 && !proc.frozen.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // strandedAmong returns the open wake-ups' events that nothing carries.

@@ -1,5 +1,16 @@
 package database
 
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/segmentstream/ontology-replication/shared/registry"
+)
+
 // What only the tests read of the pools' per-server budget.
 
 // ServerConns reports how many connections this process has open to each
@@ -24,4 +35,15 @@ func (p *Pools) ServerWaiting() int {
 		n += srv.waiting
 	}
 	return n
+}
+
+// ServerKeyOf is the server key of a database at host and port, named
+// server in the registry ("" for none), without resolving a name.
+func ServerKeyOf(host string, port uint16, server string) string {
+	p := &Pools{}
+	cfg, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://u@%s/db", net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(int(port)))))
+	if err != nil {
+		panic(err)
+	}
+	return p.serverKey(registry.Database{Server: server}, cfg)
 }

@@ -211,3 +211,38 @@ func TestServerBudgetTakesNothingFromAnotherServer(t *testing.T) {
 	require.ErrorIs(t, b.Pool.QueryRow(ctx, "SELECT 1").Scan(&one), database.ErrServerBusy, "b waits for its own server's place")
 	require.Equal(t, int32(1), other.Pool.Stat().IdleConns(), "the other server's idle connection was left alone")
 }
+
+// TestTryAcquireAllKeysServersByAddress: the verifier's shared-table round
+// opens its pools with TryAcquireAll, which resolves the hosts first as
+// Acquire does: two workspaces naming one server differently (localhost and
+// 127.0.0.1) share one budget there too.
+func TestTryAcquireAllKeysServersByAddress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pools, err := database.New(database.Config{ApplicationName: "try-acquire-spelling-test", MaxOpen: 4})
+	require.NoError(t, err)
+	defer pools.Close()
+	byAddress := pgtest.NewDatabase(t, nil)
+	byName := strings.Replace(pgtest.NewDatabase(t, nil), "@127.0.0.1:", "@localhost:", 1)
+	held := pools.TryAcquireAll(ctx, []registry.Workspace{{ID: "a", Database: registry.Database{URL: byAddress}},
+		{ID: "b", Database: registry.Database{URL: byName}}})
+	require.Len(t, held, 2)
+	for _, l := range held {
+		var one int
+		require.NoError(t, l.Pool.QueryRow(ctx, "SELECT 1").Scan(&one))
+		l.Release()
+	}
+	require.Len(t, pools.ServerConns(), 1, "one server, whatever its spelling")
+}
+
+// TestLoopbackSpellingsShareABudget: 127.0.0.1, localhost and [::1] are one
+// server (this machine's), whatever the port's listener, so their keys are
+// one; database.server names a server for any spelling.
+func TestLoopbackSpellingsShareABudget(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, database.ServerKeyOf("127.0.0.1", 5432, ""), database.ServerKeyOf("::1", 5432, ""))
+	require.Equal(t, database.ServerKeyOf("127.0.0.2", 5432, ""), database.ServerKeyOf("[::1]", 5432, ""))
+	require.NotEqual(t, database.ServerKeyOf("127.0.0.1", 5432, ""), database.ServerKeyOf("127.0.0.1", 5433, ""), "another port, another server")
+	require.Equal(t, database.ServerKeyOf("10.0.0.7", 5432, "primary"), database.ServerKeyOf("fd00::7", 5432, "primary"), "named alike: one server")
+	require.NotEqual(t, database.ServerKeyOf("10.0.0.7", 5432, ""), database.ServerKeyOf("fd00::7", 5432, ""), "nothing ties them: two")
+}

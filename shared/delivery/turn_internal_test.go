@@ -20,13 +20,24 @@ func TestLocalTurnTellsBusyFromQuiet(t *testing.T) {
 		l.arrived(at)
 	}
 	require.GreaterOrEqual(t, l.interval(), DefaultQuietInterval, "a wake-up a second: quiet")
-	n := 0
-	for l.interval() >= DefaultQuietInterval {
-		at = at.Add(10 * time.Millisecond)
-		l.arrived(at)
-		n++
+	burst := func(what string) {
+		t.Helper()
+		n := 0
+		for l.interval() >= DefaultQuietInterval {
+			require.Less(t, n, 100, "%s: never busy", what)
+			at = at.Add(10 * time.Millisecond)
+			l.arrived(at)
+			n++
+		}
+		require.LessOrEqual(t, n, 6, "%s: a burst is busy within half a dozen wake-ups", what)
 	}
-	require.LessOrEqual(t, n, 6, "a burst is busy within half a dozen wake-ups")
-	l.arrived(at.Add(10 * time.Second))
+	burst("after wake-ups a second apart")
+	at = at.Add(10 * time.Second)
+	l.arrived(at)
 	require.GreaterOrEqual(t, l.interval(), DefaultQuietInterval, "quiet again after a pause")
+	// A pause counts as maxInterval at most: after an hour's silence a
+	// burst is busy as soon as after a second's.
+	at = at.Add(time.Hour)
+	l.arrived(at)
+	burst("after an hour's silence")
 }

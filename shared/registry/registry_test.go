@@ -119,6 +119,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"password with the default sslmode", `127.0.0.1:5432/ontology"`, `10.0.0.7/ontology"`, "workspaces[0] (w1).database.url"},
 		{"password parameter in the clear", `user:secret@127.0.0.1:5432/ontology"`, `user@db.example.com/ontology?password=secret"`, "workspaces[0] (w1).database.url"},
 		{"one remote host of two", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432,db.example.com:5432/ontology"`, "workspaces[0] (w1).database.url"},
+		{"a remote host in the host parameter", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432/ontology?host=db.example.com"`, "workspaces[0] (w1).database.url: a password to a remote host needs sslmode"},
 		{"ids differing in case", `"id": "w2"`, `"id": "W1"`, "workspaces[1] (W1).id: \"W1\" differs from workspace \"w1\" only in case"},
 		{"a key twice", `"id": "w1", `, `"id": "w1", "id": "w9", `, "invalid JSON: workspaces[0]: the key \"id\" is given twice"},
 		{"a nested key twice", `"table": "events",`, `"table": "events", "table": "other",`, "workspaces[0].bigquery: the key \"table\" is given twice"},
