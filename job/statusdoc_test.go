@@ -52,7 +52,10 @@ func TestStatusDocumentCarriesTheHolds(t *testing.T) {
 	release, err := sdkfixture.HoldLifecycleLock(ctx, pool)
 	require.NoError(t, err)
 	written := make(chan error, 1)
-	go func() { _, err := h.spaces["w1"].w.Create(ctx, "product", map[string]any{"title": "waits"}); written <- err }()
+	go func() {
+		_, err := h.spaces["w1"].w.Create(ctx, "product", map[string]any{"title": "waits"})
+		written <- err
+	}()
 
 	deadline := time.Now().Add(time.Minute)
 	var doc workspaceStatus
