@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"cloud.google.com/go/cloudsqlconn"
 	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
@@ -93,6 +94,10 @@ type LocalOptions struct {
 	Publisher delivery.Publisher
 	// Logger receives the functions' logs (nil: JSON on stdout).
 	Logger *slog.Logger
+	// DialerOptions are extra Cloud SQL connector options for the
+	// workspaces on Cloud SQL (the local mode's --cloud-sql: its stand-in's
+	// Admin API, dial and tokens); see database.Config.
+	DialerOptions []cloudsqlconn.Option
 }
 
 // NewHandler builds the functions from getenv, apart from the process's
@@ -100,7 +105,11 @@ type LocalOptions struct {
 // handler: Drain at the SDK's drain path, Verify at /Verify. The local mode
 // serves it. Close releases its pools and clients.
 func NewHandler(ctx context.Context, getenv func(string) string, opts LocalOptions) (handler http.Handler, close func(), err error) {
-	s, err := newServer(ctx, getenv, dependencies{publisher: opts.Publisher, logger: opts.Logger})
+	deps := dependencies{publisher: opts.Publisher, logger: opts.Logger}
+	if opts.DialerOptions != nil {
+		deps.opening = func(c *delivery.OpenConfig) { c.Pools.DialerOptions = opts.DialerOptions }
+	}
+	s, err := newServer(ctx, getenv, deps)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
+	"github.com/segmentstream/ontology-replication/shared/testbench/cloudsqlproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
@@ -78,8 +79,11 @@ type harness struct {
 	spaces map[string]*workspaceDB
 	// cluster is the workspaces' cluster, when it is the test's own.
 	cluster *pgtest.Cluster
-	logs    *lockedWriter
-	handler http.Handler
+	// cloudSQL is the stand-in instance the databases are reached through
+	// (withCloudSQL).
+	cloudSQL *cloudSQLHarness
+	logs     *lockedWriter
+	handler  http.Handler
 	// instance starts another instance of the functions over the same
 	// workspaces (its own pools and stores), as Cloud Run does.
 	instance func() http.Handler
@@ -102,6 +106,11 @@ type harnessConfig struct {
 	// hosts, when set, spell the registry's database host of workspace i
 	// as hosts[i % len(hosts)] (withHostSpellings).
 	hosts []string
+	// cloudSQL, when set, puts the workspaces' databases on a Cloud SQL
+	// stand-in instance (withCloudSQL).
+	cloudSQL *cloudsqlproxy.Config
+	// requeueFor is the drain's delivery.Config.RequeueFor (0: default).
+	requeueFor time.Duration
 }
 
 // withHostSpellings has the registry name the workspaces' server by each
@@ -122,6 +131,12 @@ func withCallerCheck(email, audience string, client *http.Client) option_ {
 
 // withLookupTimeout bounds one BigQuery lookup, for tests whose
 // BigQuery answers slowly on purpose.
+// withRequeueFor bounds a drain's requeueing after transient faults
+// (delivery.Config.RequeueFor).
+func withRequeueFor(d time.Duration) option_ {
+	return func(c *harnessConfig) { c.requeueFor = d }
+}
+
 func withLookupTimeout(d time.Duration) option_ {
 	return func(c *harnessConfig) { c.lookupTimeout = d }
 }
@@ -179,6 +194,9 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	bqHTTP := httptest.NewServer(h.bq)
 	t.Cleanup(bqHTTP.Close)
 
+	if cfg.cloudSQL != nil {
+		h.cloudSQL = newCloudSQLHarness(t, cmp.Or(cfg.cluster, pgtest.Shared(t)), *cfg.cloudSQL)
+	}
 	var spaces []string
 	for _, id := range cfg.workspaces {
 		ws := &workspaceDB{id: id, org: "org-" + id, subject: "runtime-" + id}
@@ -209,9 +227,13 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 		if len(cfg.hosts) > 0 {
 			registryURL = strings.Replace(ws.url, "@127.0.0.1:", "@"+cfg.hosts[len(spaces)%len(cfg.hosts)]+":", 1)
 		}
+		databaseJSON := fmt.Sprintf(`{"url": %q}`, registryURL)
+		if h.cloudSQL != nil {
+			databaseJSON = h.cloudSQL.database(h.ctx, ws, cmp.Or(cfg.cluster, pgtest.Shared(t)), cfg.legacy[id])
+		}
 		spaces = append(spaces, fmt.Sprintf(`{"id": %q, "organization_id": %q, "runtime_subject": %q,
-			"database": {"url": %q}, "pubsub": {"project": "p1", "topic": "events-%s"},
-			"bigquery": {"project": "p1", "dataset": %q, "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, registryURL, id, dataset, bqHTTP.URL))
+			"database": %s, "pubsub": {"project": "p1", "topic": "events-%s"},
+			"bigquery": {"project": "p1", "dataset": %q, "location": "EU", "endpoint": %q}}`, id, ws.org, ws.subject, databaseJSON, id, dataset, bqHTTP.URL))
 	}
 	cfg.env["REPLICATION_WORKSPACES"] = fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q}, "workspaces": [%s]}`,
 		h.issuer.URL, jwks.URL, strings.Join(spaces, ","))
@@ -231,7 +253,13 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	t.Cleanup(func() { _ = wh.Close() })
 	log := logging.New(h.logs, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
 	h.instance = func() http.Handler {
-		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, opening: func(c *delivery.OpenConfig) { c.Warehouse = wh }, logger: log, googleKeys: cfg.googleKeys})
+		opening := func(c *delivery.OpenConfig) {
+			c.Warehouse, c.RequeueFor = wh, cfg.requeueFor
+			if h.cloudSQL != nil {
+				c.Pools.DialerOptions = h.cloudSQL.inst.DialerOptions(cloudSQLToken)
+			}
+		}
+		srv, err := newServer(h.ctx, func(k string) string { return cfg.env[k] }, dependencies{publisher: pub, opening: opening, logger: log, googleKeys: cfg.googleKeys})
 		require.NoError(t, err)
 		t.Cleanup(srv.close)
 		if h.srv == nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -329,16 +330,41 @@ func TestStatusGivesUpOnAnUnreachableDatabaseSoon(t *testing.T) {
 		"pubsub": {"project": "p1", "topic": "events"}, "bigquery": {"project": "p1", "endpoint": "http://127.0.0.1:1"}}]}`, addr)
 	env := func(k string) string { return map[string]string{"REPLICATION_WORKSPACES": reg}[k] }
 	for _, c := range []struct {
-		args        []string
+		args   []string
+		budget time.Duration
+		// mostRetries bounds the WARNING lines: the pauses are jittered
+		// (gax.Backoff draws each from (0, its cap]), so their count is
+		// not fixed, but a handful, not one per 100 ms.
 		mostRetries int
-	}{{[]string{"status"}, 8}, {[]string{"status", "--retry-budget", "1s"}, 3}} {
+	}{{[]string{"status"}, 10 * time.Second, 16}, {[]string{"status", "--retry-budget", "1s"}, time.Second, 8}} {
 		var stdout, stderr bytes.Buffer
 		err := run(t.Context(), c.args, env, &stdout, &stderr)
 		require.Error(t, err, "%v", c.args)
-		retries := strings.Count(stderr.String(), "retrying")
+		retries, paused := retryLines(t, stderr.String())
 		require.Positive(t, retries, "%v: it retried", c.args)
-		require.LessOrEqual(t, retries, c.mostRetries, "%v: gives up within its budget:\n%s", c.args, stderr.String())
+		require.LessOrEqual(t, paused, c.budget, "%v: its pauses fit its budget:\n%s", c.args, stderr.String())
+		require.LessOrEqual(t, retries, c.mostRetries, "%v: a handful of retries:\n%s", c.args, stderr.String())
 	}
 	err = run(t.Context(), []string{"status", "--retry-budget", "2h"}, env, io.Discard, io.Discard)
 	require.ErrorAs(t, err, new(usageError))
+}
+
+// retryLines counts a command's retry WARNING lines and adds up the pauses
+// they announce.
+func retryLines(t *testing.T, logs string) (int, time.Duration) {
+	t.Helper()
+	var n int
+	var paused time.Duration
+	for _, line := range strings.Split(logs, "\n") {
+		var entry struct {
+			Message string  `json:"message"`
+			RetryIn float64 `json:"retry_in_seconds"`
+		}
+		if json.Unmarshal([]byte(line), &entry) != nil || !strings.Contains(entry.Message, "retrying") {
+			continue
+		}
+		n++
+		paused += time.Duration(entry.RetryIn * float64(time.Second))
+	}
+	return n, paused
 }

@@ -208,6 +208,17 @@ type promiseSummary struct {
 	Promised int `json:"promised_delivered"`
 	Stranded int `json:"stranded"`
 	Excused  int `json:"excused"`
+	// Examples are the first stranded commits, with when (seconds into
+	// the run) their wake-up was answered and they were found pending.
+	Examples []strandedExample `json:"stranded_examples,omitempty"`
+}
+
+// strandedExample is one stranded commit in the report.
+type strandedExample struct {
+	EventID         string  `json:"event_id"`
+	Drain           int     `json:"drain"`
+	AnsweredSeconds float64 `json:"answered_at_seconds"`
+	FoundSeconds    float64 `json:"found_at_seconds"`
 }
 
 // deliveryLagBound is the delivery-lag bound of a promised commit outside
@@ -384,6 +395,10 @@ func (c *chaosRun) provePromise(excused excusals) {
 	stranded := slices.Clone(p.stranded)
 	rep.Promise = promiseSummary{Pauses: p.checks, Promised: p.promised, Stranded: len(stranded), Excused: p.excused}
 	p.mu.Unlock()
+	for _, s := range stranded[:min(len(stranded), 5)] {
+		rep.Promise.Examples = append(rep.Promise.Examples, strandedExample{EventID: s.EventID, Drain: s.Drain + 1,
+			AnsweredSeconds: s.Answered.Sub(c.started).Seconds(), FoundSeconds: s.Found.Sub(c.started).Seconds()})
+	}
 	path := judgePath(c.wakes.records(), c.l.published.snapshot(), excused, deliveryLagBound)
 	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep,
 		LagMaxSecs: quantile(path.Lags, 1).Seconds(), LagP99Secs: quantile(path.Lags, 0.99).Seconds()}

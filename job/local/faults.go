@@ -196,6 +196,11 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	}
 	defer n.release(proc)
 	started := time.Now()
+	// A promise resting on the instance may be broken from now until its
+	// drains' 30 s time-out has passed after the fault: the span is open
+	// while the fault lasts (a freeze, a kill's new process starting), so
+	// that a check during it excuses it.
+	own := n.openOwn(s.Kind, proc.index, started)
 	inFlight := n.c.wakes.perDrain[proc.index].Load()
 	why := map[bool]string{true: "holding a turn lock", false: "holding no turn lock"}[held]
 	// It met something if it held a turn, or cut wake-ups in flight.
@@ -219,13 +224,28 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 		proc.freeze(ctx, s.For)
 		detail = fmt.Sprintf("SIGSTOP to %s (%s) for %.0fs, then SIGCONT", proc.name, why, s.For.Seconds())
 	}
-	// A promise resting on the instance may be broken until its drains'
-	// 30 s time-out has passed.
-	n.mu.Lock()
-	n.own = append(n.own, window{Kind: s.Kind, From: started, To: time.Now().Add(30 * time.Second)})
-	n.mu.Unlock()
+	n.closeOwn(own, time.Now().Add(30*time.Second))
 	return detail, effect, err != nil
 }
+
+// openOwn records the span of a fault of drain instance drain that began
+// at from, open until closeOwn ends it; it returns the span's index.
+func (n *nemesis) openOwn(kind string, drain int, from time.Time) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.own = append(n.own, window{Kind: kind, Drain: drain, From: from, To: farFuture})
+	return len(n.own) - 1
+}
+
+// closeOwn ends the span openOwn returned i for at to.
+func (n *nemesis) closeOwn(i int, to time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.own[i].To = to
+}
+
+// farFuture is the end of a span still open.
+var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // claim marks an instance as held by a fault, unless another holds it.
 func (n *nemesis) claim(p *drainProcess) bool {

@@ -6,7 +6,14 @@
 //   - Cloud SQL with the SDK's schema: a throwaway PostgreSQL cluster (initdb
 //     in a temporary directory, a free loopback port; as root the server runs
 //     as the `postgres` user) with the demo ontology at protocol 4 and an
-//     active generation — the same starter the tests use
+//     active generation — the same starter the tests use. With --cloud-sql
+//     each component reaches it as production does: the Cloud SQL Go
+//     connector (IAM login, private IP) to a stand-in for the instance
+//     (shared/testbench/cloudsqlproxy: the Admin API's connect settings and
+//     ephemeral certificates on loopback, and the instance's TLS server
+//     proxy in front of the cluster's socket, where each component's IAM
+//     database user is its role); the report's database line counts the
+//     certificates and logins
 //   - the ontology service waking the drain after each commit: the workload's
 //     writers: each commit, then `POST …/drain` with a runtime token, 5 s,
 //     body ignored, as the SDK's `service/replication.js` does
@@ -45,57 +52,69 @@
 //
 // # The chaos run
 //
-// With --chaos DURATION the same parts run a steady SDK workload (--rate
-// commits per second over --writers writers, each commit followed by a
-// wake-up) for DURATION while a nemesis injects faults on a schedule drawn
-// from --seed (printed, so that a run can be repeated), in rounds of every
-// kind about 2 s apart, each line printed as it happens:
+// With --chaos DURATION the same parts run a bursty SDK workload (--rate
+// commits per second over --writers writers in bursts of 1–2.5 s, pauses
+// of 1.5–3 s between them, each commit followed by a wake-up to one of --drains
+// drain processes) for DURATION while a nemesis injects faults on a
+// schedule drawn from --seed (printed, so that a run can be repeated), in
+// rounds of every kind about 2 s apart, each line printed as it happens and
+// saying what it met (a window that met nothing is counted apart):
 //
 //   - end_drain_sessions, end_verifier_sessions, end_job_sessions:
 //     pg_terminate_backend of every session of one component (each reaches
-//     the database under its own application_name, as the Cloud Run
-//     services and the job do)
+//     the database as its own role, with the terraform README's GRANTs, and
+//     under its own application_name)
+//   - postgres_restart: the whole server stopped (fast) and started again
+//   - migration: the SDK's lifecycle lock held exclusively past every
+//     lock timeout, as an SDK migration holds it
 //   - pubsub_refuse, pubsub_hang, pubsub_lose_response,
-//     pubsub_reset_connections: on the wire between the product and
-//     Pub/Sub, a gRPC proxy (shared/testbench/faultproxy) in front of the
-//     emulator's listener answers Publish with UNAVAILABLE, holds it
-//     unanswered without forwarding it, forwards it (the message is
-//     stored) and withholds the answer, or resets every connection
-//   - bigquery_slow, bigquery_5xx: in front of the BigQuery REST server,
-//     answers held past the verifier's 20 s lookup time-out, or 503
+//     pubsub_reset_connections, pubsub_slow, pubsub_split: on the wire
+//     between the product and Pub/Sub, a gRPC proxy
+//     (shared/testbench/faultproxy) answers Publish UNAVAILABLE, holds it
+//     unanswered and unforwarded, forwards it (the message is stored) and
+//     withholds the answer, resets every connection, holds each publish
+//     longer than the drain's 2 s slice, or refuses every publish of more
+//     than one message (RESOURCE_EXHAUSTED: claims accepted in part)
+//   - bigquery_slow, bigquery_5xx, bigquery_down_stalled: in front of the
+//     BigQuery REST server, answers held past the verifier's 20 s lookup
+//     time-out, 503, or 400 at once while the subscription writes nothing
 //   - warehouse_stall: the BigQuery subscription (the local warehouse's
-//     feeder) writes nothing for a few seconds, as a lagging subscription:
-//     the events published meanwhile are absent when the verifier looks
-//   - key_rotation: the issuer serves a new key only and signs the tokens
-//     with it (at least 35 s apart: the drain fetches the keys for an
-//     unknown key id at most once per 30 s, and refuses the tokens of a
-//     second new key, 401, until then)
-//   - drain_restart: with --chaos the drain is the deployed entry point
-//     (functions/cmd, FUNCTION_TARGET=Drain, built at the start) run as a
-//     process; it gets SIGTERM with wake-ups in flight (its own stop: no
-//     new connections, the requests in flight get their 8 s grace),
-//     SIGKILL 10 s later if still alive, as Cloud Run does, and a new
-//     process starts on the same port; the wake-ups meanwhile get no
-//     answer
+//     feeder) writes nothing for a few seconds, as a lagging subscription
+//   - key_rotation: the issuer serves a new key only and signs with it (at
+//     least 35 s apart: the drain refetches keys for an unknown key id at
+//     most once per 30 s)
+//   - drain_restart, drain_kill, drain_freeze: a drain process (the
+//     deployed entry point, functions/cmd, built at the start and listening
+//     on loopback), preferably one whose session holds a turn lock, gets
+//     SIGTERM (its 8 s grace; SIGKILL 2–6 s later if still alive, as Cloud
+//     Run does), SIGKILL, or SIGSTOP for 22 s; a new process serves on the
+//     same port
 //
 // and the job's Service runs a whole replay at 30 % of DURATION, a partial
 // replay of the customers at 50 % and a `job drain` at 70 %, each to its
 // end whatever the faults, each replay with the BigQuery subscription held
-// for its first 4 s (its events then wait, acknowledged, to be verified). Every second it checks, reading the delivery
-// rows before what Pub/Sub stored and what landed (so that a row moving
-// on between the reads is never a false alarm), that no accepted event
-// lacks a message in Pub/Sub, no verified event lacks a row in the
-// warehouse, and no receipt disagrees with its delivery row. Faults off, it waits for full verification and proves:
-// every captured event verified, with nothing pending or set aside; none
-// accepted but never published; none verified before it landed; none
-// lost (every event in the warehouse); each replay published every event
-// in its scope again after it started (the whole replay: every event; the
-// partial one: the customers' events accepted when it started, which its
-// accepted-before bound selects); every operation finished; the
-// views equal to the source tables, every column; `job audit` equal. The
-// duplicates are counted: those the replays sent on purpose, and the rest,
-// the faults'. It exits 0 only if every proof holds; --json prints the
-// report with the fault timeline.
+// for its first 4 s. The verifier's sweep runs once a minute, as in
+// production, so that it cannot hide a wake-up path that strands commits.
+//
+// Live, every second it checks, reading the delivery rows before what
+// Pub/Sub stored and what landed (so that a row moving on between the
+// reads is never a false alarm), that no accepted event lacks a message in
+// Pub/Sub, no verified event lacks a row in the warehouse, and no receipt
+// disagrees with its delivery row; and at every pause of the SDK with no
+// wake-up request in flight, that every wake-up answered 2xx has its
+// commit published or held by a claim (a drain instance's own kill, freeze
+// or restart excuses only that instance's promises, for 30 s after it).
+// Faults off, it waits for full verification and proves: every promised
+// commit published by a drain in flight; every event published first by a
+// wake-up's drain or an operation, never only by the sweep, within 30 s of
+// its commit; every captured event verified, with nothing pending or set
+// aside; none accepted but never published; none verified before it
+// landed; none lost; each replay published every event in its scope again
+// after it started; every operation finished; the views equal to the
+// source tables, every column; `job audit` equal. It exits 0 only if every
+// proof holds; --json prints the report with the fault timeline, and
+// --plot FILE.svg draws it (rates, the delivery and verification lags, the
+// fault windows and the operations).
 package main
 
 import (
@@ -117,6 +136,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
+	"github.com/segmentstream/ontology-replication/shared/testbench/cloudsqlproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
@@ -136,6 +156,9 @@ type localConfig struct {
 	chaos         chaosConfig
 	// drains is how many drain instances serve the wake-ups (--chaos).
 	drains int
+	// cloudSQL reaches the database through the Cloud SQL connector and
+	// the stand-in (--cloud-sql).
+	cloudSQL bool
 }
 
 // The local deployment's fixed names.
@@ -174,6 +197,8 @@ type local struct {
 	pubsubProxies  map[string]*faultproxy.GRPC
 	published      *publishLedger
 	bigqueryFaults *faultproxy.HTTP
+	// cloudSQL is the Cloud SQL stand-in (--cloud-sql).
+	cloudSQL *cloudsqlproxy.Instance
 	// drainProcs are the chaos run's drain instances.
 	drainProcs []*drainProcess
 	// logs receives the drain process's lines (with LOG_LEVEL set).
@@ -240,6 +265,7 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.Float64Var(&cfg.chaos.rate, "rate", 40, "with --chaos: SDK commits per second while the SDK is busy, over all writers")
 	fs.StringVar(&cfg.chaos.plot, "plot", "", "with --chaos: write the run's timeline to this file, as SVG")
 	fs.IntVar(&cfg.drains, "drains", 2, "with --chaos: drain instances (processes of the deployed entry point), 1 to 8")
+	fs.BoolVar(&cfg.cloudSQL, "cloud-sql", false, "every component reaches the database as production does: through the Cloud SQL Go connector, IAM login, private IP, to a local Cloud SQL stand-in in front of PostgreSQL")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:")
@@ -256,6 +282,12 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 		return cfg, usageError{errors.New("local: --records must be at least 20 and --writers between 1 and 32")}
 	}
 	cfg.verifyBudget = 10 * time.Second
+	if cfg.cloudSQL && (cfg.chaos.duration != 0 || cfg.keep) {
+		// The chaos run's drains are processes of the deployed entry
+		// point, and --keep's job commands others again: those reach Cloud
+		// SQL only with Google's Admin API and credentials.
+		return cfg, usageError{errors.New("local: --cloud-sql runs every component in this process: it goes without --chaos and --keep")}
+	}
 	if cfg.chaos.plot != "" && cfg.chaos.duration == 0 {
 		return cfg, usageError{errors.New("local: --plot draws a chaos run: it needs --chaos")}
 	}
@@ -328,6 +360,7 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	pendingLag, verifyLag := l.progress.lags()
 	sum.MaxDeliveryLagSecs, sum.MaxVerificationLagSecs = pendingLag.Seconds(), verifyLag.Seconds()
+	sum.Database, sum.databaseProblem = l.databasePath(), l.cloudSQLProblem()
 	l.progress.enter("done", "")
 	if l.progress.terminal {
 		fmt.Fprint(stderr, "\r\033[K")

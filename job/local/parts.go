@@ -164,6 +164,11 @@ func (l *local) startFunctions(ctx context.Context) error {
 	}
 	l.cleanup = append(l.cleanup, func() { drop(context.Background()) })
 	l.urls.roles = roles
+	if l.cfg.cloudSQL {
+		if err := l.startCloudSQL(); err != nil {
+			return err
+		}
+	}
 	l.registry = l.registryFor("")
 	if err := l.startDrains(ctx); err != nil {
 		return err
@@ -198,7 +203,7 @@ func (l *local) startFunctions(ctx context.Context) error {
 		return err
 	}
 	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsubProxies[componentJob].Addr, Logger: l.log,
-		Views: l.wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1}}); err != nil {
+		Views: l.wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1, DialerOptions: l.dialerOptions(componentJob)}}); err != nil {
 		return err
 	}
 	l.cleanup = append(l.cleanup, l.svc.Close)
@@ -264,7 +269,8 @@ func (l *local) registryFor(component string) string { return l.registryAs(compo
 // registryAs is registryFor with the component's sessions under
 // application_name name.
 func (l *local) registryAs(component, name string) string {
-	dbURL := l.urls.roles[strings.TrimPrefix(cmp.Or(component, componentJob), "replication-")]
+	role := strings.TrimPrefix(cmp.Or(component, componentJob), "replication-")
+	dbURL := l.urls.roles[role]
 	if name != "" {
 		u, _ := url.Parse(dbURL)
 		q := u.Query()
@@ -272,11 +278,15 @@ func (l *local) registryAs(component, name string) string {
 		u.RawQuery = q.Encode()
 		dbURL = u.String()
 	}
+	database := fmt.Sprintf(`{"url": %q}`, dbURL)
+	if l.cloudSQL != nil {
+		database = l.cloudSQLDatabase(role)
+	}
 	return fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
-  "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": {"url": %q},
+  "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": %s,
     "pubsub": {"project": %q, "topic": "ontology-replication", "dead_letter_subscription": "ontology-replication-dead-letter"},
     "bigquery": {"project": %q, "dataset": "ontology_internal", "table": "events", "location": "local", "endpoint": %q}}]}`,
-		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, dbURL, localProject, localProject, l.urls.bigquery)
+		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, database, localProject, localProject, l.urls.bigquery)
 }
 
 // functionsHandler builds the functions for one component, with
@@ -286,7 +296,7 @@ func (l *local) functionsHandler(ctx context.Context, component, sweep string) (
 	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.pubsubProxies[component].Addr,
 		"VERIFY_TIME_BUDGET": l.cfg.verifyBudget.String(), "LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off",
 		functions.EnvSweepBatches: sweep}
-	return functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log})
+	return functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log, DialerOptions: l.dialerOptions(component)})
 }
 
 // serve serves h on a free loopback port until the run ends.

@@ -10,21 +10,25 @@ import (
 // are pure functions of what the run recorded, so that their tests can
 // hand them fabricated wake-ups and publishes and require them to fail.
 
-// window is a time span of a fault.
+// window is a time span of a fault of one drain instance.
 type window struct {
 	Kind     string
+	Drain    int // the instance's index
 	From, To time.Time
 }
 
 // excusals are the spans of the drain's own faults (an instance killed,
 // frozen or restarted), when the drain a promise rests on may itself be
-// gone: a promise broken then is the fault's, not the product's.
+// gone: a promise of that instance broken then is the fault's, not the
+// product's. Another instance's promise is not excused: its drains outlive
+// a turn held by a frozen instance (the server ends that session after
+// the turn's idle bound, within their requeueing).
 type excusals []window
 
-// covers reports whether a drain's own fault overlaps [from, to].
-func (e excusals) covers(from, to time.Time) bool {
+// covers reports whether a fault of instance drain overlaps [from, to].
+func (e excusals) covers(drain int, from, to time.Time) bool {
 	for _, w := range e {
-		if !w.To.Before(from) && !w.From.After(to) {
+		if w.Drain == drain && !w.To.Before(from) && !w.From.After(to) {
 			return true
 		}
 	}
@@ -57,8 +61,8 @@ type quiescentVerdict struct {
 // says, by wire id), unless it is held (a claim of another drain, an
 // operation's or the sweep's, holds it, or it is set aside). stranded are
 // the open wake-ups' events (history ids) found pending, not held and
-// not set aside. A stranded event whose drain's own fault came between its
-// answer and t is excused; any other breaks the promise.
+// not set aside. A stranded event whose drain instance's own fault came
+// between its answer and t is excused; any other breaks the promise.
 func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals) quiescentVerdict {
 	var v quiescentVerdict
 	for _, w := range open {
@@ -66,7 +70,7 @@ func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, p
 		for i, h := range w.HistoryIDs {
 			switch {
 			case published(w.EventIDs[i]):
-			case stranded[h] && excused.covers(w.Answered, t):
+			case stranded[h] && excused.covers(w.Drain, w.Answered, t):
 				v.Excused++
 			case stranded[h]:
 				v.Stranded = append(v.Stranded, strandedCommit{EventID: w.EventIDs[i], Drain: w.Drain, Answered: w.Answered, Found: t})
@@ -119,7 +123,7 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 			default:
 				r.BySweep++
 			}
-			if !w.promised() || excused.covers(w.Committed, f.At) {
+			if !w.promised() || excused.covers(w.Drain, w.Committed, f.At) {
 				continue
 			}
 			if f.Component == componentVerify {

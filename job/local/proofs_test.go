@@ -84,12 +84,16 @@ func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	require.Equal(t, []*wakeRecord{open[0]}, v.Resolved, "the delivered one is resolved; the held one is looked at again")
 	require.Equal(t, []*wakeRecord{open[1]}, v.Broken)
 
-	killed := excusals{{Kind: faultDrainKill, From: t0.Add(500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
+	killed := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
 	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, killed)
 	require.Empty(t, v.Stranded, "the drain's own fault excuses it")
 	require.Equal(t, 1, v.Excused)
 
-	before := excusals{{Kind: faultDrainKill, From: t0.Add(-time.Minute), To: t0.Add(-time.Second)}}
+	other := excusals{{Kind: faultDrainFreeze, Drain: 0, From: t0.Add(500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
+	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, other)
+	require.Len(t, v.Stranded, 1, "another instance's fault excuses nothing")
+
+	before := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(-time.Minute), To: t0.Add(-time.Second)}}
 	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, before)
 	require.Len(t, v.Stranded, 1, "a fault over before the answer excuses nothing")
 }

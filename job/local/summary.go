@@ -13,6 +13,12 @@ import (
 
 // summary is what a local run did and found.
 type summary struct {
+	// Database says how the components reached the database (--cloud-sql:
+	// through the Cloud SQL connector).
+	Database string `json:"database"`
+	// databaseProblem fails the run: a component that did not reach the
+	// database the way it was asked to.
+	databaseProblem    string
 	Commits            int            `json:"commits"`
 	Changes            map[string]int `json:"changes"`
 	EventsWritten      int64          `json:"events_written"`
@@ -57,6 +63,9 @@ type viewCheck struct {
 
 func (s *summary) failure() error {
 	var problems []string
+	if s.databaseProblem != "" {
+		problems = append(problems, s.databaseProblem)
+	}
 	if !s.FullyVerified {
 		problems = append(problems, fmt.Sprintf("%d of %d events verified", s.Verified, s.EventsWritten))
 	}
@@ -89,6 +98,7 @@ func (s *summary) print(w io.Writer, asJSON bool) error {
 	for _, k := range []string{"create", "update", "delete", "link", "unlink"} {
 		changes = append(changes, fmt.Sprintf("%d %ss", s.Changes[k], k))
 	}
+	fmt.Fprintf(tw, "database\t%s\n", s.Database)
 	fmt.Fprintf(tw, "written\t%d commits: %s\n", s.Commits, strings.Join(changes, ", "))
 	fmt.Fprintf(tw, "events\t%d captured (history and baseline), in %.1fs of workload\n", s.EventsWritten, s.WorkloadSeconds)
 	fmt.Fprintf(tw, "published\t%d messages (replays, retries and duplicates included)\n", s.Published)

@@ -2,6 +2,30 @@
 // binaries (the functions and the job) take from their environment: the
 // workspace registry, the log level, a Pub/Sub emulator and the database
 // pool size. Each error names the variable.
+//
+// The variables: LOG_LEVEL (DEBUG, INFO,
+// WARN, ERROR); DATABASE_POOL_SIZE (each workspace pool's connections in this
+// process: 2 for the drain and the verifier, 4 for the job);
+// DATABASE_MAX_OPEN_POOLS (the workspace pools a process keeps open at once,
+// the least recently used idle one closed past it: 64 for the functions,
+// --parallel for the job); DATABASE_SERVER_MAX_CONNS (this process's
+// connections to one PostgreSQL server, however many workspace databases live
+// there and however it is addressed: 8); REPLICATION_RETRY_BUDGET (how long a
+// job command retries a step through a transient fault: 2m); DRAIN_GATHER (the
+// drain's wait before a claim on a busy workspace: 85ms, 0 turns it off, at
+// most 1s; PERFORMANCE.md has what each costs); DRAIN_QUIET_INTERVAL (an
+// instance's mean time between a workspace's wake-ups at and above which they
+// claim on their own: 100ms; the mean weighs each new interval a third, so a
+// burst after a quiet spell takes turns from about its sixth wake-up on each
+// instance and one pause of a second makes the workspace quiet again; 0 makes
+// every wake-up take turns); VERIFY_TIME_BUDGET, VERIFY_SWEEP_BATCHES,
+// VERIFY_WORKERS (the verifier's pass: see the README's Interfaces);
+// VERIFY_CALLER and VERIFY_AUDIENCE (the one account whose Google OIDC token
+// the verifier accepts, and the audience it must name: the scheduler's account
+// and the service's URL, which terraform sets; the verifier refuses to start
+// without them unless VERIFY_CALLER_CHECK=off, which the local mode sets);
+// PUBSUB_EMULATOR_HOST; FUNCTION_TARGET (Drain or Verify) and PORT for
+// functions/cmd.
 package config
 
 import (

@@ -85,9 +85,13 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	if db.PrivateIP {
 		dialOpts = append(dialOpts, cloudsqlconn.WithPrivateIP())
 	}
-	dialer, instance := p.dialer, db.Instance
+	dialer, instance, user := p.dialer, db.Instance, db.User
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return dialer.Dial(ctx, instance, dialOpts...)
+		conn, err := dialer.Dial(ctx, instance, dialOpts...)
+		if err != nil {
+			return nil, explainCloudSQL(err, instance, user)
+		}
+		return conn, nil
 	}
 	return cfg, nil
 }

@@ -205,11 +205,20 @@ func (p *Pools) take(ctx context.Context, srv *server) error {
 		p.mu.Unlock()
 		var err error
 		if !closeOneIdle(ctx, siblings) {
+			// Wait for a place, and look again for idle connections now
+			// and then: a connection becomes idle without closing (a pool
+			// takes a released one back asynchronously, and keeps one
+			// dialled for a caller that has since given up), and a dial
+			// waiting only for a close would sit its whole connect timeout
+			// beside it.
+			recheck := time.NewTimer(idleRecheck)
 			select {
 			case <-closed:
+			case <-recheck.C:
 			case <-ctx.Done():
 				err = fmt.Errorf("%w (%s, %d connections): %w", ErrServerBusy, srv.key, p.cfg.ServerMaxConns, ctx.Err())
 			}
+			recheck.Stop()
 		}
 		p.mu.Lock()
 		srv.waiting--
@@ -219,6 +228,10 @@ func (p *Pools) take(ctx context.Context, srv *server) error {
 		}
 	}
 }
+
+// idleRecheck is how often a dial waiting for a place looks again for an
+// idle connection to close.
+const idleRecheck = 100 * time.Millisecond
 
 func (p *Pools) giveBack(srv *server) {
 	p.mu.Lock()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/api/googleapi"
@@ -19,23 +18,24 @@ import (
 // which an alert can group by and an operator can act on without reading
 // the error text. Error Reporting groups the ERROR lines by it too.
 const (
-	CausePubSubUnavailable    = "pubsub_unavailable"    // Pub/Sub refused or timed out: a retry may succeed
-	CausePubSubMisconfigured  = "pubsub_misconfigured"  // the topic is missing or may not be published to
-	CauseDatabaseUnavailable  = "database_unavailable"  // the connection could not be made or was lost
-	CauseDatabaseDenied       = "database_denied"       // the login or a grant was refused
-	CauseDatabaseBusy         = "database_busy"         // the server's connection budget is full
-	CauseLockTimeout          = "lock_timeout"          // a lock was not granted within the store's lock timeout
-	CauseStatementTimeout     = "statement_timeout"     // a statement ran past the store's statement timeout
-	CauseConflict             = "conflict"              // a serialization failure or a deadlock
-	CauseSchema               = "schema"                // the replication schema is missing or at an unknown version
-	CauseWarehouseDenied      = "warehouse_denied"      // BigQuery refused the query (a grant revoked, say)
-	CauseWarehouseNotFound    = "warehouse_not_found"   // the dataset or table is missing
-	CauseWarehouseUnavailable = "warehouse_unavailable" // BigQuery failed or throttled: a retry may succeed
-	CauseKeysUnavailable      = "keys_unavailable"      // the token issuer's keys could not be fetched
-	CauseTurnHeld             = "turn_held"             // the workspace's drain turn was held past the wait's bound
-	CauseDrainRetrying        = "drain_retrying"        // coalesced into a drain that is retrying after a transient fault
-	CauseTimeout              = "timeout"               // the work ran out of time
-	CauseInternal             = "internal"              // anything else: the error text says what
+	CausePubSubUnavailable     = "pubsub_unavailable"     // Pub/Sub refused or timed out: a retry may succeed
+	CausePubSubMisconfigured   = "pubsub_misconfigured"   // the topic is missing or may not be published to
+	CauseDatabaseUnavailable   = "database_unavailable"   // the connection could not be made or was lost
+	CauseDatabaseDenied        = "database_denied"        // the login or a grant was refused
+	CauseDatabaseMisconfigured = "database_misconfigured" // the Cloud SQL instance's settings refuse the connection
+	CauseDatabaseBusy          = "database_busy"          // the server's connection budget is full
+	CauseLockTimeout           = "lock_timeout"           // a lock was not granted within the store's lock timeout
+	CauseStatementTimeout      = "statement_timeout"      // a statement ran past the store's statement timeout
+	CauseConflict              = "conflict"               // a serialization failure or a deadlock
+	CauseSchema                = "schema"                 // the replication schema is missing or at an unknown version
+	CauseWarehouseDenied       = "warehouse_denied"       // BigQuery refused the query (a grant revoked, say)
+	CauseWarehouseNotFound     = "warehouse_not_found"    // the dataset or table is missing
+	CauseWarehouseUnavailable  = "warehouse_unavailable"  // BigQuery failed or throttled: a retry may succeed
+	CauseKeysUnavailable       = "keys_unavailable"       // the token issuer's keys could not be fetched
+	CauseTurnHeld              = "turn_held"              // the workspace's drain turn was held past the wait's bound
+	CauseDrainRetrying         = "drain_retrying"         // coalesced into a drain that is retrying after a transient fault
+	CauseTimeout               = "timeout"                // the work ran out of time
+	CauseInternal              = "internal"               // anything else: the error text says what
 )
 
 // Cause classifies a failure into one of the Cause* names.
@@ -58,6 +58,16 @@ func Cause(err error) string {
 		return CauseDatabaseBusy
 	case errors.Is(err, store.ErrUnsupportedProtocol):
 		return CauseSchema
+	case errors.As(err, &connectErr):
+		// Before a googleapi.Error is taken for BigQuery's: the connector's
+		// Admin API answers come wrapped in the connection's error.
+		switch {
+		case database.LoginRefused(err):
+			return CauseDatabaseDenied
+		case database.Misconfigured(err):
+			return CauseDatabaseMisconfigured
+		}
+		return CauseDatabaseUnavailable
 	case errors.As(err, &apiErr):
 		switch {
 		case apiErr.Code == http.StatusForbidden || apiErr.Code == http.StatusUnauthorized:
@@ -84,12 +94,6 @@ func Cause(err error) string {
 			return CauseDatabaseUnavailable
 		}
 		return CauseInternal
-	case errors.As(err, &connectErr):
-		var inner *pgconn.PgError
-		if errors.As(connectErr.Unwrap(), &inner) && strings.HasPrefix(inner.SQLState(), "28") {
-			return CauseDatabaseDenied
-		}
-		return CauseDatabaseUnavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		return CauseTimeout
 	case store.Retryable(err):

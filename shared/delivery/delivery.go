@@ -209,10 +209,14 @@ var errPublish = errors.New("publish failed")
 // budget in use): an HTTP caller gets 503, a command retries it
 // (RetryPolicy).
 // Other failures (a missing history row, a malformed event, a missing
-// schema or topic) need a person: 500.
+// schema or topic, a login refused, a Cloud SQL instance whose settings
+// refuse the connection) need a person: 500.
 func Transient(err error) bool {
 	if errors.Is(err, errPublish) {
 		return !publish.Misconfigured(err)
+	}
+	if database.LoginRefused(err) || database.Misconfigured(err) {
+		return false
 	}
 	return store.Retryable(err) || errors.Is(err, database.ErrServerBusy) || errors.Is(err, ErrDrainRetrying)
 }

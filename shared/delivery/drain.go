@@ -149,21 +149,36 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 		return res, err
 	}
 	defer st.Release()
+	backoff := requeueBackoff
 	if quiet {
 		state, target, claim, err := st.store.ClaimActive(ctx)
 		batch, err := s.drainClaim(ctx, ws, state, target, claim, err)
 		res.add(batch)
-		if err != nil || !batch.goesOn() {
+		switch {
+		case err == nil && !batch.goesOn():
+			return res, nil
+		case err != nil && (!Transient(err) || !s.mayRequeue(ctx, started, backoff)):
 			return res, err
 		}
-		// More are pending than its batch took: it goes on through the
-		// turns, or leaves them to its process's pending drain.
+		// More are pending than its batch took, or it met a transient
+		// fault (a connection lost, say): it goes on through the turns,
+		// or leaves them to its process's pending drain.
 		if pending = local.enter(); pending == nil {
+			if err != nil {
+				s.logRequeue(ctx, ws, err, true, backoff)
+			}
 			res.HandedOver = true
 			return res, nil
 		}
+		if err != nil {
+			if !s.requeueAfter(ctx, ws, err, pending, backoff, &res) {
+				pending.leave()
+				return res, err
+			}
+			backoff = min(2*backoff, maxRequeueBackoff)
+		}
 	}
-	return res, s.drainTurns(ctx, st, ws, local, pending, started, &res)
+	return res, s.drainTurns(ctx, st, ws, local, pending, started, backoff, &res)
 }
 
 // goesOn reports that a drain goes on after this batch: more were pending
@@ -179,10 +194,9 @@ func (r DrainResult) goesOn() bool {
 // at its last claim or it hands what is left over to a drain that claims
 // after it.
 func (s *Service) drainTurns(ctx context.Context, st *workspaceLease, ws registry.Workspace, local *localTurn, pending *pendingDrain,
-	started time.Time, res *DrainResult) error {
+	started time.Time, backoff time.Duration, res *DrainResult) error {
 	defer func() { pending.leave() }()
 	var until time.Time // Config.DrainFor after its first claim
-	backoff := requeueBackoff
 	for gather := true; ; gather = false {
 		// It holds its process's pending place here.
 		turn, err := st.store.QueueTurn(ctx, s.cfg.TurnWait)
@@ -219,65 +233,19 @@ func (s *Service) drainTurns(ctx context.Context, st *workspaceLease, ws registr
 		if !pending.holds() {
 			pending = local.enter()
 		}
-		if err != nil {
-			s.log.WarnContext(ctx, LogDrainRequeues, slog.String("workspace", ws.ID), slog.String("cause", Cause(err)),
-				slog.Bool("handed_over", pending == nil), slog.Int64("backoff_ms", backoff.Milliseconds()), slog.String("error", err.Error()))
-		}
 		if pending == nil {
+			if err != nil {
+				s.logRequeue(ctx, ws, err, true, backoff)
+			}
 			res.HandedOver = true
 			return nil
 		}
 		if err != nil {
-			res.Requeued++
-			pending.setRetrying(true)
-			if !sleepCtx(ctx, backoff) {
+			if !s.requeueAfter(ctx, ws, err, pending, backoff, res) {
 				return err
 			}
-			pending.setRetrying(false)
 			backoff = min(2*backoff, maxRequeueBackoff)
 		}
-	}
-}
-
-// LogDrainRequeues is the warning of a drain that meets a transient fault
-// and goes on: it queues for its turn again after backoff_ms, its commits
-// (and those coalesced into it) still its own, or, with handed_over, leaves
-// them to its process's pending drain. cause and error say what it met.
-const LogDrainRequeues = "replication: the drain queues again after a transient fault"
-
-// The backoff between a drain's queueings after a transient fault.
-const (
-	requeueBackoff    = 100 * time.Millisecond
-	maxRequeueBackoff = 2 * time.Second
-)
-
-// mayRequeue reports whether a drain that started at started may queue
-// again after backoff: within Config.RequeueFor of its start and ctx's
-// deadline, with time left for a batch.
-func (s *Service) mayRequeue(ctx context.Context, started time.Time, backoff time.Duration) bool {
-	if ctx.Err() != nil {
-		return false
-	}
-	end := started.Add(s.cfg.RequeueFor)
-	if deadline, ok := ctx.Deadline(); ok && deadline.Before(end) {
-		end = deadline
-	}
-	return time.Until(end) > backoff+minRequeueWork
-}
-
-// minRequeueWork is the least time a drain that queues again must have
-// left after its backoff.
-const minRequeueWork = time.Second
-
-// sleepCtx waits d, or until ctx ends (false).
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-		return true
 	}
 }
 

@@ -80,16 +80,19 @@ func TestDrainAllTakesTurnsWithWhile(t *testing.T) {
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
 
-// flakyPublisher refuses the calls whose numbers fail lists (from 1) with
-// UNAVAILABLE, as Pub/Sub does in an outage, and passes the others on.
+// flakyPublisher refuses the calls whose numbers fail lists (from 1), and
+// every call from downFrom on when it is set, with UNAVAILABLE, as Pub/Sub
+// does in an outage, and passes the others on.
 type flakyPublisher struct {
 	delivery.Publisher
-	fail  map[int64]bool
-	calls atomic.Int64
+	fail     map[int64]bool
+	downFrom atomic.Int64
+	calls    atomic.Int64
 }
 
 func (p *flakyPublisher) Publish(ctx context.Context, topic string, data [][]byte) ([]string, error) {
-	if p.fail[p.calls.Add(1)] {
+	n := p.calls.Add(1)
+	if from := p.downFrom.Load(); p.fail[n] || (from > 0 && n >= from) {
 		return nil, status.Error(codes.Unavailable, "injected outage")
 	}
 	return p.Publisher.Publish(ctx, topic, data)
@@ -114,8 +117,10 @@ func TestDrainAllProgressRenewsTheRetryBudget(t *testing.T) {
 	require.GreaterOrEqual(t, flaky.calls.Load(), int64(7), "five batches and the two refused publishes, at least")
 	require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 
-	// Without progress first, the same budget gives up at the first fault.
-	flaky.fail = map[int64]bool{flaky.calls.Load() + 1: true}
+	// Without progress first, the same budget gives up at the first fault
+	// (Pub/Sub down from then on: a retry's pause is jittered from 0, so a
+	// lone refusal might be retried within even a 1 ms budget).
+	flaky.downFrom.Store(flaky.calls.Load() + 1)
 	r.products(t, 10)
 	_, err = r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
 	require.ErrorContains(t, err, "injected outage")

@@ -29,9 +29,10 @@ type OpenConfig struct {
 	Store store.Config
 	// Retry bounds the retries of transient faults inside a command.
 	Retry RetryPolicy
-	// Gather and QuietInterval are Config's (the drain's wait before a
-	// claim on a busy workspace; what a quiet workspace is).
-	Gather, QuietInterval time.Duration
+	// Gather, QuietInterval and RequeueFor are Config's (the drain's wait
+	// before a claim on a busy workspace; what a quiet workspace is; how
+	// long a drain queues again after transient faults).
+	Gather, QuietInterval, RequeueFor time.Duration
 	// Publisher and Warehouse replace the production parts (tests and the
 	// local mode); nil builds them.
 	Publisher   Publisher
@@ -128,7 +129,8 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		}
 		dead = r
 	}
-	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: cmp.Or[ViewCreator](cfg.Views, o.Warehouse), Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry, Gather: cfg.Gather, QuietInterval: cfg.QuietInterval})
+	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: cmp.Or[ViewCreator](cfg.Views, o.Warehouse), Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry, Gather: cfg.Gather, QuietInterval: cfg.QuietInterval,
+		RequeueFor: cfg.RequeueFor})
 	if err != nil {
 		o.Close()
 		return nil, err

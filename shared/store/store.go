@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -231,6 +234,16 @@ func Retryable(err error) bool {
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
+		return true
+	}
+	// The connection lost mid-statement with no word from the server (an
+	// instance restarting, a proxy or the network dropping it): the server
+	// rolls the transaction back unless what was lost was its COMMIT's
+	// answer, and every store step is one a later attempt may run after
+	// either (it reads the state the first left), as after a class 08
+	// error, which may also come after a COMMIT was sent.
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
 		return true
 	}
 	return errors.Is(err, pgx.ErrTxClosed) || pgconn.SafeToRetry(err)

@@ -292,6 +292,17 @@ func (c *Cluster) URL(database string) string {
 	return u.String()
 }
 
+// SocketDir is the directory of a throwaway cluster's trusted Unix socket
+// ("" for a $DATABASE_URL cluster), and Port its port: a Cloud SQL
+// stand-in forwards logins there.
+func (c *Cluster) SocketDir() string { return c.dir }
+
+// Port is the server's port.
+func (c *Cluster) Port() int {
+	port, _ := strconv.Atoi(c.admin.Port())
+	return port
+}
+
 // AdminURL returns the URL of the maintenance database.
 func (c *Cluster) AdminURL() string { return c.admin.String() }
 

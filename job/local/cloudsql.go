@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"cloud.google.com/go/cloudsqlconn"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/cloudsqlproxy"
+)
+
+// localInstance is the --cloud-sql stand-in's instance connection name.
+const localInstance = localProject + ":local:ontology"
+
+// startCloudSQL starts the Cloud SQL stand-in (--cloud-sql) in front of
+// the cluster: its Admin API and server proxy on loopback, each
+// component's IAM login token opening its role (the role is the
+// component's IAM database user, with the README's GRANTs).
+func (l *local) startCloudSQL() error {
+	users := map[string]string{}
+	for component, roleURL := range l.urls.roles {
+		u, err := url.Parse(roleURL)
+		if err != nil {
+			return err
+		}
+		users[loginToken(component)] = u.User.Username()
+	}
+	inst, err := cloudsqlproxy.Start(cloudsqlproxy.Config{ConnName: localInstance, SocketDir: l.cluster.SocketDir(), Port: l.cluster.Port(), Users: users})
+	if err != nil {
+		return err
+	}
+	l.cloudSQL = inst
+	l.cleanup = append(l.cleanup, inst.Close)
+	return nil
+}
+
+// loginToken is a component's IAM login token at the stand-in.
+func loginToken(component string) string { return "local-login-" + component }
+
+// cloudSQLDatabase is a component's registry database entry on the
+// stand-in: its role as the IAM database user, over the private IP.
+func (l *local) cloudSQLDatabase(component string) string {
+	u, _ := url.Parse(l.urls.roles[component])
+	return fmt.Sprintf(`{"instance": %q, "name": %q, "user": %q, "iam_auth": true, "private_ip": true}`,
+		localInstance, strings.TrimPrefix(u.Path, "/"), u.User.Username())
+}
+
+// dialerOptions are the connector's options that reach the stand-in as
+// component (nil without --cloud-sql).
+func (l *local) dialerOptions(component string) []cloudsqlconn.Option {
+	if l.cloudSQL == nil {
+		return nil
+	}
+	return l.cloudSQL.DialerOptions(loginToken(strings.TrimPrefix(component, "replication-")))
+}
+
+// cloudSQLProblem is what the run's report must fail on with --cloud-sql:
+// a component that never logged in through the stand-in.
+func (l *local) cloudSQLProblem() string {
+	if l.cloudSQL == nil {
+		return ""
+	}
+	logins := l.cloudSQL.Logins()
+	var missing []string
+	for _, component := range []string{"drain", "verify", "job"} {
+		u, _ := url.Parse(l.urls.roles[component])
+		if logins[u.User.Username()] == 0 {
+			missing = append(missing, component)
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("with --cloud-sql, %s never logged in through the Cloud SQL connector", strings.Join(missing, ", "))
+}
+
+// databasePath says how the components reached the database, for the
+// summary.
+func (l *local) databasePath() string {
+	if l.cloudSQL == nil {
+		return "PostgreSQL on loopback, each component as its own role (--cloud-sql: through the Cloud SQL connector)"
+	}
+	logins := 0
+	for _, n := range l.cloudSQL.Logins() {
+		logins += n
+	}
+	return fmt.Sprintf("Cloud SQL: the drain, the verifier and the job each through the Cloud SQL Go connector to the stand-in %s, IAM login as its own user, over the private IP; %s, %s",
+		localInstance, plural(int(l.cloudSQL.Certificates()), "ephemeral certificate"), plural(logins, "login"))
+}
+
+// plural is n things, in English.
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
