@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -91,4 +92,26 @@ func TestAuditAndRepairCommands(t *testing.T) {
 	h.mustRun("verify", "--workspace", "w1")
 	rep, err = h.audit()
 	require.NoError(t, err, "%v", found(rep))
+}
+
+// TestAuditRechecksAfterTheVerifiersInterval: `job audit` and `job repair`
+// without --recheck-after look again after the verifier's 30 s between
+// two looks (the scheduled audit passes no flag), so a record that lands
+// within it is not reported; the flag sets another.
+func TestAuditRechecksAfterTheVerifiersInterval(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"audit", "repair"} {
+		i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+		require.GreaterOrEqual(t, i, 0, name)
+		for _, c := range []struct {
+			args []string
+			want time.Duration
+		}{{nil, 30 * time.Second}, {[]string{"--recheck-after", "50ms"}, 50 * time.Millisecond}} {
+			var e env
+			_, _, err := e.parseFlags(commands[i], c.args)
+			require.NoError(t, err)
+			require.Equal(t, c.want, e.recheck, "%s %v", name, c.args)
+			require.Equal(t, c.want, e.auditOptions().RecheckAfter, "%s %v: the audit is asked to look again then", name, c.args)
+		}
+	}
 }

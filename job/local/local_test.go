@@ -152,6 +152,8 @@ func TestLocalRun(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(replayed), &rep), replayed)
 	require.Positive(t, rep.Workspaces[0].Result.Rows, "the customers went back to pending")
+	require.Positive(t, rep.Workspaces[0].Result.Drained.Published, "the replay's own drain published what it sent back")
+	require.LessOrEqual(t, rep.Workspaces[0].Result.Drained.Published, rep.Workspaces[0].Result.Rows, "and nothing else was pending")
 	// Published again: by the replay's drain, or by the sandbox's verifier
 	// (every 2 s) when its sweep took some of them first.
 	deadline := time.Now().Add(time.Minute)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
@@ -40,7 +42,7 @@ type auditRig struct {
 	auditor *flakyAuditor
 }
 
-func newAuditRig(t *testing.T, cfg store.Config) *auditRig {
+func newAuditRig(t *testing.T, cfg store.Config, opts ...func(*delivery.Config)) *auditRig {
 	t.Helper()
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t, &sdkfixture.V4Template)
@@ -82,8 +84,12 @@ func newAuditRig(t *testing.T, cfg store.Config) *auditRig {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = bqc.Close() })
 	r := &auditRig{ctx: ctx, pool: pool, w: sdkfixture.NewWriter(pool, sdkfixture.Demo), auditor: &flakyAuditor{BigQuery: bqc}}
-	r.svc, err = delivery.New(delivery.Config{Registry: reg, Pools: pools, Publisher: noPublisher{}, Auditor: r.auditor, Store: cfg,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c := delivery.Config{Registry: reg, Pools: pools, Publisher: noPublisher{}, Auditor: r.auditor, Store: cfg,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, o := range opts {
+		o(&c)
+	}
+	r.svc, err = delivery.New(c)
 	require.NoError(t, err)
 	return r
 }
@@ -96,21 +102,35 @@ type flakyAuditor struct {
 	mu    sync.Mutex
 	key   string
 	times int // how many more records reads leave key out
+	// For hides key from the reads within span of the first read that
+	// missed it (hideFor), as a record that lands a moment later.
+	span     time.Duration
+	hiddenAt time.Time
+}
+
+// hideFor makes the records reads leave out key for d from the first one.
+func (a *flakyAuditor) hideFor(key string, d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.key, a.times, a.span, a.hiddenAt = key, 0, d, time.Time{}
 }
 
 // hide makes the next n records reads leave out the record key.
 func (a *flakyAuditor) hide(key string, n int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.key, a.times = key, n
+	a.key, a.times, a.span = key, n, 0
 }
 
 func (a *flakyAuditor) AuditRecords(ctx context.Context, table registry.BigQuery, q warehouse.AuditQuery, buckets, keys []string) ([]warehouse.AuditRecord, error) {
 	records, err := a.BigQuery.AuditRecords(ctx, table, q, buckets, keys)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.times > 0 {
-		a.times--
+	if a.span > 0 && a.hiddenAt.IsZero() {
+		a.hiddenAt = time.Now()
+	}
+	if a.times > 0 || (a.span > 0 && time.Since(a.hiddenAt) < a.span) {
+		a.times = max(a.times-1, 0)
 		records = slices.DeleteFunc(records, func(r warehouse.AuditRecord) bool { return r.Key == a.key })
 	}
 	return records, err
@@ -190,14 +210,21 @@ func TestAuditReportsOnlyWhatARecheckConfirms(t *testing.T) {
 		name                   string
 		recheck                time.Duration
 		hidden                 int // records reads that miss the record
+		hiddenFor              time.Duration
 		differences, rechecked int64
 	}{
-		{"gone at the second look", 10 * time.Millisecond, 1, 0, 1},
-		{"confirmed", 10 * time.Millisecond, 2, 1, 1},
-		{"no recheck", 0, 1, 1, 0},
+		{"gone at the second look", 10 * time.Millisecond, 1, 0, 0, 1},
+		{"confirmed", 10 * time.Millisecond, 2, 0, 1, 1},
+		{"no recheck", 0, 1, 0, 1, 0},
+		// The record lands half a second after the first look: a second
+		// look taken at once would confirm it missing.
+		{"landed before the recheck", time.Second, 0, 500 * time.Millisecond, 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r.auditor.hide(key, tc.hidden)
+			if tc.hiddenFor > 0 {
+				r.auditor.hideFor(key, tc.hiddenFor)
+			}
 			rep, err := r.svc.Audit(r.ctx, "w1", delivery.AuditOptions{Entities: []string{"product"}, Records: []string{key}, RecheckAfter: tc.recheck})
 			require.NoError(t, err)
 			require.Equal(t, tc.differences, rep.Differences)
@@ -209,4 +236,44 @@ func TestAuditReportsOnlyWhatARecheckConfirms(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAuditRidesOutATransientFault: the audit, a read, retries a transient
+// fault under the command's retry policy, as status and the set-aside
+// list do (TestReadsRideOutATransientFault): here a lock timeout behind a
+// migration that holds the replication singleton, released after the
+// first failure.
+func TestAuditRidesOutATransientFault(t *testing.T) {
+	t.Parallel()
+	var logs logbuf.Buffer
+	r := newAuditRig(t, store.Config{LockTimeout: 200 * time.Millisecond}, func(c *delivery.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+		c.Retry = delivery.RetryPolicy{Initial: 50 * time.Millisecond}
+	})
+	r.products(t, 3)
+	migration, err := r.pool.Begin(r.ctx)
+	require.NoError(t, err)
+	defer func() { _ = migration.Rollback(r.ctx) }()
+	_, err = migration.Exec(r.ctx, `LOCK TABLE _ontology_replication IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		rep, err := r.svc.Audit(r.ctx, "w1", delivery.AuditOptions{Entities: []string{"product"}})
+		if err == nil && !rep.Equal {
+			err = fmt.Errorf("the audit differs: %+v", rep.Views)
+		}
+		done <- err
+	}()
+	deadline := time.After(time.Minute)
+	for !strings.Contains(logs.String(), "a transient fault; retrying") {
+		select {
+		case err := <-done:
+			t.Fatalf("the audit ended before it met the lock: %v", err)
+		case <-deadline:
+			t.Fatal("the audit never met the migration's lock")
+		case <-time.After(10 * time.Millisecond): // the log line is the signal
+		}
+	}
+	require.NoError(t, migration.Rollback(r.ctx))
+	require.NoError(t, receive(t, done, "the audit"), "the retry after the migration succeeds")
 }

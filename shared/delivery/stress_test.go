@@ -161,6 +161,7 @@ func TestStress(t *testing.T) {
 		}()
 	}
 	var products sync.Map
+	var written, byWakeUps, turnWaits atomic.Int64
 	for w := range 2 {
 		loop("write", 0, func(i int) error {
 			title := fmt.Sprintf("w%d-%d", w, i)
@@ -177,13 +178,21 @@ func TestStress(t *testing.T) {
 			id, err := r.w.Create(ctx, "product", map[string]any{"title": title, "stock": int64(i)})
 			if err == nil && !strings.HasPrefix(title, "refused-") {
 				products.Store(id, true)
+				written.Add(1)
 			}
 			return err
 		})
 	}
 	for d := range 4 {
 		svc := instances[d%2]
-		loop("drain", time.Millisecond, func(int) error { _, err := svc.Drain(ctx, "w1"); return err })
+		loop("drain", time.Millisecond, func(int) error {
+			res, err := svc.Drain(ctx, "w1")
+			byWakeUps.Add(int64(res.Published))
+			if errors.Is(err, store.ErrTurnWait) {
+				turnWaits.Add(1)
+			}
+			return err
+		})
 	}
 	loop("verify", 50*time.Millisecond, func(int) error { _, err := r.svc.Verify(ctx, "w1"); return err })
 	loop("replay", 300*time.Millisecond, func(i int) error {
@@ -205,6 +214,14 @@ func TestStress(t *testing.T) {
 		t.Logf("%s: %d", kind, n.(*atomic.Int64).Load())
 	}
 	t.Logf("transient failures (retried by the next call): %d", failures.Load())
+	// The wake-up path carried the load: its drains published at least
+	// half as many events as the SDK created (the verifier's sweep and the
+	// replays' drains take their share; the replays send events back, so
+	// often more), and no drain gave up waiting for its turn.
+	drains, _ := counts.Load("drain")
+	t.Logf("published by the wake-ups' drains: %d, created: %d, ErrTurnWait: %d of %d drains", byWakeUps.Load(), written.Load(), turnWaits.Load(), drains.(*atomic.Int64).Load())
+	require.GreaterOrEqual(t, 2*byWakeUps.Load(), written.Load(), "the wake-ups' drains published at least half of what the SDK created")
+	require.Zero(t, turnWaits.Load(), "no drain gave up waiting for its turn")
 
 	// The load stopped: Pub/Sub takes everything now, the set-aside events
 	// are retried, and everything is delivered and verified.

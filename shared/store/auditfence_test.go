@@ -109,3 +109,40 @@ func waitForQuery(t testing.TB, e *env, what string) {
 		}
 	}
 }
+
+// TestAuditMarkWaitsOnlyForItsOwnDatabase: a Cloud SQL instance holds many
+// workspaces' databases; an SDK write open in another database of the
+// server (its lifecycle lock and its revision taken, uncommitted) does not
+// hold back an audit of this one.
+func TestAuditMarkWaitsOnlyForItsOwnDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &sdkfixture.V4Template)
+	tg := e.start(t)
+	e.products(t, 2)
+	other := newEnv(t, &sdkfixture.V4Template)
+	other.start(t)
+
+	took := make(chan struct{})
+	commit := make(chan struct{})
+	release := sync.OnceFunc(func() { close(commit) })
+	defer release()
+	written := make(chan error, 1)
+	go func() {
+		written <- other.w.Commit(other.ctx, func(c *sdkfixture.Change) error {
+			if _, err := c.Create("product", map[string]any{"title": "open elsewhere"}); err != nil {
+				return err
+			}
+			close(took)
+			<-commit
+			return nil
+		})
+	}()
+	receive(t, took, "the other database's writer")
+
+	quick, err := store.New(e.pool, store.Config{AuditFenceTimeout: 500 * time.Millisecond})
+	require.NoError(t, err)
+	_, err = quick.AuditMark(e.ctx, tg)
+	require.NoError(t, err, "a writer open in another database of the server is not waited for")
+	release()
+	require.NoError(t, receive(t, written, "written"))
+}

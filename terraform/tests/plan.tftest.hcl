@@ -284,6 +284,38 @@ run "shared_instance_within_its_budget" {
   }
 }
 
+# The connections alert reads each instance's own max_connections: one
+# declared at 400 pages past 360 backends (connections_alert_ratio 0.9), one
+# left at the default (100) past 90.
+run "connections_alert_per_instance" {
+  command = plan
+
+  variables {
+    workspaces = {
+      w1 = {
+        organization_id = "org-1"
+        runtime_subject = "runtime:w1"
+        database        = { instance = "acme:europe-west1:large", name = "w1" }
+      }
+      w2 = {
+        organization_id = "org-2"
+        runtime_subject = "runtime:w2"
+        database        = { instance = "acme:europe-west1:small", name = "w2" }
+      }
+    }
+    sql_instance_max_connections = { "acme:europe-west1:large" = 400 }
+  }
+
+  assert {
+    condition     = google_monitoring_alert_policy.connections["acme:europe-west1:large"].conditions[0].condition_threshold[0].threshold_value == 360
+    error_message = "the large instance alerts at 90% of its declared 400"
+  }
+  assert {
+    condition     = google_monitoring_alert_policy.connections["acme:europe-west1:small"].conditions[0].condition_threshold[0].threshold_value == 90
+    error_message = "an instance with no declared max_connections alerts at 90% of the default"
+  }
+}
+
 run "image_tags_are_refused" {
   command = plan
 
