@@ -263,6 +263,17 @@ func SaveFrontier(path string, pts []FrontierPoint, rate, gather float64) error 
 	cost.Legend.Top = true
 	cost.X.Scale = plot.LogScale{}
 	cost.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	// A log axis needs a positive range: the rates' own, widened (one
+	// rate alone would otherwise make gonum widen it to 0), or 1–1000
+	// before any is measured.
+	cost.X.Min, cost.X.Max = 1, 1000
+	for i, p := range byRate {
+		if i == 0 {
+			cost.X.Min, cost.X.Max = p.Rate, p.Rate
+		}
+		cost.X.Min, cost.X.Max = min(cost.X.Min, p.Rate), max(cost.X.Max, p.Rate)
+	}
+	cost.X.Min, cost.X.Max = cost.X.Min/1.5, cost.X.Max*1.5
 	for i, c := range []struct {
 		name string
 		y    func(FrontierPoint) float64

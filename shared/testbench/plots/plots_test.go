@@ -49,3 +49,17 @@ func TestSaveFrontier(t *testing.T) {
 		require.Contains(t, string(raw), want)
 	}
 }
+
+// TestSaveFrontierAsItGrows: the benchmark draws the frontier after each
+// rate it measured, so the first draws have one point, or none in a
+// panel; none of them fails (a log axis over one rate would span 0).
+func TestSaveFrontierAsItGrows(t *testing.T) {
+	t.Parallel()
+	for _, pts := range [][]plots.FrontierPoint{
+		{{GatherMS: 85, Rate: 1, DrainMS: 4.8, FloorMS: 7.5, DrainP50: 6, DrainP99: 48, FloorP50: 37, FloorP99: 81}},
+		{{GatherMS: 25, Rate: 150, DrainMS: 0.4, FloorMS: 0.2, DrainP50: 15, DrainP99: 31, FloorP50: 13, FloorP99: 26}},
+		nil,
+	} {
+		require.NoError(t, plots.SaveFrontier(filepath.Join(t.TempDir(), "frontier.svg"), pts, 150, 85), "%+v", pts)
+	}
+}
