@@ -147,14 +147,8 @@ func (c *chaosRun) writer(ctx context.Context, i int) {
 	every := time.Duration(float64(time.Second) * float64(l.cfg.writers) / l.cfg.chaos.rate)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	// Each writer's bursts are the SDK's, shifted by up to 400 ms: a burst
-	// starts and ends with writers joining and leaving one by one, so its
-	// last wake-ups come apart, as real traffic's do, and meet the drains
-	// at every point of their claims (a burst that stopped at once would
-	// end inside one gather).
-	lag := time.Duration(rng.Int64N(int64(400 * time.Millisecond)))
 	for {
-		if !c.traffic.awaitBusy(ctx, c.started.Add(lag)) {
+		if !c.traffic.awaitBusy(ctx, c.started) {
 			return
 		}
 		select {

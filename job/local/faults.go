@@ -196,10 +196,10 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	}
 	defer n.release(proc)
 	started := time.Now()
-	// A promise the instance made before the fault ended may be broken by
-	// it: the span is open while the fault lasts (a freeze, a kill's new
-	// process starting), so that a check during it excuses such a promise,
-	// and ends when the instance serves again (see excusals).
+	// A promise resting on the instance may be broken from now until its
+	// drains' 30 s time-out has passed after the fault: the span is open
+	// while the fault lasts (a freeze, a kill's new process starting), so
+	// that a check during it excuses it.
 	own := n.openOwn(s.Kind, proc.index, started)
 	inFlight := n.c.wakes.perDrain[proc.index].Load()
 	why := map[bool]string{true: "holding a turn lock", false: "holding no turn lock"}[held]
@@ -224,7 +224,7 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 		proc.freeze(ctx, s.For)
 		detail = fmt.Sprintf("SIGSTOP to %s (%s) for %.0fs, then SIGCONT", proc.name, why, s.For.Seconds())
 	}
-	n.closeOwn(own, time.Now())
+	n.closeOwn(own, time.Now().Add(30*time.Second))
 	return detail, effect, err != nil
 }
 

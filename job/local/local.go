@@ -103,7 +103,7 @@
 // disagrees with its delivery row; and at every pause of the SDK with no
 // wake-up request in flight, that every wake-up answered 2xx has its
 // commit published or held by a claim (a drain instance's own kill, freeze
-// or restart excuses only the promises that instance made before it ended).
+// or restart excuses only that instance's promises, for 30 s after it).
 // Faults off, it waits for full verification and proves: every promised
 // commit published by a drain in flight; every event published first by a
 // wake-up's drain or an operation, never only by the sweep, within 30 s of

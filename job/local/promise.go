@@ -18,22 +18,17 @@ type window struct {
 }
 
 // excusals are the spans of the drain's own faults (an instance killed,
-// frozen or restarted: from the fault's start until the instance serves
-// again), when the drain a promise rests on may itself be gone. A promise
-// the instance made before a fault ended and that is found broken after it
-// began is the fault's, not the product's. A promise made after the fault
-// rests on the instance's new drains and is judged; and another instance's
-// promise is never excused: its drains outlive a turn held by a frozen
-// instance (the server ends that session after the turn's idle bound,
-// within their requeueing).
+// frozen or restarted), when the drain a promise rests on may itself be
+// gone: a promise of that instance broken then is the fault's, not the
+// product's. Another instance's promise is not excused: its drains outlive
+// a turn held by a frozen instance (the server ends that session after
+// the turn's idle bound, within their requeueing).
 type excusals []window
 
-// covers reports whether a fault of instance drain excuses a promise made
-// at made and found broken at found: the fault ended no sooner than made
-// and began no later than found.
-func (e excusals) covers(drain int, made, found time.Time) bool {
+// covers reports whether a fault of instance drain overlaps [from, to].
+func (e excusals) covers(drain int, from, to time.Time) bool {
 	for _, w := range e {
-		if w.Drain == drain && !w.To.Before(made) && !w.From.After(found) {
+		if w.Drain == drain && !w.To.Before(from) && !w.From.After(to) {
 			return true
 		}
 	}
