@@ -20,6 +20,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
@@ -275,5 +276,5 @@ func TestAuditRidesOutATransientFault(t *testing.T) {
 		}
 	}
 	require.NoError(t, migration.Rollback(r.ctx))
-	require.NoError(t, receive(t, done, "the audit"), "the retry after the migration succeeds")
+	require.NoError(t, await.Receive(t, done, "the audit"), "the retry after the migration succeeds")
 }

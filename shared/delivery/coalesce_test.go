@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 )
 
 // TestWakeUpsCoalesceAcrossInstances: while a drain's batch is out, the
@@ -79,7 +80,7 @@ func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 		"a round trip per pending drain, and the claim of the one next, which waits for the turn; none per coalesced wake-up")
 
 	g.release()
-	f := receive(t, first, "first")
+	f := await.Receive(t, first, "first")
 	require.NoError(t, f.err)
 	require.Equal(t, 1, f.res.Published)
 	pending := []drained{waitFor(), waitFor()}
@@ -117,8 +118,8 @@ func TestAWakeUpAfterTheClaimIsNotCoalescedIntoIt(t *testing.T) {
 	default:
 	}
 	g.release()
-	require.NoError(t, receive(t, first, "first").err)
-	d := receive(t, later, "later")
+	require.NoError(t, await.Receive(t, first, "first").err)
+	d := await.Receive(t, later, "later")
 	require.NoError(t, d.err)
 	require.False(t, d.res.Coalesced)
 	require.Equal(t, 1, d.res.Published)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -90,7 +91,7 @@ func TestSlowPublishDoesNotHoldTheSDK(t *testing.T) {
 	t.Logf("pause %v, writer %v (baseline %v) while the publish was held", pauseTook, writerTook, baseline)
 
 	g.release()
-	d := receive(t, drain, "drain")
+	d := await.Receive(t, drain, "drain")
 	require.NoError(t, d.err, "the batch is acknowledged after the publish")
 	require.Equal(t, 55, d.res.Published)
 	r.resume(t)
@@ -136,7 +137,7 @@ func TestMigrationDuringPublish(t *testing.T) {
 	default:
 	}
 	require.NoError(t, migration.Commit(r.ctx))
-	require.NoError(t, receive(t, drain, "drain").err)
+	require.NoError(t, await.Receive(t, drain, "drain").err)
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
 
@@ -151,7 +152,7 @@ func TestAcceptedAtIsAfterThePublish(t *testing.T) {
 	var released time.Time
 	require.NoError(t, r.pool.QueryRow(r.ctx, "SELECT clock_timestamp()").Scan(&released))
 	g.release()
-	require.NoError(t, receive(t, drain, "drain").err)
+	require.NoError(t, await.Receive(t, drain, "drain").err)
 	require.EqualValues(t, 10, r.count(t, `SELECT count(*) FROM _ontology_replication_delivery d JOIN _ontology_replication_receipts c USING (generation, event_id)
 		WHERE d.accepted_at >= $1 AND d.next_verify_at = d.accepted_at AND c.accepted_at = d.accepted_at`, released))
 }
@@ -180,7 +181,7 @@ func TestDrainKilledMidPublishIsTakenOver(t *testing.T) {
 			switch kill {
 			case "cancelled":
 				cancel()
-				require.Error(t, receive(t, dying, "dying").err)
+				require.Error(t, await.Receive(t, dying, "dying").err)
 			case "session cut":
 				var pid int32
 				require.NoError(t, r.pool.QueryRow(r.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
@@ -202,7 +203,7 @@ func TestDrainKilledMidPublishIsTakenOver(t *testing.T) {
 				// Its acknowledgement failed (the session is gone): a
 				// transient fault, so it queued again and found nothing
 				// left, having acknowledged nothing.
-				out := receive(t, dying, "dying")
+				out := await.Receive(t, dying, "dying")
 				require.NoError(t, out.err)
 				require.Zero(t, out.res.Published, "it acknowledged nothing")
 				require.Positive(t, out.res.Requeued, "it queued again after the lost session")

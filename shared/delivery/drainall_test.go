@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
@@ -169,6 +170,6 @@ func TestDrainAllKeepsDrainsBatchesOut(t *testing.T) {
 		}
 	}
 	close(held.open)
-	require.NoError(t, receive(t, done, "done"))
+	require.NoError(t, await.Receive(t, done, "done"))
 	require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 )
 
 // awaitNextTurnHeld waits, a minute at most, until a session of the rig's
@@ -41,7 +42,7 @@ func TestACancelledGatherLeavesNothingHeld(t *testing.T) {
 	}()
 	r.awaitNextTurnHeld(t)
 	cancel()
-	d := receive(t, done, "the cancelled wake-up")
+	d := await.Receive(t, done, "the cancelled wake-up")
 	require.ErrorIs(t, d.err, context.Canceled)
 	require.Zero(t, r.drainLocksHeld(t), "its turn ended with it")
 	other := r.newService()
@@ -68,7 +69,7 @@ func TestTheGatherCoalescesWakeUpsThatComeApart(t *testing.T) {
 		if gather > 0 {
 			r.awaitNextTurnHeld(t) // it gathers
 		} else {
-			receive(t, first, "the first drain")
+			await.Receive(t, first, "the first drain")
 		}
 		batches, coalesced := 0, 0
 		for i := range 4 {
@@ -82,7 +83,7 @@ func TestTheGatherCoalescesWakeUpsThatComeApart(t *testing.T) {
 			}
 		}
 		if gather > 0 {
-			d := receive(t, first, "the drain that gathered")
+			d := await.Receive(t, first, "the drain that gathered")
 			require.Equal(t, 4, coalesced, "every wake-up during the gather is coalesced")
 			require.Equal(t, 1, d.res.Batches, "one claim publishes them all")
 			require.Equal(t, 5, d.res.Published)

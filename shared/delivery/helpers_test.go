@@ -275,21 +275,6 @@ func (g *gate) release() {
 	g.once.Do(func() { close(g.open) })
 }
 
-// receive takes a value from ch within two minutes, or fails the test
-// naming what it waited for (a drain that never ends is a failure, not a
-// hang until the package's time-out).
-func receive[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("waited two minutes: %s", what)
-		var zero T
-		return zero
-	}
-}
-
 // closePools closes a Service's pools when the test ends, once every
 // connection was given back and no lock of the drain's turns or claims is
 // held in the rig's database; otherwise (a turn or a claim that leaked its

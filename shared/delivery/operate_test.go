@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
@@ -52,7 +53,7 @@ func TestReadsRideOutATransientFault(t *testing.T) {
 				}
 			}
 			require.NoError(t, migration.Rollback(r.ctx))
-			require.NoError(t, receive(t, done, "done"), "the retry after the migration succeeds")
+			require.NoError(t, await.Receive(t, done, "done"), "the retry after the migration succeeds")
 		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
@@ -129,7 +130,7 @@ func TestOperationsRetryTheirSetUp(t *testing.T) {
 				}
 			}
 			require.NoError(t, lock.Rollback(r.ctx))
-			require.NoError(t, receive(t, done, "done"))
+			require.NoError(t, await.Receive(t, done, "done"))
 			for id, n := range r.publishedTimes(t) {
 				require.Equal(t, 2, n, "event %s published again", id)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 )
 
 // heldLimit is sizeLimit that first holds each request it will fail for
@@ -61,12 +62,12 @@ func TestAProbeLeavesTheEventsBehindToThePendingDrain(t *testing.T) {
 	pending := r.wakeUp(r.svc)
 	r.awaitTurnWaits(t, 1)
 	close(limit.open) // the lone event fails alone
-	f := receive(t, first, "first")
+	f := await.Receive(t, first, "first")
 	// It handed its commit over to the pending drain, or, when that one had
 	// claimed already, queued again.
 	require.NoError(t, f.err)
 	require.True(t, f.res.HandedOver || f.res.Requeued > 0, "%+v", f.res)
-	p := receive(t, pending, "pending")
+	p := await.Receive(t, pending, "pending")
 	require.NotErrorIs(t, p.err, store.ErrTurnWait)
 	require.Equal(t, 16, p.res.Published+f.res.Published, "the events behind the one that fails are drained")
 	require.Positive(t, p.res.Published, "by the pending drain")

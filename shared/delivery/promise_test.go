@@ -14,6 +14,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -116,7 +117,7 @@ func TestASlowBatchStrandsNoCoalescedCommit(t *testing.T) {
 		w.start(r.ctx, b)
 	}
 	all := w.wait(t)
-	require.NoError(t, receive(t, first, "first").err)
+	require.NoError(t, await.Receive(t, first, "first").err)
 	ok, coalesced := answered2xx(all)
 	t.Logf("%d wake-ups answered 2xx, %d of them coalesced", ok, coalesced)
 	require.Equal(t, 250, ok)
@@ -220,7 +221,7 @@ func TestACoalescedWakeUpOutlivesItsDrainsFault(t *testing.T) {
 			}
 			all := w.wait(t)
 			if first != nil {
-				require.NoError(t, receive(t, first, "first").err)
+				require.NoError(t, await.Receive(t, first, "first").err)
 			}
 			if migration != nil {
 				<-migration
@@ -297,8 +298,8 @@ func TestADrainsTimeCountsFromItsFirstClaim(t *testing.T) {
 	r.awaitTurnWaits(t, 2) // it waits for the next turn
 	time.Sleep(heldFor)    // the fault: the batch ahead is out longer than DrainFor
 	g.release()
-	require.NoError(t, receive(t, first, "first").err)
-	d, q := receive(t, waitedLong, "the drain that waited"), receive(t, queued, "the queued drain")
+	require.NoError(t, await.Receive(t, first, "first").err)
+	d, q := await.Receive(t, waitedLong, "the drain that waited"), await.Receive(t, queued, "the queued drain")
 	require.NoError(t, d.err)
 	require.NoError(t, q.err)
 	t.Logf("the drain that waited: %+v; the one queued behind it: %+v", d.res, q.res)
@@ -384,7 +385,7 @@ func TestAProtocol3DrainPublishesAlone(t *testing.T) {
 			second := r.wakeUp(b)
 			r.awaitTurnWaits(t, 1) // the other drain waits for the turn
 			g.release()
-			f, s := receive(t, first, "first"), receive(t, second, "second")
+			f, s := await.Receive(t, first, "first"), await.Receive(t, second, "second")
 			require.NoError(t, f.err)
 			require.NoError(t, s.err)
 			require.Equal(t, 5, f.res.Published)
@@ -427,7 +428,7 @@ func TestStatusShowsAHeldTurn(t *testing.T) {
 	require.GreaterOrEqual(t, h.HeldSeconds, delivery.TurnHeldAfter.Seconds())
 	_, err = conn.Exec(r.ctx, `SELECT pg_advisory_unlock_all()`)
 	require.NoError(t, err)
-	d := receive(t, waiting, "waiting")
+	d := await.Receive(t, waiting, "waiting")
 	require.NoError(t, d.err)
 	require.Equal(t, 1, d.res.Published)
 }

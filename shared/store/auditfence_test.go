@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -54,7 +55,7 @@ func TestAuditMarkWaitsForOpenWriters(t *testing.T) {
 			return nil
 		})
 	}()
-	revision := receive(t, took, "took")
+	revision := await.Receive(t, took, "took")
 
 	_, err = quick.AuditMark(e.ctx, tg)
 	require.ErrorIs(t, err, store.ErrAuditFence, "the writer outlasts the fence's bound")
@@ -80,7 +81,7 @@ func TestAuditMarkWaitsForOpenWriters(t *testing.T) {
 	default:
 	}
 	release()
-	require.NoError(t, receive(t, written, "written"))
+	require.NoError(t, await.Receive(t, written, "written"))
 	select {
 	case m := <-marked:
 		require.GreaterOrEqual(t, m.Revision, revision)
@@ -137,12 +138,12 @@ func TestAuditMarkWaitsOnlyForItsOwnDatabase(t *testing.T) {
 			return nil
 		})
 	}()
-	receive(t, took, "the other database's writer")
+	await.Receive(t, took, "the other database's writer")
 
 	quick, err := store.New(e.pool, store.Config{AuditFenceTimeout: 500 * time.Millisecond})
 	require.NoError(t, err)
 	_, err = quick.AuditMark(e.ctx, tg)
 	require.NoError(t, err, "a writer open in another database of the server is not waited for")
 	release()
-	require.NoError(t, receive(t, written, "written"))
+	require.NoError(t, await.Receive(t, written, "written"))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -133,7 +134,7 @@ func TestReplayPageRemovesReceiptsOfAcknowledgementsItWaitedFor(t *testing.T) {
 			AND wait_event_type = 'Lock' AND query LIKE '%replay_cursor%'`) == 1
 	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, ack.Commit(e.ctx))
-	require.NoError(t, receive(t, page, "page"))
+	require.NoError(t, await.Receive(t, page, "page"))
 
 	require.EqualValues(t, len(ids), e.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "every row reset")
 	require.Zero(t, e.count(t, "SELECT count(*) FROM _ontology_replication_receipts"), "no receipt left on a pending row")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -117,7 +118,7 @@ func TestClaimLeavesNoLockBehind(t *testing.T) {
 		}()
 		pid := waitUntilBlocked(t, e, "product_history")
 		during(e, pid, cancel)
-		require.Error(t, receive(t, done, "done"))
+		require.Error(t, await.Receive(t, done, "done"))
 		require.NoError(t, migration.Rollback(e.ctx))
 		// The server frees a terminated backend's locks as it exits.
 		for len(e.claimHolders(t)) > 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -178,8 +179,8 @@ func TestFinishCannotDeadlock(t *testing.T) {
 					"round %d: the finish waits too", round)
 
 				require.NoError(t, blocker.Rollback(e.ctx))
-				require.NoError(t, receive(t, third, "third"), "round %d: the %s completes", round, c.name)
-				require.NoError(t, receive(t, finished, "finished"), "round %d: the finish completes", round)
+				require.NoError(t, await.Receive(t, third, "third"), "round %d: the %s completes", round, c.name)
+				require.NoError(t, await.Receive(t, finished, "finished"), "round %d: the finish completes", round)
 				requireConsistent(t, e)
 			}
 		})
@@ -298,7 +299,7 @@ func TestFinishLetsGoBeforeItsCommit(t *testing.T) {
 		other.Release(e.ctx)
 	}
 	require.NoError(t, gate.Commit(e.ctx))
-	require.NoError(t, receive(t, acked, "acked"))
+	require.NoError(t, await.Receive(t, acked, "acked"))
 	require.Zero(t, e.count(t, `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL`))
 	require.EqualValues(t, 5, e.count(t, `SELECT count(*) FROM _ontology_replication_receipts`))
 }

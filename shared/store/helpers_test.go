@@ -191,17 +191,3 @@ func pollFor(t testing.TB, what string, check func() bool) {
 		time.Sleep(5 * time.Millisecond) // the condition (the server's lock table, say) is the signal
 	}
 }
-
-// receive takes a value from ch within two minutes, or fails the test
-// naming what it waited for.
-func receive[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("waited two minutes: %s", what)
-		var zero T
-		return zero
-	}
-}

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -164,7 +165,7 @@ func TestBackfillResumesAfterInterruption(t *testing.T) {
 	})
 	_, err = e.pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid)
 	require.NoError(t, err)
-	require.Error(t, receive(t, died, "died"))
+	require.Error(t, await.Receive(t, died, "died"))
 	require.NoError(t, blocker.Rollback(e.ctx))
 	require.EqualValues(t, 1000, e.count(t, "SELECT count(*) FROM _ontology_replication_delivery"))
 	require.Equal(t, thousandth, cursor(), "the cursor is where the last committed page left it")
@@ -269,5 +270,5 @@ func TestLifecycleHoldIsVisible(t *testing.T) {
 	require.Equal(t, "someone", hold.Holders[0].Application)
 	require.Equal(t, 1, hold.Waiting, "the SDK writer waits")
 	require.NoError(t, holder.Rollback(e.ctx))
-	require.NoError(t, receive(t, written, "written"))
+	require.NoError(t, await.Receive(t, written, "written"))
 }

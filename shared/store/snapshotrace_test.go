@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -71,7 +72,7 @@ func TestClaimLeavesARowAcknowledgedAfterItsSnapshot(t *testing.T) {
 			e.exec(t, `UPDATE _ontology_replication_delivery SET next_verify_at = now() WHERE event_id = $1`, queue[1])
 			resume()
 
-			c := receive(t, claimed, "claimed")
+			c := await.Receive(t, claimed, "claimed")
 			require.NotNil(t, c)
 			defer c.Release(e.ctx)
 			require.Equal(t, queue[1:], c.IDs(), "the event acknowledged after the snapshot is not claimed; the one updated but still pending is")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -69,7 +70,7 @@ func TestTurnsCoalesceWakeUps(t *testing.T) {
 	require.Equal(t, store.TurnCoalesced, e.takeTurn(t, e.store).Role(), "it holds the next turn while it waits")
 	_, err = c.Acknowledge(e.ctx) // the first drain's turn ends with its claim
 	require.NoError(t, err)
-	c = receive(t, claimed, "the waiting drain's claim")
+	c = await.Receive(t, claimed, "the waiting drain's claim")
 	require.NotNil(t, c)
 	require.Len(t, c.Events, 3, "the waiting drain's claim takes every event its coalesced wake-ups left it")
 	require.Positive(t, next.Waited(), "measured by the server")
@@ -270,7 +271,7 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 	}()
 	_, err = c.Acknowledge(e.ctx) // the first drain's turn ends
 	require.NoError(t, err)
-	nc := receive(t, nextClaimed, "the next drain's claim")
+	nc := await.Receive(t, nextClaimed, "the next drain's claim")
 	require.NotNil(t, nc)
 	require.Len(t, nc.Events, 2)
 	select {
@@ -295,7 +296,7 @@ func TestQueuedTurnWaitsForTheDrainsAhead(t *testing.T) {
 	require.EqualValues(t, 1, awaitTurnWait(t, e), "its claim waits for the turn")
 	_, err = nc.Acknowledge(e.ctx)
 	require.NoError(t, err)
-	qc := receive(t, queuedClaimed, "the queued drain's claim")
+	qc := await.Receive(t, queuedClaimed, "the queued drain's claim")
 	require.NotNil(t, qc)
 	require.Len(t, qc.Events, 1, "the commit made while it held the next turn")
 	_, err = qc.Acknowledge(e.ctx)
