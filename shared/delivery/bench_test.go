@@ -185,14 +185,15 @@ func TestDrainHeapIsBoundedByTheBatch(t *testing.T) {
 	if raw := os.Getenv("REPLICATION_BACKLOG"); raw != "" {
 		backlog, _ = strconv.Atoi(raw)
 	}
-	// The process-wide allocation of one drained batch, the least of five
-	// (other goroutines of the process allocate too).
+	// The process-wide allocation of one drained batch, the least of eight
+	// (other goroutines of the process allocate too: on a busy machine a
+	// batch's window meets more of their work).
 	heap := func(r *rig, n int) uint64 {
 		r.payloadKB(t, n)
 		_, err := r.svc.Sweep(r.ctx, "w1", 1) // warm: pools, prepared statements
 		require.NoError(t, err)
 		least := uint64(1 << 62)
-		for range 5 {
+		for range 8 {
 			runtime.GC()
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)

@@ -16,11 +16,28 @@ import (
 // database holds w1's next turn.
 func (r *rig) awaitNextTurnHeld(t testing.TB) {
 	t.Helper()
+	r.awaitNextTurn(t, "")
+}
+
+// awaitGathering waits, a minute at most, until a session of the rig's
+// database holds w1's next turn and is idle: the drain that took it has
+// sent its last statement before its claim, and gathers.
+func (r *rig) awaitGathering(t testing.TB) {
+	t.Helper()
+	r.awaitNextTurn(t, "idle")
+}
+
+// awaitNextTurn waits until a session holds w1's next turn, in state (any
+// when empty).
+func (r *rig) awaitNextTurn(t testing.TB, state string) {
+	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	for r.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
-		AND classid::int = hashtext($1) AND objid::bigint = 2
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, store.DrainTurnClass) == 0 {
-		require.True(t, time.Now().Before(deadline), "no drain holds the next turn")
+	for r.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+		AND l.classid::int = hashtext($1) AND l.objid::bigint = 2
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND ($2 = '' OR a.state = $2)`, store.DrainTurnClass, state) == 0 {
+		require.True(t, time.Now().Before(deadline), "no drain holds the next turn (in state %q)", state)
 		time.Sleep(5 * time.Millisecond) // the server's lock table is the signal
 	}
 }
@@ -40,7 +57,10 @@ func TestACancelledGatherLeavesNothingHeld(t *testing.T) {
 		res, err := r.svc.Drain(ctx, "w1")
 		done <- drained{res, err}
 	}()
-	r.awaitNextTurnHeld(t)
+	// Cancelled once its session is idle, the drain is past its last
+	// statement before the claim (a cancel that cuts a statement closes
+	// the connection, and the server then ends the session on its own).
+	r.awaitGathering(t)
 	cancel()
 	d := await.Receive(t, done, "the cancelled wake-up")
 	require.ErrorIs(t, d.err, context.Canceled)
