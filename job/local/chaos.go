@@ -46,6 +46,7 @@ type chaosRun struct {
 	traffic traffic
 	wakes   wakeLedger
 	promise promiseChecker
+	race    claimRace
 	// stalled holds the BigQuery subscription's writes while above 0.
 	stalled  atomic.Int64
 	changes  sync.Map // kind → *atomic.Int64
@@ -83,6 +84,7 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	c.nemesis = newNemesis(c, l.cfg.chaos)
 	c.checker = &liveChecker{l: l, found: violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}}
 	c.promise = promiseChecker{c: c}
+	c.race = claimRace{c: c}
 	if l.cfg.chaos.plot != "" {
 		l.progress.onSample = c.series.add
 	}
@@ -100,6 +102,7 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	background.Go(func() { c.verifyLoop(runCtx, faultCtx) })
 	background.Go(func() { c.checker.run(runCtx) })
 	background.Go(func() { c.promise.run(faultCtx) })
+	background.Go(func() { c.race.run(faultCtx) })
 	l.progress.enter("chaos", fmt.Sprintf("%v of SDK commits at %.0f/s while busy, with faults, %d drain instances (seed %d)",
 		l.cfg.chaos.duration, l.cfg.chaos.rate, len(l.drainProcs), l.cfg.chaos.seed))
 	var writers sync.WaitGroup

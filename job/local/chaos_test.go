@@ -48,6 +48,7 @@ func TestChaosRun(t *testing.T) {
 	}
 	require.Positive(t, rep.Promise.Pauses, "the promise was checked at the SDK's pauses")
 	require.Positive(t, rep.Path.ByWakeUps, "the wake-ups' drains published")
+	require.Positive(t, rep.ClaimRaces.Sent, "the claim race sent wake-ups while a claim was held")
 	require.Positive(t, rep.CommitsPerSecond)
 	require.Positive(t, rep.Commits)
 	require.True(t, rep.FullyVerified)
@@ -59,7 +60,7 @@ func TestChaosRun(t *testing.T) {
 		require.True(t, p.OK, "%s: %s", p.Name, p.Detail)
 		names[p.Name] = true
 	}
-	for _, want := range []string{"every promised commit published by a drain in flight", "the wake-up path delivered", "every captured event verified", "none accepted but never published", "none verified before it landed", "receipts agree with the delivery rows", "none lost",
+	for _, want := range []string{"every promised commit published by a drain in flight", "the wake-up path delivered", "the claim race was run", "every captured event verified", "none accepted but never published", "none verified before it landed", "receipts agree with the delivery rows", "none lost",
 		"the replay published its events again", "the partial_replay published its events again", "no set-aside event left",
 		"views equal to the source, every column", "job audit equal"} {
 		require.True(t, names[want], "proof %q in the report", want)

@@ -124,103 +124,6 @@ func (c *liveChecker) run(ctx context.Context) {
 	})
 }
 
-// proof is one promise, checked.
-type proof struct {
-	Name   string `json:"name"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-}
-
-// chaosReport is what a chaos run did and proved.
-type chaosReport struct {
-	Seed                 uint64  `json:"seed"`
-	DurationSeconds      float64 `json:"duration_seconds"`
-	RateCommitsPerSecond float64 `json:"rate_commits_per_second"`
-	// CommitsPerSecond is the rate achieved over the run (the SDK pauses
-	// between bursts, and waits for its wake-ups' answers).
-	CommitsPerSecond float64 `json:"commits_per_second"`
-	Drains           int     `json:"drains"`
-	Commits          int64   `json:"commits"`
-	// CommitsFailed are SDK commits that failed (a restart, a migration):
-	// actions the SDK reports failed, with nothing to deliver.
-	CommitsFailed int64            `json:"commits_failed"`
-	Changes       map[string]int64 `json:"changes"`
-	Events        int64            `json:"events"`
-	Verified      int64            `json:"verified"`
-	Pending       int64            `json:"pending"`
-	SetAside      int64            `json:"set_aside"`
-	FullyVerified bool             `json:"fully_verified"`
-	// VerifiedAfterFaultsSecs is the time from the faults' end (and the
-	// operations') to full verification.
-	VerifiedAfterFaultsSecs float64 `json:"verified_after_faults_seconds"`
-	Published               int     `json:"published_messages"`
-	Landed                  int64   `json:"landed_rows"`
-	// Duplicates are the messages beyond one per event, attributed: the
-	// replays sent again, on purpose, the events they found published
-	// before they started; the rest the faults caused (a lost answer, a
-	// publish cut by a stop or a reset, a verifier's retry).
-	Duplicates        int            `json:"duplicates"`
-	DuplicatesReplays int            `json:"duplicates_by_replays"`
-	DuplicatesFaults  int            `json:"duplicates_by_faults"`
-	Faults            map[string]int `json:"faults"`
-	// FaultsEffective counts, by kind, the faults that met something
-	// (Effect > 0): only they count towards "every kind".
-	FaultsEffective map[string]int `json:"faults_effective"`
-	WakeUps         map[string]int `json:"wake_ups"`
-	// Path is how events reached Pub/Sub first, and the promise's checks.
-	Path    pathSummary    `json:"path"`
-	Promise promiseSummary `json:"promise"`
-	// SetAsideDuringRun is the most events set aside at once during the
-	// faults.
-	SetAsideDuringRun  int                   `json:"set_aside_during_run"`
-	PassesFailed       int64                 `json:"verifier_passes_failed"`
-	LiveChecks         int                   `json:"live_checks"`
-	Timeline           []timelineEntry       `json:"timeline"`
-	Views              []viewCheck           `json:"views"`
-	Audit              *delivery.AuditReport `json:"audit"`
-	Proofs             []proof               `json:"proofs"`
-	operationsFailures []string
-}
-
-// opErrs records an operation's failure.
-func (c *chaosRun) opErrs(kind string, err error) {
-	if err == nil {
-		return
-	}
-	c.replayMu.Lock()
-	defer c.replayMu.Unlock()
-	c.report.operationsFailures = append(c.report.operationsFailures, kind+": "+err.Error())
-}
-
-// pathSummary is how the events reached Pub/Sub first, and how long the
-// promised ones took.
-type pathSummary struct {
-	ByWakeUps    int     `json:"by_wake_ups"`
-	ByOperations int     `json:"by_operations"`
-	BySweep      int     `json:"by_sweep"`
-	LagMaxSecs   float64 `json:"delivery_lag_max_seconds"`
-	LagP99Secs   float64 `json:"delivery_lag_p99_seconds"`
-}
-
-// promiseSummary is the live checks of a wake-up's promise.
-type promiseSummary struct {
-	Pauses   int `json:"pauses_checked"`
-	Promised int `json:"promised_delivered"`
-	Stranded int `json:"stranded"`
-	Excused  int `json:"excused"`
-	// Examples are the first stranded commits, with when (seconds into
-	// the run) their wake-up was answered and they were found pending.
-	Examples []strandedExample `json:"stranded_examples,omitempty"`
-}
-
-// strandedExample is one stranded commit in the report.
-type strandedExample struct {
-	EventID         string  `json:"event_id"`
-	Drain           int     `json:"drain"`
-	AnsweredSeconds float64 `json:"answered_at_seconds"`
-	FoundSeconds    float64 `json:"found_at_seconds"`
-}
-
 // deliveryLagBound is the delivery-lag bound of a promised commit outside
 // the drain's own faults: the drain's time-out (30 s), within which a
 // drain that carries it publishes it whatever it meets.
@@ -399,6 +302,8 @@ func (c *chaosRun) provePromise(excused excusals) {
 		rep.Promise.Examples = append(rep.Promise.Examples, strandedExample{EventID: s.EventID, Drain: s.Drain + 1,
 			AnsweredSeconds: s.Answered.Sub(c.started).Seconds(), FoundSeconds: s.Found.Sub(c.started).Seconds()})
 	}
+	rep.ClaimRaces = c.race.summary()
+	rep.add("the claim race was run", rep.ClaimRaces.Sent > 0, rep.ClaimRaces.String()+", each judged with the rest")
 	path := judgePath(c.wakes.records(), c.l.published.snapshot(), excused, deliveryLagBound)
 	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep,
 		LagMaxSecs: quantile(path.Lags, 1).Seconds(), LagP99Secs: quantile(path.Lags, 0.99).Seconds()}

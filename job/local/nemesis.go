@@ -184,6 +184,13 @@ func newNemesis(c *chaosRun, cfg chaosConfig) *nemesis {
 	return &nemesis{c: c, steps: schedule(cfg.seed, cfg.duration), rng: rand.New(rand.NewPCG(cfg.seed, 7)), busy: map[int]bool{}}
 }
 
+// holds reports whether a fault holds drain instance i now.
+func (n *nemesis) holds(i int) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.busy[i]
+}
+
 // excusals returns the drain's own faults' spans so far.
 func (n *nemesis) excusals() excusals {
 	n.mu.Lock()

@@ -25,10 +25,11 @@ type window struct {
 // the turn's idle bound, within their requeueing).
 type excusals []window
 
-// covers reports whether a fault of instance drain overlaps [from, to].
-func (e excusals) covers(drain int, from, to time.Time) bool {
+// covers reports whether a fault of instance drain overlaps [from, to]
+// and began no sooner than since (zero: any fault; see wakeRecord.Fresh).
+func (e excusals) covers(drain int, since, from, to time.Time) bool {
 	for _, w := range e {
-		if w.Drain == drain && !w.To.Before(from) && !w.From.After(to) {
+		if w.Drain == drain && !w.To.Before(from) && !w.From.After(to) && !w.From.Before(since) {
 			return true
 		}
 	}
@@ -70,7 +71,7 @@ func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, p
 		for i, h := range w.HistoryIDs {
 			switch {
 			case published(w.EventIDs[i]):
-			case stranded[h] && excused.covers(w.Drain, w.Answered, t):
+			case stranded[h] && excused.covers(w.Drain, w.Fresh, w.Answered, t):
 				v.Excused++
 			case stranded[h]:
 				v.Stranded = append(v.Stranded, strandedCommit{EventID: w.EventIDs[i], Drain: w.Drain, Answered: w.Answered, Found: t})
@@ -123,7 +124,7 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 			default:
 				r.BySweep++
 			}
-			if !w.promised() || excused.covers(w.Drain, w.Committed, f.At) {
+			if !w.promised() || excused.covers(w.Drain, w.Fresh, w.Committed, f.At) {
 				continue
 			}
 			if f.Component == componentVerify {

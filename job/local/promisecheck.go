@@ -73,6 +73,13 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 	p.stranded = append(p.stranded, v.Stranded...)
 }
 
+// judged is how many times the promise was judged so far.
+func (p *promiseChecker) judged() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.checks
+}
+
 // quiescent reports that no wake-up's drain can be running: no wake-up
 // request is in flight to an instance that is not frozen. A frozen
 // instance's drains carry nothing while it is stopped, and a promise

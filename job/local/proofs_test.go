@@ -96,6 +96,23 @@ func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	before := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(-time.Minute), To: t0.Add(-time.Second)}}
 	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, before)
 	require.Len(t, v.Stranded, 1, "a fault over before the answer excuses nothing")
+
+	// A claim race's wake-up (Fresh: its instance had nothing in flight
+	// and no fault on it) rests only on drains started after Fresh: a
+	// fault before it, though its 30 s span still lasts, excuses nothing;
+	// one after it does.
+	race := func(fresh time.Time) *wakeRecord {
+		w := wake("stranded")
+		w.Fresh = fresh
+		return w
+	}
+	earlier := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(-5 * time.Second), To: t0.Add(25 * time.Second)}}
+	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{race(t0.Add(-time.Second))}, stranded, published, earlier)
+	require.Len(t, v.Stranded, 1, "a fault before the race's start excuses nothing")
+	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, earlier)
+	require.Empty(t, v.Stranded, "the same fault excuses a wake-up of the SDK's traffic")
+	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{race(t0.Add(-time.Second))}, stranded, published, killed)
+	require.Empty(t, v.Stranded, "a fault after the race's start excuses it")
 }
 
 // TestPathProofNamesWhatOnlyTheSweepPublished: a promised commit that only

@@ -205,3 +205,83 @@ func TestGRPCBatchFaultsAndObserver(t *testing.T) {
 		t.Fatalf("observed %+v", c)
 	}
 }
+
+// TestGRPCHoldNext holds the one call its match picks until Release, and
+// only that one.
+func TestGRPCHoldNext(t *testing.T) {
+	t.Parallel()
+	srv := pstest.NewServer()
+	t.Cleanup(func() { _ = srv.Close() })
+	proxy, err := faultproxy.NewGRPC(srv.Addr, func(m string) bool { return m == "/google.pubsub.v1.Publisher/Publish" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	conn, err := grpc.NewClient(proxy.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := pubsubpb.NewPublisherClient(conn)
+	if _, err := client.CreateTopic(t.Context(), &pubsubpb.Topic{Name: topic}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(data string) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		_, err := client.Publish(ctx, &pubsubpb.PublishRequest{Topic: topic, Messages: []*pubsubpb.PubsubMessage{{Data: []byte(data)}}})
+		return err
+	}
+	matches := func(data string) func([]byte) bool {
+		return func(request []byte) bool {
+			var req pubsubpb.PublishRequest
+			return proto.Unmarshal(request, &req) == nil && len(req.Messages) == 1 && string(req.Messages[0].Data) == data
+		}
+	}
+	stored := func(data string) bool {
+		for _, m := range srv.Messages() {
+			if string(m.Data) == data {
+				return true
+			}
+		}
+		return false
+	}
+
+	hold := proxy.HoldNext(matches("held"))
+	if err := publish("other"); err != nil {
+		t.Fatalf("a call the hold does not match passes: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- publish("held") }()
+	select {
+	case <-hold.Held():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the matching call was not held within 10 s")
+	}
+	if stored("held") {
+		t.Fatal("the held call reached the server before Release")
+	}
+	if err := publish("held"); err != nil {
+		t.Fatalf("a second matching call passes while the first is held: %v", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the held call ended before Release: %v", err)
+	default:
+	}
+	hold.Release()
+	if err := <-done; err != nil || !stored("held") {
+		t.Fatalf("after Release the held call gave %v (stored %v), want it forwarded", err, stored("held"))
+	}
+
+	disarmed := proxy.HoldNext(matches("late"))
+	disarmed.Release()
+	if err := publish("late"); err != nil {
+		t.Fatalf("a released hold that held nothing holds nothing more: %v", err)
+	}
+	select {
+	case <-disarmed.Held():
+		t.Fatal("a hold released before any call still held one")
+	default:
+	}
+}

@@ -66,6 +66,8 @@ type GRPC struct {
 	counts  [faultKinds]atomic.Int64
 	// observe, when set, sees every finished call (see Observe).
 	observe atomic.Pointer[func(method string, request []byte, ok bool)]
+	// hold, when set, is the call to hold (see HoldNext).
+	hold atomic.Pointer[Hold]
 }
 
 // NewGRPC starts a proxy on a free loopback port in front of backend
@@ -128,15 +130,18 @@ func (p *GRPC) forward(_ any, ss grpc.ServerStream) (err error) {
 	if fn := p.observe.Load(); fn != nil {
 		defer func() { (*fn)(method, first.data, ok && err == nil) }()
 	}
+	ctx := ss.Context()
 	fault := Pass
 	if p.faulted(method) {
+		if err := p.holdIfMatched(ctx, first.data); err != nil {
+			return err
+		}
 		fault = Fault(p.fault.Load())
 	}
 	if fault == RefuseBatches && publishMessages(first.data) <= 1 {
 		fault = Pass
 	}
 	p.counts[fault].Add(1)
-	ctx := ss.Context()
 	switch fault {
 	case Refuse:
 		return status.Error(codes.Unavailable, "faultproxy: injected refusal")
