@@ -24,7 +24,7 @@ import (
 // promise). The SDK's bursts meet that moment rarely, and when they do the
 // next wake-up's drain takes the commit within milliseconds, so a
 // stranded commit is seen only at a burst's very end. The race makes the
-// moment at every pause of the SDK's traffic:
+// moment in the pauses of the SDK's traffic, as often as they allow:
 //
 //  1. It picks an instance with nothing in flight and no fault on it, and
 //     commits a quick run of changes, each woken there as the SDK wakes
@@ -37,8 +37,9 @@ import (
 //     same instance, then lets the Publish go once the wake-up is answered
 //     or claimRaceHold has passed.
 //
-// The promise's checks at the next pause judge it as any wake-up, with
-// one difference: as the instance had nothing in flight when the race
+// The promise's checks judge it, before the next race, as any wake-up
+// (a race after it would take its commit if it was stranded), with one
+// difference: as the instance had nothing in flight when the race
 // began, its promises rest only on drains started since, and a fault of
 // the instance before then does not excuse them (wakeRecord.Fresh).
 type claimRace struct {
