@@ -304,14 +304,15 @@ func (c *chaosRun) provePromise(excused excusals) {
 	}
 	rep.ClaimRaces = c.race.summary()
 	rep.add("the claim race was run", rep.ClaimRaces.Sent > 0, rep.ClaimRaces.String()+", each judged with the rest")
-	path := judgePath(c.wakes.records(), c.l.published.snapshot(), excused, deliveryLagBound)
-	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep,
+	wakes, first := c.wakes.records(), c.l.published.snapshot()
+	path := judgePath(wakes, first, excused, deliveryLagBound)
+	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep, SweptRacing: path.SweptRacing,
 		LagMaxSecs: quantile(path.Lags, 1).Seconds(), LagP99Secs: quantile(path.Lags, 0.99).Seconds()}
 	rep.add("every promised commit published by a drain in flight", len(stranded) == 0 && p.checks > 0,
 		fmt.Sprintf("%d wake-ups answered 2xx, checked at %d pauses of the SDK with no drain in flight: %d commits stranded, %d excused by the drain's own faults%s",
 			rep.Promise.Promised+len(stranded), p.checks, len(stranded), rep.Promise.Excused, describeStranded(stranded)))
 	rep.add("the wake-up path delivered", len(path.SweptPromised) == 0 && len(path.Late) == 0 && path.ByWakeUps > 0,
-		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d only the sweep published, %d later than %v after their commit (max %.1fs, p99 %.1fs)%s",
-			path.ByWakeUps, path.ByOperations, path.BySweep, len(path.SweptPromised), len(path.Late), deliveryLagBound,
-			rep.Path.LagMaxSecs, rep.Path.LagP99Secs, example(setOf(append(path.SweptPromised, path.Late...)))))
+		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d the sweep published first after every drain that could carry them had ended (%d while one was in flight), %d later than %v after their commit (max %.1fs, p99 %.1fs)%s",
+			path.ByWakeUps, path.ByOperations, path.BySweep, len(path.SweptPromised), path.SweptRacing, len(path.Late), deliveryLagBound,
+			rep.Path.LagMaxSecs, rep.Path.LagP99Secs, describePathBreak(path.SweptPromised, path.Late, wakes, first, c.started)))
 }

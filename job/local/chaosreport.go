@@ -85,11 +85,14 @@ func (c *chaosRun) opErrs(kind string, err error) {
 // pathSummary is how the events reached Pub/Sub first, and how long the
 // promised ones took.
 type pathSummary struct {
-	ByWakeUps    int     `json:"by_wake_ups"`
-	ByOperations int     `json:"by_operations"`
-	BySweep      int     `json:"by_sweep"`
-	LagMaxSecs   float64 `json:"delivery_lag_max_seconds"`
-	LagP99Secs   float64 `json:"delivery_lag_p99_seconds"`
+	ByWakeUps    int `json:"by_wake_ups"`
+	ByOperations int `json:"by_operations"`
+	BySweep      int `json:"by_sweep"`
+	// SweptRacing are promised commits the sweep published first while a
+	// drain that may have carried them was in flight (see pathReport).
+	SweptRacing int     `json:"swept_racing_a_drain"`
+	LagMaxSecs  float64 `json:"delivery_lag_max_seconds"`
+	LagP99Secs  float64 `json:"delivery_lag_p99_seconds"`
 }
 
 // promiseSummary is the live checks of a wake-up's promise.
@@ -147,8 +150,8 @@ func (r *chaosReport) print(w io.Writer, asJSON bool) error {
 	fmt.Fprintf(tw, "events\t%d captured; %d messages published; %d rows landed\n", r.Events, r.Published, r.Landed)
 	fmt.Fprintf(tw, "faults\t%s (took effect / injected)\n", effective(r.Faults, r.FaultsEffective))
 	fmt.Fprintf(tw, "wake-ups\t%s (as the SDK saw them within 5 s)\n", counts(r.WakeUps))
-	fmt.Fprintf(tw, "path\tpublished first by the wake-ups' drains %d, operations %d, the sweep %d (once a minute); delivery lag of promised commits max %.1fs, p99 %.1fs\n",
-		r.Path.ByWakeUps, r.Path.ByOperations, r.Path.BySweep, r.Path.LagMaxSecs, r.Path.LagP99Secs)
+	fmt.Fprintf(tw, "path\tpublished first by the wake-ups' drains %d, operations %d, the sweep %d (once a minute; %d promised, racing a drain in flight); delivery lag of promised commits max %.1fs, p99 %.1fs\n",
+		r.Path.ByWakeUps, r.Path.ByOperations, r.Path.BySweep, r.Path.SweptRacing, r.Path.LagMaxSecs, r.Path.LagP99Secs)
 	fmt.Fprintf(tw, "promise\t%d wake-ups answered 2xx, checked at %d pauses with no drain in flight: %d stranded, %d excused by the drain's own faults\n",
 		r.Promise.Promised+r.Promise.Stranded, r.Promise.Pauses, r.Promise.Stranded, r.Promise.Excused)
 	fmt.Fprintf(tw, "claim race\t%s\n", r.ClaimRaces)

@@ -95,9 +95,15 @@ func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, p
 // verifier's sweep, and the delivery lag of the promised ones.
 type pathReport struct {
 	ByWakeUps, ByOperations, BySweep int
-	// SweptPromised are events of promised wake-ups that only the sweep
-	// published, outside the drain's own faults: broken promises.
+	// SweptPromised are events of promised wake-ups that the sweep
+	// published first, outside the drain's own faults, when no wake-up
+	// request to their instance that was open at their answer was in
+	// flight any more: the drain they rested on had ended without them.
+	// SweptRacing counts those the sweep took while such a request was
+	// still in flight (its drain between retries, say): a race with the
+	// drain carrying them, not a broken promise.
 	SweptPromised []string
+	SweptRacing   int
 	// Lags are commit → first publish of the promised wake-ups' events,
 	// outside the drain's own faults; Late those past the bound.
 	Lags []time.Duration
@@ -110,6 +116,10 @@ type pathReport struct {
 // bound of its commit, unless a drain's own fault excuses it.
 func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusals, bound time.Duration) pathReport {
 	var r pathReport
+	byDrain := map[int][]wakeRecord{}
+	for _, w := range wakes {
+		byDrain[w.Drain] = append(byDrain[w.Drain], w)
+	}
 	for _, w := range wakes {
 		for _, id := range w.EventIDs {
 			f, ok := first[id]
@@ -128,7 +138,11 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 				continue
 			}
 			if f.Component == componentVerify {
-				r.SweptPromised = append(r.SweptPromised, id)
+				if inFlightAt(byDrain[w.Drain], w.Answered, f.At) {
+					r.SweptRacing++
+				} else {
+					r.SweptPromised = append(r.SweptPromised, id)
+				}
 			}
 			lag := f.At.Sub(w.Committed)
 			r.Lags = append(r.Lags, lag)
@@ -138,6 +152,18 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 		}
 	}
 	return r
+}
+
+// inFlightAt reports whether one of an instance's wake-up requests that
+// was open at answered (sent by then, not ended before) was still in
+// flight at t: a drain that may carry a commit answered then.
+func inFlightAt(requests []wakeRecord, answered, t time.Time) bool {
+	for _, q := range requests {
+		if !q.Sent.After(answered) && (q.Ended.IsZero() || !q.Ended.Before(t)) {
+			return true
+		}
+	}
+	return false
 }
 
 // quantile is the q-quantile of ds (0 when empty).
@@ -158,4 +184,32 @@ func describeStranded(s []strandedCommit) string {
 	first := s[0]
 	return fmt.Sprintf(" (for example event %s, answered 2xx by drain %d, pending with no drain in flight %.1fs later)",
 		first.EventID, first.Drain+1, first.Found.Sub(first.Answered).Seconds())
+}
+
+// describePathBreak names the first event that broke the path's proof
+// (swept, then late), with its timeline in seconds from started: its
+// commit, its wake-up's answer, its first publish, and the last end of
+// the requests to its instance that were open at the answer.
+func describePathBreak(swept, late []string, wakes []wakeRecord, first map[string]firstPublish, started time.Time) string {
+	ids := append(slices.Clone(swept), late...)
+	if len(ids) == 0 {
+		return ""
+	}
+	id := ids[0]
+	at := func(t time.Time) float64 { return t.Sub(started).Seconds() }
+	for _, w := range wakes {
+		if !slices.Contains(w.EventIDs, id) {
+			continue
+		}
+		var lastEnd time.Time
+		for _, q := range wakes {
+			if q.Drain == w.Drain && !q.Sent.After(w.Answered) && q.Ended.After(lastEnd) {
+				lastEnd = q.Ended
+			}
+		}
+		f := first[id]
+		return fmt.Sprintf(" (for example event %s: committed at %.1fs, answered %d by drain %d at %.1fs, published first by %s at %.1fs; the drain's requests open at the answer ended by %.1fs)",
+			id, at(w.Committed), w.Code, w.Drain+1, at(w.Answered), f.Component, at(f.At), at(lastEnd))
+	}
+	return " (for example event " + id + ")"
 }

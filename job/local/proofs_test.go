@@ -115,33 +115,46 @@ func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	require.Empty(t, v.Stranded, "a fault after the race's start excuses it")
 }
 
-// TestPathProofNamesWhatOnlyTheSweepPublished: a promised commit that only
-// the verifier's sweep published, or that a drain published past the
-// bound, breaks the wake-up path's proof; an unpromised one (its wake-up
-// answered 503) may go with the sweep.
+// TestPathProofNamesWhatOnlyTheSweepPublished: a promised commit that the
+// verifier's sweep published first once every request to its instance open
+// at its answer had ended, or that a drain published past the bound,
+// breaks the wake-up path's proof; one the sweep took while such a request
+// was still in flight raced the drain carrying it; an unpromised one (its
+// wake-up answered 503) may go with the sweep.
 func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
+	ended := t0.Add(200 * time.Millisecond)
 	wakes := []wakeRecord{
-		{EventIDs: []string{"by-drain"}, Committed: t0, Code: 200},
-		{EventIDs: []string{"by-sweep"}, Committed: t0, Code: 200},
-		{EventIDs: []string{"late"}, Committed: t0, Code: 200},
-		{EventIDs: []string{"unpromised"}, Committed: t0, Code: 503},
-		{EventIDs: []string{"by-replay"}, Committed: t0, Code: 200},
+		{EventIDs: []string{"by-drain"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
+		{EventIDs: []string{"by-sweep"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
+		{EventIDs: []string{"late"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
+		{EventIDs: []string{"unpromised"}, Committed: t0, Code: 503, Sent: t0, Answered: t0, Ended: ended},
+		{EventIDs: []string{"by-replay"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
+		// Coalesced on instance 2 into a drain whose request (the next
+		// record's) was still in flight when the sweep took it.
+		{EventIDs: []string{"swept-racing"}, Drain: 1, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: t0},
+		{Drain: 1, Committed: t0.Add(-time.Second), Code: 0, Sent: t0.Add(-time.Second), Ended: t0.Add(55 * time.Second)},
+		// A request sent after the answer carries nothing of it.
+		{Drain: 0, Committed: t0.Add(time.Second), Code: 0, Sent: t0.Add(time.Second), Ended: t0.Add(55 * time.Second)},
 	}
 	first := map[string]firstPublish{
-		"by-drain":   {At: t0.Add(100 * time.Millisecond), Component: componentDrain},
-		"by-sweep":   {At: t0.Add(50 * time.Second), Component: componentVerify},
-		"late":       {At: t0.Add(40 * time.Second), Component: componentDrain},
-		"unpromised": {At: t0.Add(50 * time.Second), Component: componentVerify},
-		"by-replay":  {At: t0.Add(time.Second), Component: componentJob},
+		"by-drain":     {At: t0.Add(100 * time.Millisecond), Component: componentDrain},
+		"by-sweep":     {At: t0.Add(50 * time.Second), Component: componentVerify},
+		"late":         {At: t0.Add(40 * time.Second), Component: componentDrain},
+		"unpromised":   {At: t0.Add(50 * time.Second), Component: componentVerify},
+		"by-replay":    {At: t0.Add(time.Second), Component: componentJob},
+		"swept-racing": {At: t0.Add(20 * time.Second), Component: componentVerify},
 	}
 	r := judgePath(wakes, first, nil, 30*time.Second)
 	require.Equal(t, []string{"by-sweep"}, r.SweptPromised)
+	require.Equal(t, 1, r.SweptRacing, "swept while a request open at its answer was in flight")
 	require.ElementsMatch(t, []string{"by-sweep", "late"}, r.Late)
 	require.Equal(t, 2, r.ByWakeUps)
-	require.Equal(t, 2, r.BySweep)
+	require.Equal(t, 3, r.BySweep)
 	require.Equal(t, 1, r.ByOperations)
+	require.Contains(t, describePathBreak(r.SweptPromised, r.Late, wakes, first, t0),
+		"event by-sweep: committed at 0.0s, answered 200 by drain 1 at 0.0s, published first by replication-verify at 50.0s; the drain's requests open at the answer ended by 0.2s")
 
 	c := &chaosRun{report: &chaosReport{}, l: &local{published: newPublishLedger()}}
 	for id, f := range first {

@@ -32,6 +32,9 @@ type wakeRecord struct {
 	// Answered when.
 	Code     int
 	Answered time.Time
+	// Sent is when the wake-up request was sent, and Ended when the
+	// instance answered it, whenever that was (zero: still in flight).
+	Sent, Ended time.Time
 	// resolved: every event was seen published, or set aside.
 	resolved bool
 }
@@ -62,6 +65,7 @@ const sdkWait = 5 * time.Second
 // until then.
 func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec *wakeRecord) {
 	wl.mu.Lock()
+	rec.Sent = time.Now()
 	wl.all = append(wl.all, rec)
 	wl.mu.Unlock()
 	wl.started.Add(1)
@@ -75,7 +79,11 @@ func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec
 		// instance's stop grace, with room.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		answer <- l.post(rctx, url, token)
+		code := l.post(rctx, url, token)
+		wl.mu.Lock()
+		rec.Ended = time.Now()
+		wl.mu.Unlock()
+		answer <- code
 	}()
 	timer := time.NewTimer(sdkWait)
 	defer timer.Stop()
