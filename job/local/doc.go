@@ -112,9 +112,11 @@
 // or restart excuses only that instance's promises, for 30 s after it).
 // Faults off, it waits for full verification and proves: the claim race
 // was run; every promised
-// commit published by a drain in flight; every event published first by a
-// wake-up's drain or an operation, never only by the sweep, within 30 s of
-// its commit; every captured event verified, with nothing pending or set
+// commit published by a drain in flight; every promised commit published
+// first by a wake-up's drain or an operation within 30 s of its commit, or
+// by the sweep only while a wake-up request to its instance that was open
+// at its answer was still in flight (a race with the drain carrying it);
+// every captured event verified, with nothing pending or set
 // aside; none accepted but never published; none verified before it
 // landed; none lost; each replay published every event in its scope again
 // after it started; every operation finished; the views equal to the
