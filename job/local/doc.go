@@ -116,6 +116,8 @@
 // first by a wake-up's drain or an operation within 30 s of its commit, or
 // by the sweep only while a wake-up request to its instance that was open
 // at its answer was still in flight (a race with the drain carrying it);
+// a commit whose drain gave up behind the faults after its 25 s of
+// requeueing (SPEC §3's limit) is counted apart, not excused silently;
 // every captured event verified, with nothing pending or set
 // aside; none accepted but never published; none verified before it
 // landed; none lost; each replay published every event in its scope again

@@ -50,6 +50,9 @@ type strandedCommit struct {
 type quiescentVerdict struct {
 	Stranded []strandedCommit
 	Excused  int
+	// PastLimit counts stranded events whose drain gave up behind the
+	// faults, as documented (gaveUp).
+	PastLimit int
 	// Resolved are the wake-ups whose events were all published (or
 	// excused), and Broken those with a stranded event: neither needs
 	// another check.
@@ -64,7 +67,7 @@ type quiescentVerdict struct {
 // the open wake-ups' events (history ids) found pending, not held and
 // not set aside. A stranded event whose drain instance's own fault came
 // between its answer and t is excused; any other breaks the promise.
-func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals) quiescentVerdict {
+func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals, requests map[int][]wakeRecord) quiescentVerdict {
 	var v quiescentVerdict
 	for _, w := range open {
 		done, broken := true, false
@@ -73,6 +76,8 @@ func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, p
 			case published(w.EventIDs[i]):
 			case stranded[h] && excused.covers(w.Drain, w.Fresh, w.Answered, t):
 				v.Excused++
+			case stranded[h] && gaveUp(requests[w.Drain], w.Answered):
+				v.PastLimit++
 			case stranded[h]:
 				v.Stranded = append(v.Stranded, strandedCommit{EventID: w.EventIDs[i], Drain: w.Drain, Answered: w.Answered, Found: t})
 				broken = true
@@ -104,6 +109,9 @@ type pathReport struct {
 	// drain carrying them, not a broken promise.
 	SweptPromised []string
 	SweptRacing   int
+	// PastLimit counts promised events swept or late whose drain gave up
+	// behind the faults, as documented (gaveUp).
+	PastLimit int
 	// Lags are commit → first publish of the promised wake-ups' events,
 	// outside the drain's own faults; Late those past the bound.
 	Lags []time.Duration
@@ -116,10 +124,7 @@ type pathReport struct {
 // bound of its commit, unless a drain's own fault excuses it.
 func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusals, bound time.Duration) pathReport {
 	var r pathReport
-	byDrain := map[int][]wakeRecord{}
-	for _, w := range wakes {
-		byDrain[w.Drain] = append(byDrain[w.Drain], w)
-	}
+	byDrain := requestsByDrain(wakes)
 	for _, w := range wakes {
 		for _, id := range w.EventIDs {
 			f, ok := first[id]
@@ -137,21 +142,53 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 			if !w.promised() || excused.covers(w.Drain, w.Fresh, w.Committed, f.At) {
 				continue
 			}
-			if f.Component == componentVerify {
-				if inFlightAt(byDrain[w.Drain], w.Answered, f.At) {
-					r.SweptRacing++
-				} else {
-					r.SweptPromised = append(r.SweptPromised, id)
-				}
-			}
 			lag := f.At.Sub(w.Committed)
 			r.Lags = append(r.Lags, lag)
+			swept := f.Component == componentVerify && !inFlightAt(byDrain[w.Drain], w.Answered, f.At)
+			switch {
+			case (swept || lag > bound) && gaveUp(byDrain[w.Drain], w.Answered):
+				r.PastLimit++
+				continue
+			case f.Component == componentVerify && !swept:
+				r.SweptRacing++
+			case swept:
+				r.SweptPromised = append(r.SweptPromised, id)
+			}
 			if lag > bound {
 				r.Late = append(r.Late, id)
 			}
 		}
 	}
 	return r
+}
+
+// requestsByDrain groups the wake-up requests by instance.
+func requestsByDrain(wakes []wakeRecord) map[int][]wakeRecord {
+	out := map[int][]wakeRecord{}
+	for _, w := range wakes {
+		out[w.Drain] = append(out[w.Drain], w)
+	}
+	return out
+}
+
+// giveUpAfter is how long a drain that gives up behind the faults has
+// been in flight at least: delivery's RequeueFor (25 s from its start)
+// less its longest backoff, with room for a busy machine's delays.
+const giveUpAfter = 20 * time.Second
+
+// gaveUp reports whether a drain a commit answered at answered may rest on
+// gave up behind the faults, as the drain's contract says it does (SPEC §3:
+// it queues again after a transient fault for up to 25 s, then fails): a
+// request to the instance that was open after the answer ended without a
+// 2xx after at least giveUpAfter in flight. A drain that fails sooner, or
+// ends 2xx without the commit, gives no such excuse.
+func gaveUp(requests []wakeRecord, answered time.Time) bool {
+	for _, q := range requests {
+		if !q.Sent.After(answered) && q.Ended.After(answered) && q.EndCode/100 != 2 && q.Ended.Sub(q.Sent) >= giveUpAfter {
+			return true
+		}
+	}
+	return false
 }
 
 // inFlightAt reports whether one of an instance's wake-up requests that

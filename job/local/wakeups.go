@@ -33,8 +33,10 @@ type wakeRecord struct {
 	Code     int
 	Answered time.Time
 	// Sent is when the wake-up request was sent, and Ended when the
-	// instance answered it, whenever that was (zero: still in flight).
+	// instance answered it, whenever that was (zero: still in flight),
+	// with EndCode (0: no answer).
 	Sent, Ended time.Time
+	EndCode     int
 	// resolved: every event was seen published, or set aside.
 	resolved bool
 }
@@ -81,7 +83,7 @@ func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec
 		defer cancel()
 		code := l.post(rctx, url, token)
 		wl.mu.Lock()
-		rec.Ended = time.Now()
+		rec.Ended, rec.EndCode = time.Now(), code
 		wl.mu.Unlock()
 		answer <- code
 	}()
