@@ -25,7 +25,7 @@ type promiseChecker struct {
 	// pastLimit counts stranded events whose drain gave up behind the
 	// faults after its 25 s of requeueing (gaveUp).
 	pastLimit int
-	stranded []strandedCommit
+	stranded  []strandedCommit
 }
 
 // run checks every 100 ms until ctx ends (the faults' end), and then
