@@ -117,7 +117,7 @@
 // by the sweep only while a wake-up request to its instance that was open
 // at its answer was still in flight (a race with the drain carrying it);
 // a commit whose drain gave up behind the faults after its 25 s of
-// requeueing (SPEC §3's limit) is counted apart, not excused silently;
+// requeueing (the drain's stated limit) is counted apart and printed;
 // every captured event verified, with nothing pending or set
 // aside; none accepted but never published; none verified before it
 // landed; none lost; each replay published every event in its scope again
