@@ -43,8 +43,13 @@ func TestAProbeLeavesTheEventsBehindToThePendingDrain(t *testing.T) {
 	t.Parallel()
 	limit := &heldLimit{sizeLimit: sizeLimit{limit: 1 << 20}, entered: make(chan struct{}, 8), open: make(chan struct{})}
 	r := newRig(t, 2, withPublishReactor(limit), withService(func(c *delivery.Config) {
-		c.QuietInterval = -1          // every wake-up takes turns
-		c.TurnWait = 10 * time.Second // a wait that gives up fails the test sooner
+		c.QuietInterval = -1 // every wake-up takes turns
+		// The pending drain waits for the turn while the lone event fails
+		// alone and its probe gives up on a connection: on a busy machine
+		// that took more than 10 s, the wait timed out, and the first drain
+		// took the events on its next claim. A probe that waited for the
+		// pending drain's connection would still hold it for the whole wait.
+		c.TurnWait = time.Minute
 	}))
 	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": strings.Repeat("x", 150_000)})
 	require.NoError(t, err)
@@ -70,6 +75,6 @@ func TestAProbeLeavesTheEventsBehindToThePendingDrain(t *testing.T) {
 	p := await.Receive(t, pending, "pending")
 	require.NotErrorIs(t, p.err, store.ErrTurnWait)
 	require.Equal(t, 16, p.res.Published+f.res.Published, "the events behind the one that fails are drained")
-	require.Positive(t, p.res.Published, "by the pending drain")
+	require.Positive(t, p.res.Published, "by the pending drain: %+v", p.res)
 	require.EqualValues(t, 1, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
