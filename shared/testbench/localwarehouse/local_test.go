@@ -105,6 +105,9 @@ func TestLocalFeederDeadLetters(t *testing.T) {
 		dead, err = client.SubscriptionAdminClient.Pull(ctx, &pubsubpb.PullRequest{Subscription: "projects/p1/subscriptions/dead", MaxMessages: 10, ReturnImmediately: true})
 		return err == nil && len(dead.ReceivedMessages) == 1
 	}, 20*time.Second, 50*time.Millisecond)
+	// The dead letter can be pulled before the feeder's publish of it has
+	// returned: its own count is the signal that it moved the message.
+	require.Eventually(t, func() bool { return f.DeadLettered() == 1 }, 20*time.Second, 10*time.Millisecond, "the feeder counts the message it moved")
 	stop()
 	require.NoError(t, <-done)
 	require.Equal(t, string(bad), string(dead.ReceivedMessages[0].Message.Data))
