@@ -20,16 +20,27 @@ type window struct {
 // excusals are the spans of the drain's own faults (an instance killed,
 // frozen or restarted), when the drain a promise rests on may itself be
 // gone: a promise of that instance broken then is the fault's, not the
-// product's. Another instance's promise is not excused: its drains outlive
-// a turn held by a frozen instance (the server ends that session after
-// the turn's idle bound, within their requeueing).
+// product's. Another instance's promise is excused only by such a fault
+// that began after its answer (see covers): its drains outlive a turn held
+// by a frozen instance (the server ends that session after the turn's idle
+// bound, within their requeueing), but not a claim of the frozen instance
+// that holds the commit after they ended.
 type excusals []window
 
-// covers reports whether a fault of instance drain overlaps [from, to]
-// and began no sooner than since (zero: any fault; see wakeRecord.Fresh).
+// covers reports whether a fault excuses a promise of instance drain
+// judged over [from, to]: a fault of that instance that overlaps it and
+// began no sooner than since (zero: any; see wakeRecord.Fresh), or a fault
+// of another instance that began within it. A drain leaves the events
+// another drain's claim holds to that claim, so a commit promised by one
+// instance may be held by another's claim when that instance is frozen or
+// killed: it then waits for the server to end the session, past the
+// promising drain's end.
 func (e excusals) covers(drain int, since, from, to time.Time) bool {
 	for _, w := range e {
-		if w.Drain == drain && !w.To.Before(from) && !w.From.After(to) && !w.From.Before(since) {
+		switch {
+		case w.Drain == drain && !w.To.Before(from) && !w.From.After(to) && !w.From.Before(since):
+			return true
+		case w.Drain != drain && !w.From.Before(from) && !w.From.After(to):
 			return true
 		}
 	}

@@ -90,9 +90,14 @@ func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	require.Empty(t, v.Stranded, "the drain's own fault excuses it")
 	require.Equal(t, 1, v.Excused)
 
-	other := excusals{{Kind: faultDrainFreeze, Drain: 0, From: t0.Add(500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
+	other := excusals{{Kind: faultDrainFreeze, Drain: 0, From: t0.Add(-500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
 	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, other, nil)
-	require.Len(t, v.Stranded, 1, "another instance's fault excuses nothing")
+	require.Len(t, v.Stranded, 1, "another instance's fault that began before the answer excuses nothing")
+	// One that began after it may have frozen the claim that held the
+	// commit: a drain leaves what another's claim holds to that claim.
+	other[0].From = t0.Add(500 * time.Millisecond)
+	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, other, nil)
+	require.Empty(t, v.Stranded, "another instance's fault after the answer excuses it")
 
 	before := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(-time.Minute), To: t0.Add(-time.Second)}}
 	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, before, nil)
