@@ -109,7 +109,9 @@
 // disagrees with its delivery row; and at every pause of the SDK with no
 // wake-up request in flight, that every wake-up answered 2xx has its
 // commit published or held by a claim (a drain instance's own kill, freeze
-// or restart excuses only that instance's promises, for 30 s after it).
+// or restart excuses that instance's promises, for 30 s after it, and
+// another instance's made before it began: their commit may sit in its
+// claim).
 // Faults off, it waits for full verification and proves: the claim race
 // was run; every promised
 // commit published by a drain in flight; every promised commit published
