@@ -21,10 +21,11 @@ import (
 
 const topic = "projects/p/topics/t"
 
-// TestGRPCFaults publishes through the proxy with each fault and checks
-// what the caller saw and what the server stored.
-func TestGRPCFaults(t *testing.T) {
-	t.Parallel()
+// proxied starts a Pub/Sub server (pstest), a proxy in front of it that
+// faults Publish, and a publisher client through the proxy, with the
+// test's topic created through it (an unfaulted method passes).
+func proxied(t *testing.T) (*pstest.Server, *faultproxy.GRPC, pubsubpb.PublisherClient) {
+	t.Helper()
 	srv := pstest.NewServer()
 	t.Cleanup(func() { _ = srv.Close() })
 	proxy, err := faultproxy.NewGRPC(srv.Addr, func(m string) bool { return m == "/google.pubsub.v1.Publisher/Publish" })
@@ -41,6 +42,14 @@ func TestGRPCFaults(t *testing.T) {
 	if _, err := client.CreateTopic(t.Context(), &pubsubpb.Topic{Name: topic}); err != nil {
 		t.Fatalf("an unfaulted method passes: %v", err)
 	}
+	return srv, proxy, client
+}
+
+// TestGRPCFaults publishes through the proxy with each fault and checks
+// what the caller saw and what the server stored.
+func TestGRPCFaults(t *testing.T) {
+	t.Parallel()
+	srv, proxy, client := proxied(t)
 	cases := []struct {
 		fault  faultproxy.Fault
 		code   codes.Code
@@ -137,13 +146,7 @@ func TestHTTPFaults(t *testing.T) {
 // answered OK.
 func TestGRPCBatchFaultsAndObserver(t *testing.T) {
 	t.Parallel()
-	srv := pstest.NewServer()
-	t.Cleanup(func() { _ = srv.Close() })
-	proxy, err := faultproxy.NewGRPC(srv.Addr, func(m string) bool { return m == "/google.pubsub.v1.Publisher/Publish" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
+	_, proxy, client := proxied(t)
 	type call struct {
 		messages int
 		ok       bool
@@ -159,15 +162,6 @@ func TestGRPCBatchFaultsAndObserver(t *testing.T) {
 		}
 		calls <- call{len(req.Messages), ok}
 	})
-	conn, err := grpc.NewClient(proxy.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	client := pubsubpb.NewPublisherClient(conn)
-	if _, err := client.CreateTopic(t.Context(), &pubsubpb.Topic{Name: topic}); err != nil {
-		t.Fatal(err)
-	}
 	publish := func(n int) error {
 		msgs := make([]*pubsubpb.PubsubMessage, n)
 		for i := range msgs {
@@ -210,22 +204,7 @@ func TestGRPCBatchFaultsAndObserver(t *testing.T) {
 // only that one.
 func TestGRPCHoldNext(t *testing.T) {
 	t.Parallel()
-	srv := pstest.NewServer()
-	t.Cleanup(func() { _ = srv.Close() })
-	proxy, err := faultproxy.NewGRPC(srv.Addr, func(m string) bool { return m == "/google.pubsub.v1.Publisher/Publish" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	conn, err := grpc.NewClient(proxy.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	client := pubsubpb.NewPublisherClient(conn)
-	if _, err := client.CreateTopic(t.Context(), &pubsubpb.Topic{Name: topic}); err != nil {
-		t.Fatal(err)
-	}
+	srv, proxy, client := proxied(t)
 	publish := func(data string) error {
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 		defer cancel()
