@@ -36,20 +36,8 @@ func (p *publishLedger) observer(component string) func(method string, request [
 		if method != publishMethod || !ok {
 			return
 		}
-		var req pubsubpb.PublishRequest
-		if proto.Unmarshal(request, &req) != nil {
-			return
-		}
 		now := time.Now()
-		ids := make([]string, 0, len(req.Messages))
-		for _, m := range req.Messages {
-			var body struct {
-				EventID string `json:"event_id"`
-			}
-			if json.Unmarshal(m.Data, &body) == nil && body.EventID != "" {
-				ids = append(ids, body.EventID)
-			}
-		}
+		ids := publishedEventIDs(request)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.requests[component]++
@@ -59,6 +47,25 @@ func (p *publishLedger) observer(component string) func(method string, request [
 			}
 		}
 	}
+}
+
+// publishedEventIDs are the event ids (wire ids) a Publish request
+// (undecoded) carries; none when it does not decode.
+func publishedEventIDs(request []byte) []string {
+	var req pubsubpb.PublishRequest
+	if proto.Unmarshal(request, &req) != nil {
+		return nil
+	}
+	ids := make([]string, 0, len(req.Messages))
+	for _, m := range req.Messages {
+		var body struct {
+			EventID string `json:"event_id"`
+		}
+		if json.Unmarshal(m.Data, &body) == nil && body.EventID != "" {
+			ids = append(ids, body.EventID)
+		}
+	}
+	return ids
 }
 
 // firstOf returns an event's first successful publish.

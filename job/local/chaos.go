@@ -177,12 +177,19 @@ func (c *chaosRun) writer(ctx context.Context, i int) {
 		if err != nil {
 			continue
 		}
-		rec := &wakeRecord{HistoryIDs: ids, Committed: committed, Drain: rng.IntN(len(l.urls.drains))}
-		for _, h := range ids {
-			rec.EventIDs = append(rec.EventIDs, event.ID(l.gen.SourceID, h, l.gen.Generation))
-		}
+		rec := c.wakeRecordOf(ids, committed, rng.IntN(len(l.urls.drains)))
 		c.wakes.send(ctx, l, l.urls.drains[rec.Drain], token, rec)
 	}
+}
+
+// wakeRecordOf is the record of a commit of history rows ids, committed at
+// committed, whose wake-up goes to instance drain.
+func (c *chaosRun) wakeRecordOf(ids []string, committed time.Time, drain int) *wakeRecord {
+	rec := &wakeRecord{HistoryIDs: ids, Committed: committed, Drain: drain}
+	for _, h := range ids {
+		rec.EventIDs = append(rec.EventIDs, event.ID(c.l.gen.SourceID, h, c.l.gen.Generation))
+	}
+	return rec
 }
 
 // commitOnce commits one change, bounded as an SDK action is (a writer

@@ -2,17 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"google.golang.org/protobuf/proto"
-
-	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 )
 
@@ -84,10 +79,8 @@ func (r *claimRace) run(ctx context.Context) {
 		}
 		c.commits.Add(1)
 		c.l.commits.Add(1)
-		rec := &wakeRecord{HistoryIDs: ids, Committed: time.Now(), Drain: drain, Fresh: fresh}
-		for _, h := range ids {
-			rec.EventIDs = append(rec.EventIDs, event.ID(c.l.gen.SourceID, h, c.l.gen.Generation))
-		}
+		rec := c.wakeRecordOf(ids, time.Now(), drain)
+		rec.Fresh = fresh
 		return rec, nil
 	}
 	for ctx.Err() == nil {
@@ -250,18 +243,6 @@ func (r *claimRace) idleInstance(rng *rand.Rand) (int, bool) {
 // (wire ids).
 func publishCarries(eventIDs []string) func(request []byte) bool {
 	return func(request []byte) bool {
-		var req pubsubpb.PublishRequest
-		if proto.Unmarshal(request, &req) != nil {
-			return false
-		}
-		for _, m := range req.Messages {
-			var body struct {
-				EventID string `json:"event_id"`
-			}
-			if json.Unmarshal(m.Data, &body) == nil && slices.Contains(eventIDs, body.EventID) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(publishedEventIDs(request), func(id string) bool { return slices.Contains(eventIDs, id) })
 	}
 }
