@@ -9,14 +9,20 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/stretchr/testify/require"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/function"
+	"github.com/zclconf/go-cty/cty/function/stdlib"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
 
 	"github.com/segmentstream/ontology-replication/functions"
@@ -236,4 +242,54 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 		}
 		require.Positive(t, with, "%s: no line carries %s", metric, field)
 	}
+}
+
+// TestTerraformMonitorsEveryPubSubProject: the dead-letter alert reads
+// Pub/Sub's metrics in the deployment project's metrics scope, so every
+// workspace's Pub/Sub project other than the deployment project joins it
+// (evaluated from the HCL), and the alert reads the subscriptions the
+// workspace module names "<topic>-dead-letter".
+func TestTerraformMonitorsEveryPubSubProject(t *testing.T) {
+	t.Parallel()
+	m := parseModule(t, ".")
+	ws := func(project, sql string) cty.Value {
+		return cty.ObjectVal(map[string]cty.Value{"pubsub_project": cty.StringVal(project), "sql_project": cty.StringVal(sql)})
+	}
+	ctx := &hcl.EvalContext{Functions: map[string]function.Function{"concat": stdlib.ConcatFunc, "toset": function.New(&function.Spec{
+		Params: []function.Parameter{{Name: "v", Type: cty.DynamicPseudoType}},
+		Type:   function.StaticReturnType(cty.Set(cty.String)),
+		Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+			if args[0].LengthInt() == 0 {
+				return cty.SetValEmpty(cty.String), nil
+			}
+			return cty.SetVal(args[0].AsValueSlice()), nil
+		},
+	})}, Variables: map[string]cty.Value{
+		"var":   cty.ObjectVal(map[string]cty.Value{"project": cty.StringVal("acme")}),
+		"local": cty.ObjectVal(map[string]cty.Value{"workspaces": cty.ObjectVal(map[string]cty.Value{"w1": ws("acme", "acme"), "w2": ws("ps-two", "sql-two"), "w3": ws("ps-two", "acme"), "w4": ws("ps-four", "sql-two")})}),
+	}}
+	got, diags := m.locals["monitored_projects"].Expr.Value(ctx)
+	require.False(t, diags.HasErrors(), diags.Error())
+	var projects []string
+	for _, v := range got.AsValueSlice() {
+		projects = append(projects, v.AsString())
+	}
+	sort.Strings(projects)
+	require.Equal(t, []string{"ps-four", "ps-two", "sql-two"}, projects)
+	mp := m.resources["google_monitoring_monitored_project.pubsub"]
+	require.NotNil(t, mp)
+	require.Contains(t, string(mp.Body.Attributes["for_each"].Expr.Range().SliceBytes(m.source[mp.Body.Attributes["for_each"].Expr.Range().Filename])), "local.monitored_projects")
+
+	child := parseModule(t, "modules/workspace")
+	name := child.resources["google_pubsub_subscription.dead_letter"].Body.Attributes["name"].Expr
+	require.Equal(t, `"${var.topic_id}-dead-letter"`, string(name.Range().SliceBytes(child.source[name.Range().Filename])))
+	alert := m.resources["google_monitoring_alert_policy.dead_letters"]
+	var filter string
+	walk(alert.Body, nil, func(n string, expr hclsyntax.Expression, _ []string) {
+		if n == "filter" {
+			v, _ := expr.Value(nil)
+			filter = v.AsString()
+		}
+	})
+	require.Contains(t, filter, `resource.labels.subscription_id=monitoring.regex.full_match(".*-dead-letter")`)
 }
