@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -348,15 +349,17 @@ func TestDrainFloodStaysWithinTheServersBudget(t *testing.T) {
 	}
 	var mu sync.Mutex
 	codes := map[int]int{}
+	answers := map[string][]string{} // by workspace, each caller's answers in order
 	stop := h.cluster.WatchClientConnections(t)
 	var wg sync.WaitGroup
 	for id := range h.spaces {
-		for range 2 {
+		for caller := range 2 {
 			wg.Go(func() {
 				for range 500 {
 					code, body := h.wake(id)
 					mu.Lock()
 					codes[code]++
+					answers[id] = append(answers[id], fmt.Sprintf("caller %d: %d %v", caller, code, body))
 					mu.Unlock()
 					if code == http.StatusOK && body["published"] == 0.0 && body["more"] == false {
 						return
@@ -373,11 +376,25 @@ func TestDrainFloodStaysWithinTheServersBudget(t *testing.T) {
 		require.Contains(t, []int{http.StatusOK, http.StatusServiceUnavailable}, code)
 	}
 	for id := range h.spaces {
-		require.Zero(t, h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), id)
+		if left := h.count(id, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"); left != 0 {
+			t.Fatalf("%s: %d events left pending after both callers stopped; its answers:\n%s\nits log lines:\n%s",
+				id, left, strings.Join(answers[id], "\n"), linesMentioning(h.logs.String(), `"`+id+`"`))
+		}
 		distinct := map[string]bool{}
 		for _, e := range h.published(id) {
 			distinct[e.EventID] = true
 		}
 		require.EqualValues(t, h.count(id, "SELECT count(*) FROM _ontology_replication_delivery"), len(distinct), "every event published: %s", id)
 	}
+}
+
+// linesMentioning is the lines of logs that contain s.
+func linesMentioning(logs, s string) string {
+	var out []string
+	for line := range strings.Lines(logs) {
+		if strings.Contains(line, s) {
+			out = append(out, strings.TrimSuffix(line, "\n"))
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -64,11 +64,13 @@
 //     (15 s), shorter than TurnWait, so the drains queued behind it take
 //     the turn within their bound; one killed while it waits in the server
 //     is noticed within a second (see the store's Turns).
-//   - Whatever the drain cannot outlive (Pub/Sub down past its 25 s, its own
-//     instance frozen or killed after answering coalesced wake-ups) leaves
-//     events pending, never acknowledged: the next wake-up's drain, which
-//     claims the oldest pending first, or the verifier's sweep publishes
-//     them. The chaos proof (`go run ./job/local --chaos`) measures how
+//   - Whatever the drain cannot outlive leaves events pending, never
+//     acknowledged: Pub/Sub down past its 25 s; its own instance frozen or
+//     killed after answering coalesced wake-ups; or another instance frozen
+//     or killed while its claim holds the commit, after this drain's last
+//     claim left the commit to that claim and ended. The next wake-up's
+//     drain, which claims the oldest pending first, or the verifier's sweep
+//     publishes them. The chaos proof (`go run ./job/local --chaos`) measures how
 //     many events only the sweep delivered.
 //
 // At protocol 3 a drain holds the turn from its scan to its end (the
