@@ -39,9 +39,9 @@
 //
 //   - A drain goes on while its last claim left more pending (its claim
 //     read after every commit coalesced into it, oldest first, a batch at a
-//     time). It stops only when a claim left nothing (nothing it could
-//     take: events other drains hold are theirs), or by handing what is
-//     left to a drain that claims after it: its process's pending drain
+//     time). It stops only when a claim left nothing and found nothing
+//     held by other claims, or by handing what is left to a drain that
+//     claims after it: its process's pending drain
 //     (HandedOver), which claims when this drain's turn ends; or, once
 //     Config.DrainFor has passed since its own first claim, a drain that has
 //     claimed since (it queues for the next turn and finds the turn held:
@@ -49,6 +49,17 @@
 //     coalesced into it meanwhile. A drain never leaves its commits to a
 //     drain it has not seen claim: one that holds the next turn may be
 //     frozen.
+//   - Nor to a claim that holds them: its session may be ending (closed
+//     by a client that gave up, its locks not yet let go), its instance
+//     frozen (the server ends it after its idle timeout), or it may let
+//     them go unpublished. A claim that found pending events held by other
+//     claims (store.Claim.Held) and took nothing is followed, after a
+//     backoff (100 ms, doubling to 2 s), by another, until none is held or
+//     Config.RequeueFor has passed since the drain's start (then a warning,
+//     LogDrainLeavesHeld, and the drain ends). Drains that take turns never
+//     hold each other's events (a claim holds the turn); the claims that
+//     can are a quiet workspace's, the sweep's, a probe's and the
+//     operations'.
 //   - A drain that meets a transient fault (its wait for a turn past
 //     Config.TurnWait, its session ended, the SDK's lifecycle lock held by
 //     a migration past the lock timeout, Pub/Sub unavailable or slow past
@@ -67,8 +78,8 @@
 //   - Whatever the drain cannot outlive leaves events pending, never
 //     acknowledged: Pub/Sub down past its 25 s; its own instance frozen or
 //     killed after answering coalesced wake-ups; or another instance frozen
-//     or killed while its claim holds the commit, after this drain's last
-//     claim left the commit to that claim and ended. The next wake-up's
+//     while its claim holds the commit for longer than this drain may wait
+//     (a claim outside the turns sets an idle timeout of a minute). The next wake-up's
 //     drain, which claims the oldest pending first, or the verifier's sweep
 //     publishes them. The chaos proof (`go run ./job/local --chaos`) measures how
 //     many events only the sweep delivered.

@@ -52,6 +52,9 @@ type DrainResult struct {
 	// Waited is how long the wake-up waited in the server for the drains
 	// ahead of it: for the next turn, and in its claim for the turn.
 	Waited time.Duration `json:"-"`
+	// Held is how many pending events the drain's last claim found held by
+	// other claims, which it left to them (see Drain).
+	Held int `json:"-"`
 	// Requests is how many Publish requests the drain sent.
 	Requests int `json:"-"`
 	// PublishTime is the time spent in Publish requests.
@@ -64,7 +67,7 @@ func (r *DrainResult) add(b DrainResult) {
 	r.Published += b.Published
 	r.SetAside += b.SetAside
 	r.Bytes += b.Bytes
-	r.More = b.More
+	r.More, r.Held = b.More, b.Held
 	r.Requests += b.Requests
 	r.PublishTime += b.PublishTime
 	if b.Published > 0 || b.SetAside > 0 {
@@ -99,7 +102,10 @@ func (r *DrainResult) add(b DrainResult) {
 // on) as one Pub/Sub request and acknowledges it only after Pub/Sub
 // accepted it. An event that cannot be published is set aside and the
 // others go on. When replication is disabled or has no active target it
-// publishes nothing and reports the state.
+// publishes nothing and reports the state. A claim that took nothing
+// because other claims held the pending events is followed by another
+// after a backoff, until none is held (see "A wake-up's word" in the
+// package doc).
 //
 // While more are pending after its batch, a drain goes on (drainTurns): it
 // takes its process's pending place again and queues for its turn, or,
@@ -155,14 +161,14 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 		batch, err := s.drainClaim(ctx, ws, state, target, claim, err)
 		res.add(batch)
 		switch {
-		case err == nil && !batch.goesOn():
+		case err == nil && !batch.goesOn() && batch.Held == 0:
 			return res, nil
 		case err != nil && (!Transient(err) || !s.mayRequeue(ctx, started, backoff)):
 			return res, err
 		}
-		// More are pending than its batch took, or it met a transient
-		// fault (a connection lost, say): it goes on through the turns,
-		// or leaves them to its process's pending drain.
+		// More are pending than its batch took, other claims held some, or
+		// it met a transient fault (a connection lost, say): it goes on
+		// through the turns, or leaves them to its process's pending drain.
 		if pending = local.enter(); pending == nil {
 			if err != nil {
 				s.logRequeue(ctx, ws, err, true, backoff)
@@ -197,6 +203,7 @@ func (s *Service) drainTurns(ctx context.Context, st *workspaceLease, ws registr
 	started time.Time, backoff time.Duration, res *DrainResult) error {
 	defer func() { pending.leave() }()
 	var until time.Time // Config.DrainFor after its first claim
+	heldBackoff := requeueBackoff
 	for gather := true; ; gather = false {
 		// It holds its process's pending place here.
 		turn, err := st.store.QueueTurn(ctx, s.cfg.TurnWait)
@@ -222,8 +229,12 @@ func (s *Service) drainTurns(ctx context.Context, st *workspaceLease, ws registr
 			batch, err = s.drainClaim(ctx, ws, state, target, claim, err)
 			res.add(batch)
 		}
+		waitHeld := err == nil && batch.Held > 0 && batch.Published == 0 && batch.SetAside == 0
 		switch {
-		case err == nil && !batch.goesOn():
+		case waitHeld && !s.mayRequeue(ctx, started, heldBackoff):
+			s.logLeftHeld(ctx, ws, batch.Held)
+			return nil
+		case err == nil && !batch.goesOn() && batch.Held == 0:
 			return nil
 		case err != nil && (!Transient(err) || !s.mayRequeue(ctx, started, backoff)):
 			return err
@@ -245,6 +256,12 @@ func (s *Service) drainTurns(ctx context.Context, st *workspaceLease, ws registr
 				return err
 			}
 			backoff = min(2*backoff, maxRequeueBackoff)
+		}
+		if waitHeld {
+			if err := s.awaitHeld(ctx, ws, batch.Held, heldBackoff); err != nil {
+				return err
+			}
+			heldBackoff = min(2*heldBackoff, maxRequeueBackoff)
 		}
 	}
 }
@@ -300,6 +317,7 @@ func (s *Service) drainClaim(ctx context.Context, ws registry.Workspace, state s
 // drain's wait timed out.
 func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, target store.Target, claim *store.Claim, res DrainResult, mayProbe bool) (DrainResult, error) {
 	defer claim.Release(ctx)
+	res.Held = claim.Held
 	if len(claim.Events) == 0 && len(claim.Unpublishable) == 0 {
 		return res, nil
 	}

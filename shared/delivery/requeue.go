@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -70,4 +71,32 @@ func (s *Service) requeueAfter(ctx context.Context, ws registry.Workspace, err e
 	}
 	pending.setRetrying(false)
 	return true
+}
+
+// LogDrainLeavesHeld is the warning of a drain whose last claim found
+// pending events held by other claims, and took nothing, for as long as
+// it may queue again (Config.RequeueFor): it leaves them to those claims.
+// Should such a claim's process have frozen, they wait for the next
+// wake-up or the verifier's sweep once the server has ended its session.
+const LogDrainLeavesHeld = "replication: the drain leaves pending events to other claims that still hold them"
+
+// awaitHeld is a drain's pause, holding its process's pending place, after
+// a claim that took nothing because other claims held the pending events
+// (held of them): it claims again after backoff, as those claims end,
+// published or not (a claim whose session is ending, or whose process
+// froze, holds its events until the server has ended it). It fails only
+// when ctx ends first.
+func (s *Service) awaitHeld(ctx context.Context, ws registry.Workspace, held int, backoff time.Duration) error {
+	s.log.DebugContext(ctx, "replication: the drain's pending events are held by other claims; it claims again",
+		slog.String("workspace", ws.ID), slog.Int("held", held), slog.Int64("backoff_ms", backoff.Milliseconds()))
+	if !sleepCtx(ctx, backoff) {
+		return fmt.Errorf("delivery: wait for other claims' %d events: %w", held, context.Cause(ctx))
+	}
+	return nil
+}
+
+// logLeftHeld is the warning of a drain that leaves held events to the
+// claims that hold them (LogDrainLeavesHeld).
+func (s *Service) logLeftHeld(ctx context.Context, ws registry.Workspace, held int) {
+	s.log.WarnContext(ctx, LogDrainLeavesHeld, slog.String("workspace", ws.ID), slog.Int("held", held))
 }

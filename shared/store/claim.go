@@ -29,6 +29,11 @@ type Claim struct {
 	// their history row is gone, their table has no capture trigger, or
 	// their capture is malformed. Pass them to Finish to set them aside.
 	Unpublishable []SetAside
+	// Held is how many pending rows the claim's read found held by other
+	// claims (their sessions' claim locks), which it left to them. A claim
+	// whose session is ending, or whose process froze, still holds them
+	// until the server has ended it (see delivery.Service.Drain).
+	Held int
 
 	store  *Store
 	target Target

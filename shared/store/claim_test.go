@@ -184,8 +184,9 @@ func TestDeadDrainsClaimIsTakenOver(t *testing.T) {
 }
 
 // TestConcurrentClaimsSkipEachOther: with several claims out at once, each
-// takes events the others hold not, reading past them, and the union is the
-// queue.
+// takes events the others hold not, reading past them and counting them
+// (Held), and the union is the queue; one more claim takes nothing and
+// counts every event as held.
 func TestConcurrentClaimsSkipEachOther(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, &sdkfixture.V4Template)
@@ -205,6 +206,13 @@ func TestConcurrentClaimsSkipEachOther(t *testing.T) {
 	require.Len(t, claims[4].Events, 50)
 	require.False(t, claims[4].More)
 	require.True(t, claims[0].More)
+	for i, c := range claims {
+		require.Equal(t, 100*i, c.Held, "claim %d read past the events of the %d before it", i, i)
+	}
+	none := e.claimOf(t, e.store, tg)
+	require.Empty(t, none.Events)
+	require.Equal(t, 450, none.Held, "a claim that took nothing counts what the others hold")
+	none.Release(e.ctx)
 	for _, c := range claims {
 		_, err := c.Acknowledge(e.ctx)
 		require.NoError(t, err)

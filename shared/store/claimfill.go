@@ -79,16 +79,18 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 
 // gather takes the claimed candidates that are still pending from the
 // first page and, while other drains hold most of them, from more pages
-// (up to maxClaimPages), keeping every claimed key; more reports whether
-// pending rows may follow.
+// (up to maxClaimPages), keeping every claimed key and counting the held
+// ones (Held); more reports whether pending rows may follow.
 func (c *Claim) gather(ctx context.Context, page []candidate) (claimed []candidate, more bool, err error) {
 	for pages := 1; ; pages++ {
 		for _, cd := range page {
-			if cd.claimed {
-				c.keys = append(c.keys, cd.key)
-				if cd.pending {
-					claimed = append(claimed, cd)
-				}
+			if !cd.claimed {
+				c.Held++
+				continue
+			}
+			c.keys = append(c.keys, cd.key)
+			if cd.pending {
+				claimed = append(claimed, cd)
 			}
 		}
 		if len(page) > 0 {

@@ -1,0 +1,109 @@
+package delivery_test
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
+)
+
+// TestACommitHeldByAnotherClaimIsNotLeftToIt: a wake-up's drain finds its
+// commits held by another session's claim and takes nothing. That claim
+// may never publish them: its session is ending (the client closed it and
+// the server has not yet let its locks go), or its instance froze and the
+// server ends it later, or it lets them go unpublished. The drain claims
+// again as the claim ends, and so publishes them before it answers;
+// leaving them to the claim would strand a commit whose wake-up was
+// answered 2xx (SPEC §3) until the next wake-up or the sweep. On a quiet
+// workspace (the wake-up claims on its own) and a busy one (through the
+// turns).
+func TestACommitHeldByAnotherClaimIsNotLeftToIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, workspace, end string
+	}{
+		{"quiet, the claim's session ended", "quiet", "terminate"},
+		{"quiet, the claim let go unpublished", "quiet", "unlock"},
+		{"busy, the claim's session ended", "busy", "terminate"},
+		{"busy, the claim let go unpublished", "busy", "unlock"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var logs logbuf.Buffer
+			r := newRig(t, 2, withService(func(c *delivery.Config) {
+				c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+				c.QuietInterval = -1 // every wake-up takes turns
+				if tc.workspace == "quiet" {
+					c.QuietInterval = time.Nanosecond // every wake-up claims on its own first
+				}
+			}))
+			_, err := r.svc.Drain(r.ctx, "w1") // it learns the capture tables
+			require.NoError(t, err)
+			for i := range 3 {
+				_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "held", "stock": int64(i)})
+				require.NoError(t, err)
+			}
+			holder, held := r.holdClaimLocks(t)
+			require.EqualValues(t, 3, held)
+			wake := r.wakeUp(r.svc)
+			select {
+			case d := <-wake:
+				t.Fatalf("the drain answered (%+v, %v) while another claim held its 3 commits, leaving %d pending",
+					d.res, d.err, r.pendingCount(t))
+			case <-r.logged(t, &logs, "it claims again"):
+			}
+			switch tc.end {
+			case "terminate":
+				r.count(t, `SELECT count(*) FROM pg_terminate_backend($1) WHERE true`, holder.PgConn().PID())
+			case "unlock":
+				_, err := holder.Exec(r.ctx, `SELECT pg_advisory_unlock_all()`)
+				require.NoError(t, err)
+			}
+			d := await.Receive(t, wake, "the wake-up's answer")
+			require.NoError(t, d.err)
+			require.Equal(t, 3, d.res.Published, "%+v", d.res)
+			require.Zero(t, r.pendingCount(t), "the wake-up answered: its commits may not be pending")
+		})
+	}
+}
+
+// holdClaimLocks holds, on a session of its own, the claim locks of every
+// pending event of w1, as another instance's claim does, and returns the
+// session and how many it holds.
+func (r *rig) holdClaimLocks(t *testing.T) (*pgx.Conn, int64) {
+	t.Helper()
+	conn, err := pgx.Connect(r.ctx, r.url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(r.ctx) })
+	var held int64
+	require.NoError(t, conn.QueryRow(r.ctx, `SELECT count(*) FILTER (WHERE pg_try_advisory_lock(hashtext($1), hashtext(event_id::text)))
+		FROM _ontology_replication_delivery WHERE accepted_at IS NULL`, store.ClaimLockClass).Scan(&held))
+	return conn, held
+}
+
+// logged is closed once logs has a line containing message (a minute at
+// most, then the test fails).
+func (r *rig) logged(t *testing.T, logs *logbuf.Buffer, message string) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(time.Minute)
+		for !strings.Contains(logs.String(), message) {
+			if time.Now().After(deadline) {
+				t.Errorf("no log line says %q within a minute", message)
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // the product's log is the signal
+		}
+	}()
+	return done
+}
