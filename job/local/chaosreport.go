@@ -114,10 +114,11 @@ type promiseSummary struct {
 
 // claimRaceSummary is what the claim race did: the wake-ups sent while
 // the claim before them was held, those answered 2xx before it was let go,
-// and the pauses it could not use, by reason.
+// the held publishes it lost, and the pauses it could not use, by reason.
 type claimRaceSummary struct {
 	Sent           int            `json:"sent"`
 	AnsweredAtOnce int            `json:"answered_2xx_while_held"`
+	Lost           int            `json:"held_publishes_lost"`
 	Skipped        map[string]int `json:"pauses_skipped,omitempty"`
 }
 
@@ -126,8 +127,8 @@ func (s claimRaceSummary) String() string {
 	if len(s.Skipped) > 0 {
 		skipped = counts(s.Skipped)
 	}
-	return fmt.Sprintf("%d wake-ups sent while the claim before them was held in Pub/Sub, %d of them answered 2xx before it was let go; pauses skipped: %s",
-		s.Sent, s.AnsweredAtOnce, skipped)
+	return fmt.Sprintf("%d wake-ups sent while the claim before them was held in Pub/Sub, %d of them answered 2xx before it was let go, %d held publishes lost; pauses skipped: %s",
+		s.Sent, s.AnsweredAtOnce, s.Lost, skipped)
 }
 
 // strandedExample is one stranded commit in the report.

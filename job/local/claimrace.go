@@ -30,7 +30,11 @@ import (
 //     publishes it has claimed.
 //  3. While that Publish is held it commits one more change and wakes the
 //     same instance, then lets the Publish go once the wake-up is answered
-//     or claimRaceHold has passed.
+//     or claimRaceHold has passed. Every third race loses it instead
+//     (faultproxy.Hold.Lose: never forwarded, answered DEADLINE_EXCEEDED,
+//     as a publish whose answer never came): the drain must publish those
+//     events again and never acknowledge them unpublished, which the
+//     live checks see within a second.
 //
 // The promise's checks judge it, before the next race, as any wake-up
 // (a race after it would take its commit if it was stranded), with one
@@ -47,6 +51,8 @@ type claimRace struct {
 	// wake-up that starts a drain cannot be: its drain waits for the held
 	// one's turn).
 	sent, atOnce int
+	// lost counts the races whose held Publish was lost (claimRaceLoseEvery).
+	lost int
 	// skipped counts, by reason, the pauses the race could not use.
 	skipped map[string]int
 }
@@ -60,6 +66,9 @@ const claimRaceWarmUps = 12
 // wake-up is sent: a wake-up coalesced into a drain is answered at once; one
 // that starts a drain waits for the held one's turn.
 const claimRaceHold = 300 * time.Millisecond
+
+// claimRaceLoseEvery: every this many races, the held Publish is lost.
+const claimRaceLoseEvery = 3
 
 // claimRaceLeast is the least of a pause the race starts in.
 const claimRaceLeast = 700 * time.Millisecond
@@ -112,7 +121,7 @@ func (r *claimRace) skip(why string) {
 func (r *claimRace) summary() claimRaceSummary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return claimRaceSummary{Sent: r.sent, AnsweredAtOnce: r.atOnce, Skipped: maps.Clone(r.skipped)}
+	return claimRaceSummary{Sent: r.sent, AnsweredAtOnce: r.atOnce, Lost: r.lost, Skipped: maps.Clone(r.skipped)}
 }
 
 // awaitNextPause waits until the SDK's current pause is over.
@@ -219,6 +228,10 @@ func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int, t
 	r.sent++
 	if atOnce {
 		r.atOnce++
+	}
+	if r.sent%claimRaceLoseEvery == 0 {
+		hold.Lose()
+		r.lost++
 	}
 	return ""
 }

@@ -100,7 +100,9 @@
 // publish of the claim that took the last of them, and, while it is held,
 // commits once more and wakes the same instance: that wake-up must not be
 // coalesced into the drain that has claimed (a fault of the instance
-// before the race excuses nothing of it).
+// before the race excuses nothing of it). Every third race then loses the
+// held publish (never forwarded, answered DEADLINE_EXCEEDED): its drain
+// must publish those events again, never acknowledge them unpublished.
 //
 // Live, every second it checks, reading the delivery rows before what
 // Pub/Sub stored and what landed (so that a row moving on between the

@@ -201,7 +201,7 @@ func TestGRPCBatchFaultsAndObserver(t *testing.T) {
 }
 
 // TestGRPCHoldNext holds the one call its match picks until Release, and
-// only that one.
+// only that one; Lose ends a held call DEADLINE_EXCEEDED, never forwarded.
 func TestGRPCHoldNext(t *testing.T) {
 	t.Parallel()
 	srv, proxy, client := proxied(t)
@@ -262,5 +262,17 @@ func TestGRPCHoldNext(t *testing.T) {
 	case <-disarmed.Held():
 		t.Fatal("a hold released before any call still held one")
 	default:
+	}
+
+	lost := proxy.HoldNext(matches("lost"))
+	go func() { done <- publish("lost") }()
+	select {
+	case <-lost.Held():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call to lose was not held within 10 s")
+	}
+	lost.Lose()
+	if err := <-done; status.Code(err) != codes.DeadlineExceeded || stored("lost") {
+		t.Fatalf("a lost call gave %v (stored %v), want DEADLINE_EXCEEDED and never forwarded", err, stored("lost"))
 	}
 }

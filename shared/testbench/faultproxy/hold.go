@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -17,6 +18,7 @@ type Hold struct {
 	held     chan struct{}
 	released chan struct{}
 	once     sync.Once
+	lost     atomic.Bool
 	p        *GRPC
 }
 
@@ -43,6 +45,14 @@ func (h *Hold) Release() {
 	h.p.hold.CompareAndSwap(h, nil)
 }
 
+// Lose lets the held call go as lost on the way: it is never forwarded
+// (the server never sees it) and is answered DEADLINE_EXCEEDED, as a call
+// whose answer never came; or it disarms the hold if none was held yet.
+func (h *Hold) Lose() {
+	h.lost.Store(true)
+	h.Release()
+}
+
 // holdIfMatched holds the call if the armed hold matches its first
 // request and holds no call yet; it returns the call's error if its
 // caller gave up meanwhile.
@@ -55,6 +65,9 @@ func (p *GRPC) holdIfMatched(ctx context.Context, request []byte) error {
 	close(h.held)
 	select {
 	case <-h.released:
+		if h.lost.Load() {
+			return status.Error(codes.DeadlineExceeded, "faultproxy: the held call was lost on the way")
+		}
 		return nil
 	case <-ctx.Done():
 		return status.FromContextError(ctx.Err()).Err()
