@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -265,16 +264,7 @@ func TestAuditRidesOutATransientFault(t *testing.T) {
 		}
 		done <- err
 	}()
-	deadline := time.After(time.Minute)
-	for !strings.Contains(logs.String(), "a transient fault; retrying") {
-		select {
-		case err := <-done:
-			t.Fatalf("the audit ended before it met the lock: %v", err)
-		case <-deadline:
-			t.Fatal("the audit never met the migration's lock")
-		case <-time.After(10 * time.Millisecond): // the log line is the signal
-		}
-	}
+	awaitLogged(t, &logs, "a transient fault; retrying", done, "the audit (meeting the migration's lock)")
 	require.NoError(t, migration.Rollback(r.ctx))
 	require.NoError(t, await.Receive(t, done, "the audit"), "the retry after the migration succeeds")
 }

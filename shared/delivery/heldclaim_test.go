@@ -2,7 +2,6 @@ package delivery_test
 
 import (
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -54,12 +53,7 @@ func TestACommitHeldByAnotherClaimIsNotLeftToIt(t *testing.T) {
 			holder, held := r.holdClaimLocks(t)
 			require.EqualValues(t, 3, held)
 			wake := r.wakeUp(r.svc)
-			select {
-			case d := <-wake:
-				t.Fatalf("the drain answered (%+v, %v) while another claim held its 3 commits, leaving %d pending",
-					d.res, d.err, r.pendingCount(t))
-			case <-r.logged(t, &logs, "it claims again"):
-			}
+			awaitLogged(t, &logs, "it claims again", wake, "the drain whose 3 commits another claim held")
 			switch tc.end {
 			case "terminate":
 				r.count(t, `SELECT count(*) FROM pg_terminate_backend($1) WHERE true`, holder.PgConn().PID())
@@ -87,23 +81,4 @@ func (r *rig) holdClaimLocks(t *testing.T) (*pgx.Conn, int64) {
 	require.NoError(t, conn.QueryRow(r.ctx, `SELECT count(*) FILTER (WHERE pg_try_advisory_lock(hashtext($1), hashtext(event_id::text)))
 		FROM _ontology_replication_delivery WHERE accepted_at IS NULL`, store.ClaimLockClass).Scan(&held))
 	return conn, held
-}
-
-// logged is closed once logs has a line containing message (a minute at
-// most, then the test fails).
-func (r *rig) logged(t *testing.T, logs *logbuf.Buffer, message string) <-chan struct{} {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		deadline := time.Now().Add(time.Minute)
-		for !strings.Contains(logs.String(), message) {
-			if time.Now().After(deadline) {
-				t.Errorf("no log line says %q within a minute", message)
-				return
-			}
-			time.Sleep(5 * time.Millisecond) // the product's log is the signal
-		}
-	}()
-	return done
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/store"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
@@ -299,4 +301,22 @@ func (r *rig) drainLocksHeld(tb testing.TB) int64 {
 	return r.count(tb, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
 		AND classid::int IN (hashtext($1), hashtext($2)) AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
 		store.DrainTurnClass, store.ClaimLockClass)
+}
+
+// awaitLogged waits, a minute at most, until logs has a line containing
+// message (the product's own signal); the test fails if the work that
+// should log it ends first (done: what it returned is printed) or the
+// minute passes.
+func awaitLogged[T any](t testing.TB, logs *logbuf.Buffer, message string, done <-chan T, what string) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for !strings.Contains(logs.String(), message) {
+		select {
+		case v := <-done:
+			t.Fatalf("%s ended before it logged %q: %+v", what, message, v)
+		case <-deadline:
+			t.Fatalf("%s did not log %q within a minute", what, message)
+		case <-time.After(5 * time.Millisecond): // polling the log: the signal itself
+		}
+	}
 }

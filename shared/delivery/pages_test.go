@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -122,13 +121,7 @@ func TestOperationsRetryTheirSetUp(t *testing.T) {
 				done <- err
 			}()
 			t.Cleanup(func() { _ = lock.Rollback(context.Background()) })
-			for !strings.Contains(logs.String(), "a transient fault; retrying") {
-				select {
-				case err := <-done:
-					t.Fatalf("the operation ended before its set-up's lock timeout was retried: %v", err)
-				case <-time.After(5 * time.Millisecond):
-				}
-			}
+			awaitLogged(t, &logs, "a transient fault; retrying", done, "the operation (its set-up's lock timeout retried)")
 			require.NoError(t, lock.Rollback(r.ctx))
 			require.NoError(t, await.Receive(t, done, "done"))
 			for id, n := range r.publishedTimes(t) {
