@@ -161,7 +161,7 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 		batch, err := s.drainClaim(ctx, ws, state, target, claim, err)
 		res.add(batch)
 		switch {
-		case err == nil && !batch.goesOn() && batch.Held == 0:
+		case err == nil && !batch.goesOn():
 			return res, nil
 		case err != nil && (!Transient(err) || !s.mayRequeue(ctx, started, backoff)):
 			return res, err
@@ -189,9 +189,10 @@ func (s *Service) Drain(ctx context.Context, workspaceID string) (DrainResult, e
 
 // goesOn reports that a drain goes on after this batch: more were pending
 // than it took, and it published or set aside something (a claim that took
-// nothing found the others held by other drains).
+// nothing found the others held by other drains); or other claims held
+// pending events, which it claims again as they end (see awaitHeld).
 func (r DrainResult) goesOn() bool {
-	return r.More && (r.Published > 0 || r.SetAside > 0)
+	return r.Held > 0 || (r.More && (r.Published > 0 || r.SetAside > 0))
 }
 
 // drainTurns is a busy drain from its process's pending place (pending) to
@@ -234,7 +235,7 @@ func (s *Service) drainTurns(ctx context.Context, st *workspaceLease, ws registr
 		case waitHeld && !s.mayRequeue(ctx, started, heldBackoff):
 			s.logLeftHeld(ctx, ws, batch.Held)
 			return nil
-		case err == nil && !batch.goesOn() && batch.Held == 0:
+		case err == nil && !batch.goesOn():
 			return nil
 		case err != nil && (!Transient(err) || !s.mayRequeue(ctx, started, backoff)):
 			return err
