@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"sync"
 	"testing"
-	"time"
 
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/stretchr/testify/require"
@@ -34,61 +33,34 @@ func (g *publishGate) React(any) (bool, any, error) {
 
 func (g *publishGate) release() { g.once.Do(func() { close(g.open) }) }
 
-// TestCoalescedWakeUpAnswers: while a drain's batch is out and another
-// wake-up of the instance holds the next turn and its claim waits for the
-// turn, of two more wake-ups of the instance one is its pending drain,
-// which waits for the drains ahead of it, and the other answers 200 at once
-// with coalesced and nothing published, and its log line says where it met
-// the drain. The drain that was next then publishes the commits. A
-// wake-up on another instance is that instance's pending drain: it waits
-// too, and finds nothing left.
-func TestCoalescedWakeUpAnswers(t *testing.T) {
+// TestWakeUpsAnswerAtOnce: while a drainer's batch is out (its publish
+// held), the wake-ups of later commits on its instance answer 200 at once,
+// joined to the running drainer (coalesced), and one on another instance
+// starts that instance's drainer; every answer promises, and once the
+// publish is let go every commit is published.
+func TestWakeUpsAnswerAtOnce(t *testing.T) {
 	t.Parallel()
 	gate := newPublishGate()
-	// Every wake-up takes turns, as on a busy workspace.
-	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: gate}), withEnv(EnvDrainQuietInterval, "0"))
+	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: gate}))
 	defer gate.release()
 	other := h.instance()
 	h.products("w1", 1)
-	type answer struct {
-		code int
-		body map[string]any
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false}, body)
+	<-gate.held // the first batch is out
+	for range 3 {
+		h.products("w1", 1)
+		code, body = h.wake("w1")
+		require.Equal(t, http.StatusOK, code, body)
+		require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": true}, body)
 	}
-	first, second, later := make(chan answer, 1), make(chan answer, 1), make(chan answer, 3)
-	go func() { c, b := h.wake("w1"); first <- answer{c, b} }()
-	<-gate.held // the first drain's batch is out
-	h.products("w1", 2)
-	go func() { c, b := h.wake("w1"); second <- answer{c, b} }()
-	// It holds the next turn, and its claim waits for the turn.
-	for h.count("w1", `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-		AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) == 0 {
-		select {
-		case a := <-second:
-			t.Fatalf("the second wake-up did not wait for the turn: %d %v", a.code, a.body)
-		case <-time.After(5 * time.Millisecond): // the server's lock table is the signal
-		}
-	}
-	for range 2 {
-		go func() { c, b := h.wake("w1"); later <- answer{c, b} }()
-	}
-	coalesced := <-later // the other waits for the drains ahead of it
-	require.Equal(t, http.StatusOK, coalesced.code, coalesced.body)
-	require.Equal(t, map[string]any{"workspace": "w1", "published": 0.0, "batches": 0.0, "more": false, "bytes": 0.0, "coalesced": true}, coalesced.body)
-	require.Contains(t, h.logs.String(), `"coalesced":"instance"`)
-	go func() { c, b := h.wakeOn(other, "w1"); later <- answer{c, b} }()
+	code, body = h.wakeOn(other, "w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false}, body)
+	require.Contains(t, h.logs.String(), `"coalesced":true`)
 	gate.release()
-	a := <-first
-	require.Equal(t, http.StatusOK, a.code)
-	require.Equal(t, 1.0, a.body["published"])
-	b := <-second
-	require.Equal(t, http.StatusOK, b.code)
-	require.Equal(t, 2.0, b.body["published"])
-	require.Contains(t, h.logs.String(), `"waited_ms"`)
-	for range 2 {
-		c := <-later
-		require.Equal(t, http.StatusOK, c.code)
-		require.Equal(t, 0.0, c.body["published"], "the drains that came after found nothing left")
-		require.Nil(t, c.body["coalesced"])
-	}
+	h.settle()
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+	require.Equal(t, 4, h.runs("w1").count)
 }

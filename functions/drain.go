@@ -1,7 +1,6 @@
 package functions
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -27,14 +26,11 @@ const drainPrefix = "/api/internal/v1/workspaces/"
 // keeps): /api/internal/v1/workspaces/{workspace}/ontology/replication/drain.
 var drainPath = regexp.MustCompile(`/api/internal/v1/workspaces/([^/]+)/ontology/replication/drain$`)
 
-// drainTimeout bounds one drain. The SDK waits 5 s and then lets go; the
-// drain carries on (detached from the caller) so that a batch that was
-// published is also acknowledged.
-const drainTimeout = 30 * time.Second
-
 // serveDrain is the Drain function: authenticate the runtime token, then
-// drain the workspace's pending events, coalesced with the other wake-ups
-// of the workspace (delivery.Service.Drain).
+// answer at once, the workspace's drainer in this process counting the
+// wake-up and draining behind the answer (delivery.Service.Wake). The
+// answer says what it promises; what the drainer then publishes is in its
+// own line (delivery.LogDrainRun).
 func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	r = traced(r)
@@ -65,9 +61,7 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 		out.cause = causeMisconfigured
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), drainTimeout)
-	defer cancel()
-	claims, err := s.verifier.Verify(ctx, r.Header.Get(headerIdentity))
+	claims, err := s.verifier.Verify(r.Context(), r.Header.Get(headerIdentity))
 	if errors.Is(err, identity.ErrKeysUnavailable) {
 		out.fail(http.StatusServiceUnavailable, "unavailable", "temporarily unavailable", err)
 		out.cause = delivery.CauseKeysUnavailable
@@ -90,34 +84,17 @@ func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out.fields = append(out.fields, slog.String("workspace", ws.ID))
-	res, err := s.svc.Drain(ctx, ws.ID)
-	out.fields = append(out.fields, slog.String("generation", res.Generation), slog.Int("count", res.Published),
-		slog.Int("batches", res.Batches), slog.Int("bytes", res.Bytes), slog.Bool("more", res.More), slog.String("state", res.State),
-		slog.Int64("publish_ms", res.PublishTime.Milliseconds()))
-	if res.Coalesced {
-		out.fields = append(out.fields, slog.String("coalesced", res.CoalescedBy))
-	}
-	if res.HandedOver {
-		out.fields = append(out.fields, slog.Bool("handed_over", true))
-	}
-	if res.Requeued > 0 {
-		out.fields = append(out.fields, slog.Int("requeued", res.Requeued))
-	}
-	if res.Waited > 0 {
-		out.fields = append(out.fields, slog.Int64("waited_ms", res.Waited.Milliseconds()))
-	}
-	if res.SetAside > 0 {
-		out.fields = append(out.fields, slog.Int("set_aside", res.SetAside))
-	}
+	ans, err := s.svc.Wake(r.Context(), ws)
+	out.fields = append(out.fields, slog.Bool("promised", ans.Promised), slog.Bool("coalesced", ans.Coalesced))
 	if err != nil {
 		if delivery.Transient(err) {
-			out.fail(http.StatusServiceUnavailable, "unavailable", "temporarily unavailable; nothing was acknowledged that Pub/Sub did not accept", err)
+			out.fail(http.StatusServiceUnavailable, "unavailable", "temporarily unavailable; this commit is left to the drain, which publishes it once it recovers", err)
 		} else {
 			out.fail(http.StatusInternalServerError, "failed", "delivery failed; see the service's logs", err)
 		}
 		return
 	}
-	out.ok(res)
+	out.ok(ans)
 }
 
 // causeMisconfigured is the cause of a service that cannot serve at all:

@@ -40,10 +40,11 @@ func (r *requestSizes) get() []int {
 	return slices.Clone(r.sizes)
 }
 
-// TestDrainPublishesTheOldestEventsInBatches: a wake-up publishes the
-// pending events oldest first, one byte-bounded batch per Publish request,
-// each acknowledged after Pub/Sub took it, and goes on while more are
-// pending; its answer says what it did.
+// TestDrainPublishesTheOldestEventsInBatches: a wake-up is answered at once
+// with its promise, and its drainer publishes the pending events oldest
+// first, one byte-bounded batch per Publish request, each acknowledged
+// after Pub/Sub took it, going on while more are pending; its line says
+// what it did.
 func TestDrainPublishesTheOldestEventsInBatches(t *testing.T) {
 	t.Parallel()
 	requests := &requestSizes{}
@@ -70,55 +71,50 @@ func TestDrainPublishesTheOldestEventsInBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, expected, 250)
 
-	// One wake-up goes on while more are pending, for up to the drain's
-	// 2 s: on a busy machine the next wake-up takes what is left.
-	published, batches, bytes := 0.0, 0.0, 0.0
-	for {
-		code, body := h.wake("w1")
-		require.Equal(t, http.StatusOK, code, body)
-		require.Equal(t, map[string]any{"workspace": "w1", "generation": ws.gen.Generation, "state": "active",
-			"published": body["published"], "batches": body["batches"], "more": body["more"], "bytes": body["bytes"]}, body)
-		published += body["published"].(float64)
-		batches += body["batches"].(float64)
-		bytes += body["bytes"].(float64)
-		if body["more"] == false {
-			break
-		}
-	}
-	require.Equal(t, 250.0, published)
-	require.Equal(t, 3.0, batches)
-	require.Equal(t, []int{100, 100, 50}, requests.get(), "one batch of at most 100 events per Publish request")
+	// One wake-up: answered at once; its drainer goes on while more are
+	// pending.
+	code, body := h.wake("w1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false}, body)
+	h.settle()
+	run := h.runs("w1")
+	require.Equal(t, 250, run.count)
+	require.Equal(t, 3, run.batches)
+	// The batches are claimed oldest first; several are out at once, so
+	// Pub/Sub may store them in another order.
+	require.ElementsMatch(t, []int{100, 100, 50}, requests.get(), "one batch of at most 100 events per Publish request")
 	msgs := h.pubsub.Messages()
 	require.Len(t, msgs, 250)
-	for i, m := range msgs {
+	byID := map[string]want{}
+	for _, w := range expected {
+		byID[sha(ws.gen.SourceID+":"+w.id+":"+ws.gen.Generation)] = w
+	}
+	for _, m := range msgs {
 		var got map[string]any
 		require.NoError(t, json.Unmarshal(m.Data, &got))
-		w := expected[i]
-		require.Equal(t, sha(ws.gen.SourceID+":"+w.id+":"+ws.gen.Generation), got["event_id"])
+		w, ok := byID[got["event_id"].(string)]
+		require.True(t, ok, "an event of the queue: %v", got["event_id"])
 		require.Equal(t, ws.gen.Generation, got["generation"])
 		for _, k := range []string{"source_id", "entity_id", "record_key", "record_kind", "revision", "deleted", "schema_hash", "payload"} {
 			require.Equal(t, w.raw[k], got[k], k)
 		}
 	}
-	require.Equal(t, cust, h.published("w1")[0].RecordKey, "oldest first")
+	require.Equal(t, cust, expected[0].raw["record_key"], "the customer's event is the oldest, claimed in the first batch")
 	require.EqualValues(t, 250, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
 	require.EqualValues(t, 250, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
-	size := 0
-	for i, m := range msgs {
-		if i%100 == 0 {
-			size += event.BatchOverhead
-		}
+	size := 3 * event.BatchOverhead
+	for _, m := range msgs {
 		size += event.MessageBytes(len(m.Data))
 	}
-	require.EqualValues(t, size, bytes)
+	require.EqualValues(t, size, run.bytes)
 
-	code, body := h.wake("w1")
+	code, _ = h.wake("w1")
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, 0.0, body["published"])
-	require.Len(t, h.pubsub.Messages(), 250)
+	h.settle()
+	require.Len(t, h.pubsub.Messages(), 250, "nothing left to publish")
 
 	logs := h.logs.String()
-	for _, field := range []string{`"workspace":"w1"`, `"count":250`, `"batches":3`, `"bytes":`, `"duration_ms":`, `"outcome":"ok"`} {
+	for _, field := range []string{`"workspace":"w1"`, `"count":250`, `"batches":3`, `"bytes":`, `"duration_ms":`, `"outcome":"ok"`, `"promised":true`} {
 		require.Contains(t, logs, field)
 	}
 }
@@ -143,7 +139,8 @@ func TestDrainPublishesWhatTheSDKWould(t *testing.T) {
 
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 5.0, body["published"])
+	h.settle()
+	require.Equal(t, 5, h.runs("w1").count)
 	var link map[string]any
 	for _, m := range h.pubsub.Messages() {
 		var ev map[string]any
@@ -181,9 +178,11 @@ func TestDrainSetsAsideWhatItCannotPublish(t *testing.T) {
 	}
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 4.0, body["published"])
-	require.Equal(t, 3.0, body["set_aside"])
 	require.NotContains(t, fmt.Sprint(body), "product_history", "no detail leaked")
+	h.settle()
+	run := h.runs("w1")
+	require.Equal(t, 4, run.count)
+	require.Equal(t, 3, run.setAside)
 	logs := h.logs.String()
 	for _, reason := range []string{"missing_history", "unknown_table", "rejected"} {
 		require.Contains(t, logs, `"reason":"`+reason+`"`)
@@ -202,15 +201,16 @@ func TestDrainStates(t *testing.T) {
 	h.products("w1", 2)
 	_, err := h.spaces["w1"].pool.Exec(h.ctx, "UPDATE _ontology_replication SET enabled = false")
 	require.NoError(t, err)
-	code, body := h.wake("w1")
+	code, _ := h.wake("w1")
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, "disabled", body["state"])
-	require.Equal(t, 0.0, body["published"])
 	_, err = h.spaces["w2"].pool.Exec(h.ctx, "UPDATE _ontology_replication SET active_generation = NULL")
 	require.NoError(t, err)
-	code, body = h.wake("w2")
+	code, _ = h.wake("w2")
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, "no_active_target", body["state"])
+	h.settle()
+	// The drainer behind the answer publishes nothing and logs the state.
+	require.Equal(t, runTotals{states: []string{"disabled"}}, h.runs("w1"))
+	require.Equal(t, runTotals{states: []string{"no_active_target"}}, h.runs("w2"))
 	require.Empty(t, h.pubsub.Messages())
 }
 

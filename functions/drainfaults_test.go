@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
@@ -22,32 +21,40 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 )
 
-// TestDrainPublishFailureAcknowledgesNothing: a Pub/Sub outage that
-// outlasts the drain's requeueing (2 s here; 25 s by default) is a 503 that
-// says nothing was acknowledged, and the wake-up after it publishes.
+// TestDrainPublishFailureAcknowledgesNothing: a Pub/Sub outage meets the
+// drainer of a wake-up answered 200: it acknowledges nothing, backs off
+// (never longer than its cap: the backoff the log gives) and answers the
+// wake-ups meanwhile 503, saying the commit is left to it; when Pub/Sub is
+// back it publishes every commit with no other wake-up.
 func TestDrainPublishFailureAcknowledgesNothing(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, withRequeueFor(2*time.Second))
+	h := newHarness(t)
 	h.products("w1", 5)
 	h.faults.set(status.Error(codes.Unavailable, "injected outage"))
 	code, body := h.wake("w1")
-	require.Equal(t, http.StatusServiceUnavailable, code)
-	require.Contains(t, body["error"], "nothing was acknowledged")
-	require.Contains(t, h.logs.String(), delivery.LogDrainRequeues, "it queued again before it gave up")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, true, body["promised"])
+	h.awaitLogged(delivery.LogDrainFault)
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Contains(t, body["error"], "left to the drain")
+	require.Contains(t, h.logs.String(), `"cause":"drain_retrying"`)
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
 
 	h.faults.set(nil)
-	code, body = h.wake("w1")
-	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, 5.0, body["published"])
+	h.settle()
 	require.Len(t, h.published("w1"), 5)
+	require.EqualValues(t, 5, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
+	for _, backoff := range h.logged(delivery.LogDrainFault, "backoff_ms") {
+		require.LessOrEqual(t, backoff, 5000.0, "a transient fault's backoff is capped at 5 s")
+	}
 }
 
 // TestDrainLostPublishResponseOnlyDuplicates: a Publish whose answer is
-// lost after Pub/Sub stored the batch is not acknowledged; the same
-// wake-up's drain queues again (a transient fault: it keeps its promise)
-// and publishes the batch again. A duplicate, never a loss.
+// lost after Pub/Sub stored the batch is not acknowledged; the drainer
+// claims again after its backoff and publishes the batch again. A
+// duplicate, never a loss.
 func TestDrainLostPublishResponseOnlyDuplicates(t *testing.T) {
 	t.Parallel()
 	var lose atomic.Bool
@@ -62,8 +69,7 @@ func TestDrainLostPublishResponseOnlyDuplicates(t *testing.T) {
 	h.products("w1", 4)
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 4.0, body["published"], "the wake-up's drain went on and published the batch again")
-	require.Equal(t, 1.0, body["requeued"], "after queueing once more")
+	h.settle()
 	ids := map[string]int{}
 	for _, e := range h.published("w1") {
 		ids[e.EventID]++
@@ -75,10 +81,10 @@ func TestDrainLostPublishResponseOnlyDuplicates(t *testing.T) {
 	require.EqualValues(t, 4, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"), "acknowledged once, after the second publish")
 }
 
-// TestDrainDatabaseDroppedBetweenPublishAndAcknowledge: the drain's
+// TestDrainDatabaseDroppedBetweenPublishAndAcknowledge: the drainer's
 // sessions cut while Pub/Sub stores its batch: nothing is acknowledged
-// that round; the same wake-up's drain queues again on a new connection,
-// publishes the batch again and acknowledges it.
+// that round; the drainer claims again on a new connection, publishes the
+// batch again and acknowledges it.
 func TestDrainDatabaseDroppedBetweenPublishAndAcknowledge(t *testing.T) {
 	t.Parallel()
 	var drop atomic.Bool
@@ -100,35 +106,30 @@ func TestDrainDatabaseDroppedBetweenPublishAndAcknowledge(t *testing.T) {
 	drop.Store(true)
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 3.0, body["published"], "the wake-up's drain went on and published the batch again")
-	require.GreaterOrEqual(t, body["requeued"], 1.0)
+	h.settle()
 	require.GreaterOrEqual(t, len(h.published("w1")), 6, "the batch twice: a duplicate, never a loss")
 	require.EqualValues(t, 3, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
 
+// TestConcurrentWakeUpsTakeDisjointBatches: four instances' drainers,
+// woken at once on a backlog, take disjoint batches: every event is
+// published and acknowledged exactly once.
 func TestConcurrentWakeUpsTakeDisjointBatches(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.products("w1", 1000)
-	var published atomic.Int64
+	instances := []http.Handler{h.handler, h.instance(), h.instance(), h.instance()}
 	var wg sync.WaitGroup
-	for range 8 {
+	for _, in := range instances {
 		wg.Go(func() {
-			for {
-				code, body := h.wake("w1")
-				if !assert.Equal(t, http.StatusOK, code, body) {
-					return
-				}
-				published.Add(int64(body["published"].(float64)))
-				if body["published"].(float64) == 0 {
-					return
-				}
-			}
+			code, body := h.wakeOn(in, "w1")
+			assert.Equal(t, http.StatusOK, code, body)
 		})
 	}
 	wg.Wait()
-	require.EqualValues(t, 1000, published.Load(), "every event acknowledged exactly once")
+	h.settle()
+	require.Equal(t, 1000, h.runs("w1").count, "every event acknowledged exactly once")
 	ids := map[string]int{}
 	for _, e := range h.published("w1") {
 		ids[e.EventID]++
@@ -191,8 +192,10 @@ func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
 
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 99.0, body["published"])
-	require.Equal(t, 1.0, body["set_aside"])
+	h.settle()
+	run := h.runs("w1")
+	require.Equal(t, 99, run.count)
+	require.Equal(t, 1, run.setAside)
 	require.LessOrEqual(t, pub.requests.Load(), int64(2+7), "bisection, not one request per event")
 	got := h.published("w1")
 	require.Len(t, got, 99)
@@ -208,10 +211,11 @@ func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
 	for range 3 {
 		code, body = h.wake("w1")
 		require.Equal(t, http.StatusOK, code, body)
-		require.Equal(t, 0.0, body["published"])
 		code, body = h.wakeOn(other, "w1")
 		require.Equal(t, http.StatusOK, code, body)
+		h.settle()
 	}
+	require.Equal(t, 99, h.runs("w1").count, "nothing more published")
 	require.Equal(t, before, pub.requests.Load(), "no request within the backoff")
 	require.Equal(t, 1, strings.Count(h.logs.String(), delivery.LogEventsSetAside))
 	require.EqualValues(t, 1, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"), "it stays pending")
@@ -220,7 +224,8 @@ func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
 	h.backoffPasses("w1")
 	code, body = h.wakeOn(other, "w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 1.0, body["set_aside"])
+	h.settle()
+	require.Equal(t, 2, h.runs("w1").setAside)
 	require.Equal(t, before+1, pub.requests.Load())
 	require.Equal(t, 2, strings.Count(h.logs.String(), delivery.LogEventsSetAside))
 	require.EqualValues(t, 1, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery
@@ -231,7 +236,8 @@ func TestPoisonEventDoesNotBlockTheQueue(t *testing.T) {
 	h.backoffPasses("w1")
 	code, body = h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 1.0, body["published"])
+	h.settle()
+	require.Equal(t, 100, h.runs("w1").count)
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
 
@@ -256,23 +262,24 @@ func (s *silentPublish) React(req any) (bool, any, error) {
 }
 
 // TestDrainPublishWithNoAnswer: Pub/Sub takes the request and never
-// answers: the drain gives up at its publish timeout, answers 503, and
-// acknowledges nothing; one request was sent, and the events are still
-// pending for the next wake-up.
+// answers: the drainer gives up at its publish timeout, acknowledges
+// nothing, and answers the wake-ups meanwhile 503; one request was sent
+// until then, and once Pub/Sub answers again the drainer publishes the
+// events with no other wake-up.
 func TestDrainPublishWithNoAnswer(t *testing.T) {
 	t.Parallel()
 	silent := &silentPublish{released: make(chan struct{})}
 	h := newHarness(t, withReactor(pstest.ServerReactorOption{FuncName: "Publish", Reactor: silent}))
 	h.products("w1", 5)
 	code, body := h.wake("w1")
-	close(silent.released) // pstest holds its lock while a reactor runs
-	require.Equal(t, http.StatusServiceUnavailable, code, body)
-	require.Contains(t, body["error"], "nothing was acknowledged")
+	require.Equal(t, http.StatusOK, code, body)
+	h.awaitLogged("no answer within 5s")
 	require.EqualValues(t, 1, silent.rpcs.Load())
-	require.Contains(t, h.logs.String(), "no answer within 5s")
+	code, body = h.wake("w1")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL"))
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
-	code, body = h.wake("w1")
-	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, 5.0, body["published"], "the next wake-up publishes them")
+	close(silent.released) // pstest holds its lock while a reactor runs
+	h.settle()
+	require.Equal(t, 5, h.runs("w1").count, "the drainer publishes them once Pub/Sub answers")
 }

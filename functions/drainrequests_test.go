@@ -18,6 +18,7 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
@@ -91,9 +92,9 @@ func TestDrainRefusesBadCallers(t *testing.T) {
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_receipts"))
 
 	// Each workspace drains only itself.
-	code, body := h.wake("w2")
+	code, _ = h.wake("w2")
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, 3.0, body["published"])
+	h.settle()
 	require.Len(t, h.published("w2"), 3)
 	require.Positive(t, h.count("w2", `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name = 'ontology-replication'`), "the probe above sees the product's connections")
@@ -124,7 +125,8 @@ func sha(s string) string {
 
 // TestLogsCarryTheRequestsTrace: every line a request logs carries its
 // trace (traceparent, or X-Cloud-Trace-Context), the workspace as its
-// label, and a successful invocation's line no error field.
+// label, and a successful invocation's line no error field; so does the
+// line of the drainer the request started.
 func TestLogsCarryTheRequestsTrace(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -145,21 +147,27 @@ func TestLogsCarryTheRequestsTrace(t *testing.T) {
 			rec := httptest.NewRecorder()
 			h.handler.ServeHTTP(rec, req)
 			require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-			var drain map[string]any
+			h.settle()
+			var drain, run map[string]any
 			for _, line := range strings.Split(strings.TrimSpace(h.logs.String()), "\n") {
 				var entry map[string]any
 				require.NoError(t, json.Unmarshal([]byte(line), &entry), line)
 				require.Equal(t, "projects/p1/traces/"+c.trace, entry["logging.googleapis.com/trace"], line)
 				require.Equal(t, c.span, entry["logging.googleapis.com/spanId"], line)
-				if entry["message"] == LogDrain {
+				switch entry["message"] {
+				case LogDrain:
 					drain = entry
+				case delivery.LogDrainRun:
+					run = entry
 				}
 			}
 			require.NotNil(t, drain, "the invocation's line")
 			require.Equal(t, map[string]any{"workspace": "w1"}, drain["logging.googleapis.com/labels"])
 			require.Equal(t, "ok", drain["outcome"])
 			require.NotContains(t, drain, "error", "no empty error field on success")
-			require.Contains(t, drain, "publish_ms")
+			require.NotNil(t, run, "the drainer's line")
+			require.Equal(t, map[string]any{"workspace": "w1"}, run["logging.googleapis.com/labels"])
+			require.Contains(t, run, "publish_ms")
 		})
 	}
 }
@@ -188,6 +196,7 @@ func TestDrainReadsNoBody(t *testing.T) {
 	h.handler.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	require.Zero(t, body.reads.Load(), "the body was read")
+	h.settle()
 	require.Len(t, h.published("w1"), 3)
 }
 

@@ -36,17 +36,20 @@ const (
 	// EnvVerifyWorkers is how many workspaces the verifier verifies at
 	// once. Default: 16.
 	EnvVerifyWorkers = "VERIFY_WORKERS"
-	// EnvDrainGather is how long the drain that claims next waits before
-	// its claim while its workspace is busy, gathering the commits of the
-	// wake-ups coalesced into it, a Go duration from 0 (off) to 1s.
-	// Default: delivery.DefaultGather (85ms).
+	// EnvDrainGather is how long a busy workspace's drainer waits on the
+	// next turn before its claim, gathering the commits of the wake-ups
+	// that come meanwhile, a Go duration from 0 (off) to 1s. Default:
+	// delivery.DefaultGather (85ms).
 	EnvDrainGather = "DRAIN_GATHER"
 	// EnvDrainQuietInterval is the mean time between one instance's
 	// wake-ups of a workspace at and above which the workspace is quiet and
-	// its wake-ups claim on their own instead of taking turns, a Go duration
-	// up to 1m; 0 makes every wake-up take turns. Default:
+	// its drainer claims at once instead of taking turns, a Go duration up
+	// to 1m; 0 makes every claim take turns. Default:
 	// delivery.DefaultQuietInterval (100ms).
 	EnvDrainQuietInterval = "DRAIN_QUIET_INTERVAL"
+	// EnvDrainBatchesOut is how many batches a drainer has out at once, a
+	// whole number from 1 to 64. Default: delivery.DefaultBatchesOut (4).
+	EnvDrainBatchesOut = "DRAIN_BATCHES_OUT"
 )
 
 // FunctionNames are the functions this package registers, the values
@@ -54,7 +57,7 @@ const (
 var FunctionNames = []string{"Drain", "Verify"}
 
 // Env lists every environment variable the functions read.
-var Env = append(slices.Clone(config.EnvNames), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers, EnvDrainGather, EnvDrainQuietInterval,
+var Env = append(slices.Clone(config.EnvNames), EnvVerifyBudget, EnvSweepBatches, EnvVerifyWorkers, EnvDrainGather, EnvDrainQuietInterval, EnvDrainBatchesOut,
 	EnvVerifyCaller, EnvVerifyAudience, EnvVerifyCallerCheck, "K_SERVICE")
 
 // defaultMaxOpenPools bounds the workspace pools an instance keeps open:
@@ -62,8 +65,13 @@ var Env = append(slices.Clone(config.EnvNames), EnvVerifyBudget, EnvSweepBatches
 // the fleet (one per open pool, mostly, and each closed after 30 s idle).
 const defaultMaxOpenPools = 64
 
+// drainersCloseWait bounds how long a server's close waits for its
+// drainers to publish and acknowledge their batches out (Serve's stop waits
+// within its own grace first).
+const drainersCloseWait = 10 * time.Second
+
 // defaultPoolSize is each instance's connections per workspace database:
-// a drain holds one while its batch is published.
+// a drainer holds one while it runs.
 const defaultPoolSize = 2
 
 // app is the functions' one instance, built from the environment when the
@@ -100,23 +108,39 @@ type LocalOptions struct {
 	DialerOptions []cloudsqlconn.Option
 }
 
+// Local is a local server of the functions (NewHandler): the local mode
+// and tests serve it.
+type Local struct {
+	// Handler serves Drain at the SDK's drain path and Verify at /Verify.
+	Handler http.Handler
+	svc     *delivery.Service
+	close   func()
+}
+
+// Idle waits until the drainers have carried out every wake-up answered
+// so far (delivery.Service.Idle), or ctx ends.
+func (l *Local) Idle(ctx context.Context) error { return l.svc.Idle(ctx) }
+
+// Close stops the drainers, their batches out published and acknowledged
+// (within 10 s), and releases the pools and clients.
+func (l *Local) Close() { l.close() }
+
 // NewHandler builds the functions from getenv, apart from the process's
-// environment and the functions framework, and returns them as one
-// handler: Drain at the SDK's drain path, Verify at /Verify. The local mode
-// serves it. Close releases its pools and clients.
-func NewHandler(ctx context.Context, getenv func(string) string, opts LocalOptions) (handler http.Handler, close func(), err error) {
+// environment and the functions framework, as one handler: Drain at the
+// SDK's drain path, Verify at /Verify. The local mode serves it.
+func NewHandler(ctx context.Context, getenv func(string) string, opts LocalOptions) (*Local, error) {
 	deps := dependencies{publisher: opts.Publisher, logger: opts.Logger}
 	if opts.DialerOptions != nil {
 		deps.opening = func(c *delivery.OpenConfig) { c.Pools.DialerOptions = opts.DialerOptions }
 	}
 	s, err := newServer(ctx, getenv, deps)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/Verify", s.serveVerify)
 	mux.HandleFunc(drainPrefix, s.serveDrain)
-	return mux, s.close, nil
+	return &Local{Handler: mux, svc: s.svc, close: s.close}, nil
 }
 
 // Check reports a configuration error, naming the field, so that the server
@@ -182,12 +206,13 @@ func newServerFromEnv() *server {
 }
 
 // tuning is the functions' own settings from the environment: the
-// verifier's budget, sweep and workers, the drain's gather and quiet
-// interval.
+// verifier's budget, sweep and workers, the drain's gather, quiet interval
+// and batches out.
 type tuning struct {
 	verifyBudget                time.Duration
 	sweepBatches, verifyWorkers int
 	gather, quiet               time.Duration
+	batchesOut                  int
 }
 
 // readTuning reads the tuning, each variable checked against its range.
@@ -223,6 +248,13 @@ func readTuning(getenv func(string) string) (tuning, error) {
 		if t.gather = d; d == 0 {
 			t.gather = -1 // off
 		}
+	}
+	if raw := getenv(EnvDrainBatchesOut); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > 64 {
+			return t, fmt.Errorf("functions: %s: %q must be a whole number from 1 to 64", EnvDrainBatchesOut, raw)
+		}
+		t.batchesOut = n
 	}
 	if raw := getenv(EnvDrainQuietInterval); raw != "" {
 		d, err := time.ParseDuration(raw)
@@ -277,6 +309,7 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 		Logger:             log,
 		Gather:             t.gather,
 		QuietInterval:      t.quiet,
+		BatchesOut:         t.batchesOut,
 	}
 	if deps.opening != nil {
 		deps.opening(&open)
@@ -285,6 +318,13 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 	if err != nil {
 		return nil, err
 	}
-	s.svc, s.close = opened.Service, opened.Close
+	s.svc = opened.Service
+	s.close = func() {
+		// The drainers end before the pools and clients they use close.
+		ctx, cancel := context.WithTimeout(context.Background(), drainersCloseWait)
+		defer cancel()
+		_ = opened.Service.Shutdown(ctx)
+		opened.Close()
+	}
 	return s, nil
 }

@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,6 +86,8 @@ type harness struct {
 	// instance starts another instance of the functions over the same
 	// workspaces (its own pools and stores), as Cloud Run does.
 	instance func() http.Handler
+	// servers are the instances started, the first one's (srv) first.
+	servers []*server
 }
 
 type option_ func(*harnessConfig)
@@ -109,8 +110,6 @@ type harnessConfig struct {
 	// cloudSQL, when set, puts the workspaces' databases on a Cloud SQL
 	// stand-in instance (withCloudSQL).
 	cloudSQL *cloudsqlproxy.Config
-	// requeueFor is the drain's delivery.Config.RequeueFor (0: default).
-	requeueFor time.Duration
 }
 
 // withHostSpellings has the registry name the workspaces' server by each
@@ -131,12 +130,6 @@ func withCallerCheck(email, audience string, client *http.Client) option_ {
 
 // withLookupTimeout bounds one BigQuery lookup, for tests whose
 // BigQuery answers slowly on purpose.
-// withRequeueFor bounds a drain's requeueing after transient faults
-// (delivery.Config.RequeueFor).
-func withRequeueFor(d time.Duration) option_ {
-	return func(c *harnessConfig) { c.requeueFor = d }
-}
-
 func withLookupTimeout(d time.Duration) option_ {
 	return func(c *harnessConfig) { c.lookupTimeout = d }
 }
@@ -254,7 +247,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	log := logging.New(h.logs, logging.Config{Level: slog.LevelDebug, ProjectID: "p1", Service: "replication-test"})
 	h.instance = func() http.Handler {
 		opening := func(c *delivery.OpenConfig) {
-			c.Warehouse, c.RequeueFor = wh, cfg.requeueFor
+			c.Warehouse = wh
 			if h.cloudSQL != nil {
 				c.Pools.DialerOptions = h.cloudSQL.inst.DialerOptions(cloudSQLToken)
 			}
@@ -265,6 +258,7 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 		if h.srv == nil {
 			h.srv = srv
 		}
+		h.servers = append(h.servers, srv)
 		mux := http.NewServeMux()
 		mux.HandleFunc("/Verify", srv.serveVerify)
 		mux.HandleFunc("/", srv.serveDrain)
@@ -272,38 +266,6 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 	}
 	h.handler = h.instance()
 	return h
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-// Len is how many bytes were written so far.
-func (w *lockedWriter) Len() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Len()
-}
-
-// Reset forgets what was written.
-func (w *lockedWriter) Reset() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.b.Reset()
-}
-
-// String is what was written so far.
-func (w *lockedWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 // token signs a runtime token for the workspace.

@@ -46,7 +46,8 @@ type ServerConfig struct {
 	// 1 KB). Default: 64 KB.
 	MaxHeaderBytes int
 	// ShutdownGrace is how long a stop (Cloud Run's SIGTERM, then SIGKILL
-	// 10 s later) waits for the requests in flight. Default: 8s.
+	// 10 s later) waits for the requests in flight and the drainers'
+	// batches out. Default: 8s.
 	ShutdownGrace time.Duration
 	// Logger receives the server's own lines (nil: the functions' logger).
 	Logger *slog.Logger
@@ -71,13 +72,16 @@ func (c ServerConfig) withDefaults() ServerConfig {
 // LogServerStopped is the server's last line: how its stop went.
 const LogServerStopped = "replication functions stopped"
 
-// Serve serves h on l until ctx ends, then stops gracefully: it accepts no
-// more connections and waits up to ShutdownGrace for the requests in
-// flight (a drain's batch publishes and is acknowledged, or its claim is
-// rolled back); what is still running then ends with the process, and the
-// database rolls back its transaction and releases its claim, so nothing
-// is acknowledged that Pub/Sub did not accept. It releases the functions'
-// pools and clients before it returns.
+// Serve serves h on l until ctx ends, then stops gracefully, within
+// ShutdownGrace (Cloud Run sends SIGTERM and, 10 s later, SIGKILL): the
+// drain answers wake-ups 503 from then on, the server accepts no more
+// connections and waits for the requests in flight (each answers at once),
+// and each drainer claims nothing more, publishes and acknowledges its
+// batches out, and ends (delivery.Service.Shutdown). What is still out when
+// the grace runs out is released unacknowledged: nothing is acknowledged
+// that Pub/Sub did not accept, and each drainer that left work logs it
+// (delivery.LogDrainLeft). It releases the functions' pools and clients
+// before it returns.
 func Serve(ctx context.Context, l net.Listener, h http.Handler, cfg ServerConfig) error {
 	cfg = cfg.withDefaults()
 	log := cmp.Or(cfg.Logger, app.log)
@@ -93,15 +97,24 @@ func Serve(ctx context.Context, l net.Listener, h http.Handler, cfg ServerConfig
 	started := time.Now()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownGrace)
 	defer cancel()
+	drained := make(chan error, 1)
+	go func() {
+		if app.svc == nil {
+			drained <- nil
+			return
+		}
+		drained <- app.svc.Shutdown(sctx)
+	}()
 	err := srv.Shutdown(sctx)
 	finished := err == nil
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = nil // the grace ran out: what runs still ends with the process
 	}
-	if finished && app.close != nil {
+	drainsFinished := <-drained == nil
+	if app.close != nil {
 		app.close()
 	}
 	log.Info(LogServerStopped, slog.String("cause", context.Cause(ctx).Error()), slog.Bool("requests_finished", finished),
-		slog.Float64("shutdown_seconds", time.Since(started).Seconds()))
+		slog.Bool("drains_finished", drainsFinished), slog.Float64("shutdown_seconds", time.Since(started).Seconds()))
 	return err
 }

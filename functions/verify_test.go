@@ -15,16 +15,14 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 )
 
-// drainAll wakes the drain until nothing is pending.
+// drainAll wakes the drain and waits for its drainer: nothing is left
+// pending.
 func (h *harness) drainAll(workspace string) {
 	h.t.Helper()
-	for range 1000 {
-		code, body := h.wake(workspace)
-		require.Equal(h.t, http.StatusOK, code, body)
-		if body["published"].(float64) == 0 {
-			return
-		}
-	}
+	code, body := h.wake(workspace)
+	require.Equal(h.t, http.StatusOK, code, body)
+	h.settle()
+	require.Zero(h.t, h.count(workspace, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 }
 
 // answer makes the in-test BigQuery server answer with f, after checking

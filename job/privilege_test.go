@@ -93,14 +93,14 @@ func TestLeastPrivilege(t *testing.T) {
 			issuer.URL, jwks.URL, strings.Join(entries, ","))
 	}
 	var logs syncBuffer
-	function := func(component string) http.Handler {
+	function := func(component string) *functions.Local {
 		env := map[string]string{"REPLICATION_WORKSPACES": registryAs(component), "PUBSUB_EMULATOR_HOST": h.pubsub.Addr,
 			functions.EnvVerifyCallerCheck: "off"}
-		handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] },
+		local, err := functions.NewHandler(ctx, func(k string) string { return env[k] },
 			functions.LocalOptions{Logger: logging.New(&logs, logging.Config{Level: slog.LevelInfo})})
 		require.NoError(t, err)
-		t.Cleanup(closeFunctions)
-		return handler
+		t.Cleanup(local.Close)
+		return local
 	}
 	serve := func(handler http.Handler, req *http.Request) {
 		t.Helper()
@@ -125,8 +125,11 @@ func TestLeastPrivilege(t *testing.T) {
 			req := httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/"+id+"/ontology/replication/drain", nil)
 			req.Header.Set("x-segmentstream-runtime-identity", token)
 			req.Header.Set("x-segmentstream-organization-id", "org-1")
-			serve(drain, req)
+			serve(drain.Handler, req)
 		}
+		idle, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		require.NoError(t, drain.Idle(idle), "the drainers carried out every wake-up")
 		require.Len(t, h.published("w1"), 30, "every event but the refused one")
 		require.Positive(t, refused.requests.Load())
 		after := status()
@@ -156,7 +159,7 @@ func TestLeastPrivilege(t *testing.T) {
 		require.NoError(t, err)
 		h.hide(requeuedEvent, absentEvent)
 		defer h.hide()
-		serve(function("verify"), httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
+		serve(function("verify").Handler, httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
 		require.EqualValues(t, 28, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE verified_at IS NOT NULL"))
 		require.EqualValues(t, 2, h.published("w1")[requeuedEvent], "requeued and published again by the sweep")
 		require.EqualValues(t, 1, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery

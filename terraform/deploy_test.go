@@ -306,7 +306,7 @@ func TestTerraformEnvironmentMatchesTheCode(t *testing.T) {
 	t.Parallel()
 	m := parseModule(t, ".")
 	want := map[string][]string{
-		"google_cloud_run_v2_service.drain":   {"DATABASE_SERVER_MAX_CONNS", "DRAIN_GATHER", "FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
+		"google_cloud_run_v2_service.drain":   {"DATABASE_SERVER_MAX_CONNS", "DRAIN_BATCHES_OUT", "DRAIN_GATHER", "FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
 		"google_cloud_run_v2_service.verify":  {"DATABASE_SERVER_MAX_CONNS", "FUNCTION_TARGET", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE", "VERIFY_AUDIENCE", "VERIFY_CALLER", "VERIFY_TIME_BUDGET", "VERIFY_WORKERS"},
 		"google_cloud_run_v2_job.replication": {"DATABASE_SERVER_MAX_CONNS", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL", "REPLICATION_WORKSPACES_FILE"},
 	}

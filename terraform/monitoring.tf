@@ -1,19 +1,21 @@
 # Metrics, alerts, the SLO and the dashboard.
 #
 # Emission: every figure is a field of a structured log line the code
-# already writes (one per drain invocation, one per workspace per verifier
-# pass), turned into log-based metrics here. Nothing runs after a response
-# (Cloud Run takes an instance's CPU away between requests, which starves
-# an exporter's background flush), nothing needs a Monitoring client or
-# role, and the log lines and the metrics cannot disagree. The README's
-# Observability section has the fields and what they cost.
+# already writes (one per drain invocation, one per drainer run and fault,
+# one per workspace per verifier pass), turned into log-based metrics here.
+# Nothing needs a Monitoring client or role, and the log lines and the
+# metrics cannot disagree. The README's Observability section has the
+# fields and what they cost.
 
 locals {
   # The lines the metrics read: their message (a constant of the code:
-  # functions.LogDrain, delivery.LogVerifyWorkspace, functions.LogVerify) and
-  # the service that writes them.
+  # functions.LogDrain, delivery.LogDrainRun, delivery.LogDrainFault,
+  # delivery.LogVerifyWorkspace, functions.LogVerify) and the service that
+  # writes them.
   log_lines = {
     drain            = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-drain\" AND jsonPayload.message=\"replication drain\""
+    drain_run        = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-drain\" AND jsonPayload.message=\"replication drain run\""
+    drain_fault      = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-drain\" AND jsonPayload.message=\"replication: the drain met a fault; it claims again after a backoff\""
     verify_workspace = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-verify\" AND jsonPayload.message=\"replication verify workspace\""
     verify_pass      = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-verify\" AND jsonPayload.message=\"replication verify\""
     audit            = "resource.type=\"cloud_run_job\" AND resource.labels.job_name=\"replication-audit\" AND jsonPayload.message=\"replication audit\""
@@ -35,7 +37,8 @@ locals {
   # alerts and the SLO read (an INT64 point costs a tenth of a
   # distribution's).
   log_counters = {
-    "replication/drain_invocations"   = { line = "drain", labels = ["workspace", "outcome", "cause"], description = "Drain invocations, by workspace (empty until the caller is authenticated for it), outcome (ok, unavailable, failed, unauthorized, …) and the cause of a 503 or 500; refused calls are sampled (replication/drain_refused counts them)." }
+    "replication/drain_invocations"   = { line = "drain", labels = ["workspace", "outcome", "cause"], description = "Drain invocations (wake-ups, each answered at once), by workspace (empty until the caller is authenticated for it), outcome (ok, unavailable, failed, unauthorized, …) and the cause of a 503 or 500; refused calls are sampled (replication/drain_refused counts them)." }
+    "replication/drain_faults"        = { line = "drain_fault", labels = ["workspace", "cause"], description = "Faults a workspace's drainer met behind the answers (a claim, publish or acknowledgement failed), by cause: it backs off and claims again, answering wake-ups 503 meanwhile." }
     "replication/verifier_workspaces" = { line = "verify_workspace", labels = ["workspace", "outcome", "cause", "delivery_lag_band", "verification_lag_band", "set_aside_lag_band", "outstanding_band"], description = "Workspaces in verifier passes, by outcome (verified, partial, not_reached, inactive, failed), the cause of a failure, and lag bands (the outstanding band is the largest of the three; unknown when a failed workspace's figures could not be read)." }
     "replication/verifier_passes"     = { line = "verify_pass", labels = ["outcome"], description = "Verifier passes, by outcome (ok, partial_failure, …)." }
     "replication/audit_results"       = { line = "audit", labels = ["workspace", "outcome"], description = "Workspaces audited by the scheduled audit (the replication-audit job), by outcome (equal, differs, failed)." }
@@ -54,10 +57,10 @@ locals {
     "replication/verified_events"       = { line = "verify_workspace", field = "verified", unit = "1", by_workspace = false, description = "Events a workspace's pass verified (sum: events verified)." }
     "replication/requeued_events"       = { line = "verify_workspace", field = "requeued", unit = "1", by_workspace = false, description = "Events a workspace's pass sent back to pending (absent 15 minutes after acceptance)." }
     "replication/verifier_lookup_time"  = { line = "verify_workspace", field = "lookup_seconds", unit = "s", by_workspace = false, description = "Time a workspace's pass waited for BigQuery." }
-    "replication/drain_published"       = { line = "drain", field = "count", unit = "1", by_workspace = false, description = "Events a drain invocation published (sum: events published)." }
-    "replication/drain_published_bytes" = { line = "drain", field = "bytes", unit = "By", by_workspace = false, description = "Bytes a drain invocation published." }
-    "replication/drain_duration"        = { line = "drain", field = "duration_ms", unit = "ms", by_workspace = false, description = "Drain invocation duration." }
-    "replication/drain_publish_latency" = { line = "drain", field = "publish_ms", unit = "ms", by_workspace = false, description = "Time a drain invocation spent in Pub/Sub's Publish." }
+    "replication/drain_published"       = { line = "drain_run", field = "count", unit = "1", by_workspace = false, description = "Events a drainer published since its last line (a line when it ends and every minute it runs; sum: events published)." }
+    "replication/drain_published_bytes" = { line = "drain_run", field = "bytes", unit = "By", by_workspace = false, description = "Bytes a drainer published since its last line." }
+    "replication/drain_duration"        = { line = "drain", field = "duration_ms", unit = "ms", by_workspace = false, description = "Time to answer a wake-up: what every action of the ontology service waits for." }
+    "replication/drain_publish_latency" = { line = "drain_run", field = "publish_ms", unit = "ms", by_workspace = false, description = "Time a drainer spent in Pub/Sub's Publish since its last line." }
     "replication/drain_refused"         = { line = "drain", field = "refused", unit = "1", by_workspace = false, description = "Refused calls (unauthorized, unknown workspace, bad path or method) a sampled WARNING line stands for: at most one line a second per cause and instance (sum: refused calls)." }
   }
 

@@ -47,10 +47,11 @@ func functionLogs(t *testing.T) []map[string]any {
 		functions.EnvVerifyCallerCheck: "off",
 	}
 	var logs syncBuffer
-	handler, closeFunctions, err := functions.NewHandler(ctx, func(k string) string { return env[k] },
+	local, err := functions.NewHandler(ctx, func(k string) string { return env[k] },
 		functions.LocalOptions{Logger: logging.New(&logs, logging.Config{Level: slog.LevelInfo, ProjectID: "p1"})})
 	require.NoError(t, err)
-	t.Cleanup(closeFunctions)
+	t.Cleanup(local.Close)
+	handler := local.Handler
 	token, err := p.Issuer.Token(pipeline.RuntimeSubject, pipeline.Audience, time.Minute)
 	require.NoError(t, err)
 	req := httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
@@ -59,6 +60,9 @@ func functionLogs(t *testing.T) []map[string]any {
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	idle, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, local.Idle(idle), "the drainer's line is written when it ends")
 	// A caller with no token: the drain's line has no workspace.
 	rec = httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil))
@@ -76,16 +80,25 @@ func functionLogs(t *testing.T) []map[string]any {
 		handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
 		require.Equal(t, http.StatusInternalServerError, rec.Code, rec.Body.String())
 	}
-	// The topic deleted: the drain fails, with its cause.
+	// The topic deleted: the drainer fails, with its cause (an ERROR: a
+	// person must act), and the wake-up after it is answered 500.
 	require.NoError(t, sdkfixture.BulkCreate(ctx, p.Pool, sdkfixture.Demo, "product", "title", 2, 2))
 	_, err = p.PubSub.GServer.DeleteTopic(ctx, &pubsubpb.DeleteTopicRequest{Topic: pipeline.Topic})
 	require.NoError(t, err)
-	req = httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
-	req.Header.Set("x-segmentstream-runtime-identity", token)
-	req.Header.Set("x-segmentstream-organization-id", pipeline.Organization)
-	rec = httptest.NewRecorder()
-	handler.ServeHTTP(rec, req)
-	require.Equal(t, http.StatusInternalServerError, rec.Code, rec.Body.String())
+	wake := func() int {
+		req := httptest.NewRequest(http.MethodPost, "/api/internal/v1/workspaces/w1/ontology/replication/drain", nil)
+		req.Header.Set("x-segmentstream-runtime-identity", token)
+		req.Header.Set("x-segmentstream-organization-id", pipeline.Organization)
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	require.Equal(t, http.StatusOK, wake())
+	deadline := time.Now().Add(time.Minute)
+	for wake() != http.StatusInternalServerError {
+		require.True(t, time.Now().Before(deadline), "no 500 while the drainer fails on a missing topic")
+		time.Sleep(10 * time.Millisecond) // the drainer's own fault is the signal
+	}
 	return parseLines(t, logs.String())
 }
 
@@ -139,8 +152,8 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 		require.NotNil(t, match, "%s: the filter selects a message", kind)
 		messages[kind] = match[1]
 	}
-	require.Equal(t, map[string]string{"drain": functions.LogDrain, "verify_workspace": delivery.LogVerifyWorkspace, "verify_pass": functions.LogVerify,
-		"audit": delivery.LogAudit}, messages,
+	require.Equal(t, map[string]string{"drain": functions.LogDrain, "drain_run": delivery.LogDrainRun, "drain_fault": delivery.LogDrainFault,
+		"verify_workspace": delivery.LogVerifyWorkspace, "verify_pass": functions.LogVerify, "audit": delivery.LogAudit}, messages,
 		"the filters select the code's messages")
 
 	bandsValue, diags := m.locals["lag_bands"].Expr.Value(nil)
@@ -169,7 +182,7 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 	// drain's workspace once its caller is authenticated for it.
 	sometimes := map[string]func(l map[string]any) bool{
 		"cause": func(l map[string]any) bool {
-			return l["outcome"] == "failed" || l["status"] == 500.0 || l["status"] == 503.0
+			return l["outcome"] == "failed" || l["status"] == 500.0 || l["status"] == 503.0 || l["message"] == delivery.LogDrainFault
 		},
 		"workspace": func(l map[string]any) bool {
 			return l["outcome"] != "unauthorized" && l["outcome"] != "unknown_workspace"

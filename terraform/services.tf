@@ -47,14 +47,36 @@ resource "google_cloud_run_v2_service" "drain" {
   template {
     service_account = google_service_account.component["drain"].email
     timeout         = "60s"
-    # Each instance keeps at most drain_pool_size connections per workspace
-    # database; more concurrent drains per instance would only queue for them.
-    max_instance_request_concurrency = 8
+    # A wake-up is answered in about a millisecond, before any database or
+    # Pub/Sub call; the work is each workspace's drainer's, behind the
+    # answers, whatever the concurrency.
+    max_instance_request_concurrency = var.drain_request_concurrency
     scaling {
+      # The drainers work after their answers: an instance must not scale
+      # to zero while a drainer runs (Cloud Run scales from zero only on a
+      # request, and "If your service is using CPU even when it's not
+      # processing requests, you should set minimum instances equal to 1":
+      # run/docs/about-instance-autoscaling).
+      min_instance_count = var.drain_min_instances
       max_instance_count = var.drain_max_instances
     }
     containers {
       image = var.functions_image
+      # The drain's shutdown grace within Cloud Run's 10 s from SIGTERM to
+      # SIGKILL: its drainers publish and acknowledge their batches out.
+      args = ["-shutdown-grace", var.drain_shutdown_grace]
+      resources {
+        # Instance-based billing: CPU outside requests, for the drainers
+        # that drain behind their answers ("Configure instance-based billing
+        # to use background activities": run/docs/tips/general; request-based
+        # billing "disables or severely limits" CPU after a response).
+        cpu_idle          = false
+        startup_cpu_boost = true
+        limits = {
+          cpu    = "1"
+          memory = "512Mi"
+        }
+      }
       env {
         name  = "FUNCTION_TARGET"
         value = "Drain"
@@ -74,6 +96,10 @@ resource "google_cloud_run_v2_service" "drain" {
       env {
         name  = "DRAIN_GATHER"
         value = var.drain_gather
+      }
+      env {
+        name  = "DRAIN_BATCHES_OUT"
+        value = tostring(var.drain_batches_out)
       }
       env {
         name  = "LOG_LEVEL"

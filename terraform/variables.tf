@@ -195,7 +195,7 @@ variable "dead_letter_max_delivery_attempts" {
 # workspace databases), summed.
 
 variable "drain_gather" {
-  description = "How long the drain that claims next waits before its claim while its workspace is busy, so that one batch takes several commits (a Go duration, 0 to 1s; 0 turns it off): the database's cost per commit against a commit's latency (README, Performance)."
+  description = "How long a busy workspace's drainer waits on the next turn before its claim, so that one batch takes several commits (a Go duration, 0 to 1s; 0 turns it off): the database's cost per commit against a commit's latency (PERFORMANCE.md)."
   type        = string
   default     = "85ms"
   validation {
@@ -205,9 +205,49 @@ variable "drain_gather" {
 }
 
 variable "drain_max_instances" {
-  description = "Most instances of the drain service (each serves up to 8 wake-ups at once)."
+  description = "Most instances of the drain service (each answers up to drain_request_concurrency wake-ups at once)."
   type        = number
   default     = 10
+}
+
+variable "drain_min_instances" {
+  description = "Instances of the drain service kept running (instance-based billing: each costs its vCPU and memory all month, about 49 USD at 1 vCPU and 512 MiB in a tier-1 region; terraform/README.md). At least 1: a drainer works after its answer, and an instance must not scale to zero under it."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.drain_min_instances >= 1
+    error_message = "drain_min_instances must be at least 1: a drainer works after its wake-up's answer."
+  }
+}
+
+variable "drain_request_concurrency" {
+  description = "Wake-ups one drain instance answers at once (each in about a millisecond; the drainers' work is behind the answers)."
+  type        = number
+  default     = 80
+  validation {
+    condition     = var.drain_request_concurrency >= 80 && var.drain_request_concurrency <= 1000
+    error_message = "drain_request_concurrency must be from 80 to 1000: a wake-up is answered at once, so fewer would only scale out instances that sit idle."
+  }
+}
+
+variable "drain_shutdown_grace" {
+  description = "How long a stopping drain instance (Cloud Run's SIGTERM, then SIGKILL 10 s later) waits for its drainers to publish and acknowledge their batches out (a Go duration under 10s)."
+  type        = string
+  default     = "8s"
+  validation {
+    condition     = can(regex("^[1-9]s$", var.drain_shutdown_grace))
+    error_message = "drain_shutdown_grace must be whole seconds from 1s to 9s: Cloud Run kills the instance 10 s after SIGTERM."
+  }
+}
+
+variable "drain_batches_out" {
+  description = "Batches a workspace's drainer has out at once (DRAIN_BATCHES_OUT), each one Publish request: what keeps a workspace's delivery up with a slow Pub/Sub."
+  type        = number
+  default     = 4
+  validation {
+    condition     = var.drain_batches_out >= 1 && var.drain_batches_out <= 64
+    error_message = "drain_batches_out must be from 1 to 64."
+  }
 }
 
 variable "drain_pool_size" {

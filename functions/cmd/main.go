@@ -42,7 +42,7 @@ func main() {
 	addr := flag.String("addr", "", "host:port to listen on instead, such as 127.0.0.1:8080 (a loopback address serves this machine only)")
 	flag.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", 0, "the time a client has to send its request headers (default 10s)")
 	flag.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "how long a kept-alive connection may stay idle (default 2m)")
-	flag.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 0, "how long a stop waits for the requests in flight (default 8s)")
+	flag.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 0, "how long a stop waits for the requests in flight and the drainers' batches out (default 8s)")
 	showVersion := flag.Bool("version", false, "print the commit this build was made from, and exit")
 	flag.Parse()
 	if *showVersion {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
 // drainProcess is one of the chaos run's drain instances: the deployed
@@ -38,6 +41,48 @@ type drainProcess struct {
 	// the instance is answered by the process of its start.
 	starts atomic.Int64
 	frozen atomic.Bool
+	// running counts the process's drainers running: one more for each
+	// wake-up answered 2xx that started one (not coalesced), one less for
+	// each drainer line that says it ended (delivery.LogDrainRun).
+	running atomic.Int64
+}
+
+// awaitDrainers waits until the process's drainers have ended, or the
+// process of start starts has ended, or ctx ends.
+func (d *drainProcess) awaitDrainers(ctx context.Context, starts int64) {
+	for d.running.Load() > 0 && d.starts.Load() == starts && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond) // the drainers' own lines move the counter: the signal
+	}
+}
+
+// drainerLines watches a drain process's lines: each drainer's last line
+// (delivery.LogDrainRun with ended) counts it out of running. The lines
+// go on to out.
+type drainerLines struct {
+	d    *drainProcess
+	out  io.Writer
+	part []byte
+}
+
+func (w *drainerLines) Write(p []byte) (int, error) {
+	w.part = append(w.part, p...)
+	for {
+		i := bytes.IndexByte(w.part, '\n')
+		if i < 0 {
+			break
+		}
+		line := w.part[:i]
+		var l struct {
+			Message string `json:"message"`
+			Ended   bool   `json:"ended"`
+		}
+		if json.Unmarshal(line, &l) == nil && l.Message == delivery.LogDrainRun && l.Ended {
+			w.d.running.Add(-1)
+		}
+		w.part = w.part[i+1:]
+	}
+	_, _ = w.out.Write(p)
+	return len(p), nil
 }
 
 // buildDrain builds functions/cmd into dir, once for every instance.
@@ -76,13 +121,18 @@ func (d *drainProcess) start(ctx context.Context) error {
 	// Only what the deployed service is given: none of the caller's
 	// registry or credentials.
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "FUNCTION_TARGET=Drain"}, d.env...)
-	cmd.Stdout, cmd.Stderr = d.logs, d.logs
+	// Its lines at INFO, for the drainers' ends; shown with the run's own
+	// LOG_LEVEL.
+	lines := &drainerLines{d: d, out: d.logs}
+	cmd.Stdout, cmd.Stderr = lines, d.logs
+	cmd.Env = append(cmd.Env, "LOG_LEVEL=INFO")
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the drain: %w", err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	d.cmd, d.exited = cmd, exited
+	d.running.Store(0)
 	d.starts.Add(1)
 	d.frozen.Store(false)
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {

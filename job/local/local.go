@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -275,25 +276,34 @@ func (l *local) keepServing(ctx context.Context) {
 func (l *local) wake(ctx context.Context, url, token string) int {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return l.post(ctx, url, token)
+	return l.post(ctx, url, token).status
 }
 
-// post sends a wake-up to url and returns its status (0: no answer).
-func (l *local) post(ctx context.Context, url, token string) int {
+// wakeAnswer is a wake-up's answer: its status (0: none), and whether it
+// started the instance's drainer (a 2xx that was not coalesced).
+type wakeAnswer struct {
+	status  int
+	started bool
+}
+
+// post sends a wake-up to url and returns its answer.
+func (l *local) post(ctx context.Context, url, token string) wakeAnswer {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 	req.Header.Set("x-segmentstream-runtime-identity", token)
 	req.Header.Set("x-segmentstream-organization-id", localOrganization)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		l.log.Warn("ontology.replication.deferred", slog.Any("error", err))
-		return 0
+		return wakeAnswer{}
 	}
+	var body struct{ Promised, Coalesced bool }
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&body)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		l.log.Info("ontology.replication.deferred", slog.Int("status", resp.StatusCode))
 	}
-	return resp.StatusCode
+	return wakeAnswer{status: resp.StatusCode, started: resp.StatusCode/100 == 2 && body.Promised && !body.Coalesced}
 }
 
 func (l *local) printKeep(w io.Writer) {

@@ -296,7 +296,11 @@ func (l *local) functionsHandler(ctx context.Context, component, sweep string) (
 	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.pubsubProxies[component].Addr,
 		"VERIFY_TIME_BUDGET": l.cfg.verifyBudget.String(), "LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off",
 		functions.EnvSweepBatches: sweep}
-	return functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log, DialerOptions: l.dialerOptions(component)})
+	local, err := functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log, DialerOptions: l.dialerOptions(component)})
+	if err != nil {
+		return nil, nil, err
+	}
+	return local.Handler, local.Close, nil
 }
 
 // serve serves h on a free loopback port until the run ends.

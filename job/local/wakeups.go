@@ -10,10 +10,11 @@ import (
 
 // The chaos run's wake-ups, as the SDK sends them and as the drain
 // instances serve them. The SDK waits 5 s for an answer and only logs a
-// non-2xx; the drain carries on past that. So each wake-up has two ends:
-// the SDK's (the status it saw within 5 s, or none: its promise), and the
-// request's own (when the instance answered, whenever that was: until
-// then a drain is in flight for it).
+// non-2xx; the instance answers at once and its drainer carries the commit
+// behind the answer. So each wake-up has two ends: the SDK's (the status
+// it saw, or none: its promise), and its drain's (when the instance's
+// drainer that the wake-up started or joined ended, as its lines say:
+// until then a drain is in flight for it).
 
 // wakeRecord is one commit and its wake-up.
 type wakeRecord struct {
@@ -77,15 +78,23 @@ func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec
 	go func() {
 		defer wl.inFlight.Add(-1)
 		defer wl.perDrain[rec.Drain].Add(-1)
-		// The request's own end: the drain's time-out (30 s) and the
-		// instance's stop grace, with room.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		code := l.post(rctx, url, token)
+		proc := l.drainProcs[rec.Drain]
+		starts := proc.starts.Load()
+		ans := l.post(rctx, url, token)
+		if ans.started {
+			proc.running.Add(1)
+		}
+		answer <- ans.status
+		// The drain's end: the instance's drainers have ended (their
+		// lines say so), or the process ended with them, or a minute.
+		if ans.status/100 == 2 {
+			proc.awaitDrainers(rctx, starts)
+		}
 		wl.mu.Lock()
-		rec.Ended, rec.EndCode = time.Now(), code
+		rec.Ended, rec.EndCode = time.Now(), ans.status
 		wl.mu.Unlock()
-		answer <- code
 	}()
 	timer := time.NewTimer(sdkWait)
 	defer timer.Stop()

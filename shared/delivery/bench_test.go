@@ -59,16 +59,22 @@ func (r *rig) resetQueue(tb testing.TB) {
 const sqlFloorDrain = sdkfixture.FloorDrain
 
 // BenchmarkDrain measures the drain end to end, PostgreSQL to the Pub/Sub
-// emulator, with 1 KB payloads, for 1 and 4 concurrent invocations, and the
-// floor (sqlFloorDrain, same workers) in the same run: events/s, allocations
-// and the server's CPU per 1,000 events, whose ratio to the floor's is the
-// drain's overhead in PostgreSQL.
+// emulator, with 1 KB payloads: one wake-up of each of 1 and 4 instances
+// (each its own drainer, with Config.BatchesOut batches out, claiming on
+// its own: one wake-up is a quiet workspace), and the floor
+// (sqlFloorDrain, on as many connections) in the same run: events/s,
+// allocations and the server's CPU per 1,000 events, whose ratio to the
+// floor's is the drain's overhead in PostgreSQL.
 func BenchmarkDrain(b *testing.B) {
 	const events = 20_000
 	for _, workers := range []int{1, 4} {
 		for _, kind := range []string{"drain", "floor"} {
-			b.Run(fmt.Sprintf("%s/invocations=%d", kind, workers), func(b *testing.B) {
-				r := newRig(b, workers+1)
+			b.Run(fmt.Sprintf("%s/instances=%d", kind, workers), func(b *testing.B) {
+				r := newRig(b, 2)
+				instances := []*delivery.Service{r.svc}
+				for len(instances) < workers {
+					instances = append(instances, r.newService())
+				}
 				r.payloadKB(b, events)
 				var published atomic.Int64
 				var elapsed, cpu time.Duration
@@ -81,23 +87,31 @@ func BenchmarkDrain(b *testing.B) {
 					cpuBefore := serverCPU(b, r)
 					b.StartTimer()
 					started := time.Now()
-					var wg sync.WaitGroup
-					for range workers {
-						wg.Go(func() {
-							for {
-								n, err := r.drainOnce(kind)
-								if err != nil {
-									b.Error(err)
-									return
+					if kind == "drain" {
+						for _, svc := range instances {
+							r.wakeOK(b, svc)
+						}
+						r.settle(b, instances...)
+						published.Add(r.acceptedCount(b))
+					} else {
+						var wg sync.WaitGroup
+						for range workers {
+							wg.Go(func() {
+								for {
+									n, err := r.floorOnce()
+									if err != nil {
+										b.Error(err)
+										return
+									}
+									published.Add(int64(n))
+									if n == 0 {
+										return
+									}
 								}
-								published.Add(int64(n))
-								if n == 0 {
-									return
-								}
-							}
-						})
+							})
+						}
+						wg.Wait()
 					}
-					wg.Wait()
 					elapsed += time.Since(started)
 					b.StopTimer()
 					cpu += serverCPU(b, r) - cpuBefore
@@ -118,13 +132,9 @@ func BenchmarkDrain(b *testing.B) {
 	}
 }
 
-// drainOnce drains one batch with the drain, or with the floor's one
-// statement, and returns how many events it took.
-func (r *rig) drainOnce(kind string) (int, error) {
-	if kind == "drain" {
-		res, err := r.svc.Drain(r.ctx, "w1")
-		return res.Published, err
-	}
+// floorOnce drains one batch with the floor's one statement, and returns
+// how many events it took.
+func (r *rig) floorOnce() (int, error) {
 	rows, err := r.pool.Query(r.ctx, sqlFloorDrain, r.gen.Generation)
 	if err != nil {
 		return 0, err
@@ -137,21 +147,42 @@ func (r *rig) drainOnce(kind string) (int, error) {
 	return n, rows.Err()
 }
 
-// BenchmarkDrainRoundTrips counts the SQL round trips of a batch: the drain
-// function's (its claim, then its acknowledgement), and the bulk drain's
-// (DrainAll, four batches out: one round trip acknowledges the ended ones
-// and claims the next).
+// BenchmarkDrainRoundTrips counts the SQL round trips of a batch: a quiet
+// wake-up's drainer's (its claim, then its acknowledgement), a drainer's
+// through a backlog, and the bulk drain's (DrainAll, four batches out:
+// one round trip acknowledges the ended ones and claims the next).
 func BenchmarkDrainRoundTrips(b *testing.B) {
-	b.Run("function", func(b *testing.B) {
+	b.Run("quiet", func(b *testing.B) {
 		r := newRig(b, 2)
-		r.payloadKB(b, 100*1000)
-		before := r.queries.n.Load()
+		var trips int64
 		for b.Loop() {
-			res, err := r.svc.Drain(r.ctx, "w1")
+			b.StopTimer()
+			_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "one commit, one wake-up"})
 			require.NoError(b, err)
-			require.Equal(b, 100, res.Published)
+			before := r.queries.n.Load()
+			b.StartTimer()
+			r.wakeOK(b, r.svc)
+			r.settle(b)
+			trips += r.queries.n.Load() - before
 		}
-		b.ReportMetric(float64(r.queries.n.Load()-before)/float64(b.N), "roundtrips/batch")
+		b.ReportMetric(float64(trips)/float64(b.N), "roundtrips/batch")
+	})
+	b.Run("drainer", func(b *testing.B) {
+		r := newRig(b, 2)
+		r.payloadKB(b, 20_000)
+		var trips, batches int64
+		for b.Loop() {
+			b.StopTimer()
+			r.resetQueue(b)
+			before := r.queries.n.Load()
+			b.StartTimer()
+			r.wakeOK(b, r.svc)
+			r.settle(b)
+			require.EqualValues(b, 20_000, r.acceptedCount(b))
+			trips += r.queries.n.Load() - before
+			batches += 200
+		}
+		b.ReportMetric(float64(trips)/float64(batches), "roundtrips/batch")
 	})
 	b.Run("bulk", func(b *testing.B) {
 		r := newRig(b, 2)
@@ -254,20 +285,23 @@ func (d slowPublish) React(any) (bool, any, error) {
 // BenchmarkWriterLatency measures an SDK writer's transaction (one product
 // created through beginReplicationWrite) while lifecycle operations (the
 // lifecycle lock taken exclusively, as pause and replay start do) arrive
-// every 100 ms: with no drain, and with 4 drains whose publishes take
-// 200 ms each. It reports the writer's p50 and p99.
+// every 100 ms: with no drain, and with 4 instances' drainers, woken
+// continually, whose publishes take 200 ms each. It reports the writer's
+// p50 and p99.
 func BenchmarkWriterLatency(b *testing.B) {
 	for _, drains := range []int{0, 4} {
 		b.Run(fmt.Sprintf("drains=%d", drains), func(b *testing.B) {
-			r := newRig(b, drains+1, withPublishReactor(slowPublish(200*time.Millisecond)))
+			r := newRig(b, 2, withPublishReactor(slowPublish(200*time.Millisecond)))
 			ctx, cancel := context.WithCancel(r.ctx)
 			var wg sync.WaitGroup
 			for range drains {
-				wg.Go(func() {
+				svc := r.newService()
+				wg.Go(func() { // an instance woken after every commit
 					for ctx.Err() == nil {
-						if _, err := r.svc.Drain(ctx, "w1"); err != nil && ctx.Err() == nil {
-							b.Error(err)
-							return
+						_, _ = r.wake(b, svc)
+						select {
+						case <-ctx.Done():
+						case <-time.After(time.Millisecond):
 						}
 					}
 				})

@@ -165,12 +165,6 @@ func (d *bulkDrain) run() error {
 // hold a session on (see bulkDrain.each).
 var errLegacy = errors.New("a legacy database")
 
-// published is a batch whose publish has ended.
-type published struct {
-	claim *store.Claim
-	out   *publishing
-}
-
 // session drains on one store session until nothing publishable is left,
 // replication pauses, the drain is stopped, or a fault: the batches out
 // are then published and finished, and the session closed.
@@ -247,8 +241,8 @@ func (r *sessionRun) loop() error {
 			if r.out == 0 {
 				return r.fault
 			}
-			r.ended = append(r.ended, <-r.done)
-			r.out--
+			r.awaitEnded()
+			continue
 		}
 		r.collectEnded()
 		finish := r.finishing() // first: a batch that failed stops the claims
@@ -268,6 +262,30 @@ func (r *sessionRun) loop() error {
 func (r *sessionRun) mayClaim() bool {
 	d := r.d
 	return r.fault == nil && !r.paused && !d.stopped() && d.mayClaim() && r.out < d.drains && !(r.exhausted && r.out > 0)
+}
+
+// awaitEnded waits for a batch's publish to end, touching the session
+// meanwhile when it is due (store.Session.Touch), so that a long publish
+// never lets the server's idle timeout end it.
+func (r *sessionRun) awaitEnded() {
+	for {
+		var timer <-chan time.Time
+		if at := r.ss.TouchAt(); !at.IsZero() {
+			t := time.NewTimer(time.Until(at))
+			defer t.Stop()
+			timer = t.C
+		}
+		select {
+		case p := <-r.done:
+			r.ended = append(r.ended, p)
+			r.out--
+			return
+		case <-timer:
+			if err := r.ss.Touch(context.WithoutCancel(r.d.ctx)); err != nil && r.fault == nil {
+				r.fault = err
+			}
+		}
+	}
 }
 
 // collectEnded takes every batch whose publish has ended.

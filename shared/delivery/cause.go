@@ -33,7 +33,8 @@ const (
 	CauseWarehouseUnavailable  = "warehouse_unavailable"  // BigQuery failed or throttled: a retry may succeed
 	CauseKeysUnavailable       = "keys_unavailable"       // the token issuer's keys could not be fetched
 	CauseTurnHeld              = "turn_held"              // the workspace's drain turn was held past the wait's bound
-	CauseDrainRetrying         = "drain_retrying"         // coalesced into a drain that is retrying after a transient fault
+	CauseDrainRetrying         = "drain_retrying"         // the workspace's drainer in this instance backs off after a fault (its line says which)
+	CauseShuttingDown          = "shutting_down"          // the instance is stopping: a wake-up is left to another instance or the sweep
 	CauseTimeout               = "timeout"                // the work ran out of time
 	CauseInternal              = "internal"               // anything else: the error text says what
 )
@@ -46,12 +47,14 @@ func Cause(err error) string {
 	switch {
 	case err == nil:
 		return ""
+	case errors.Is(err, ErrDrainRetrying):
+		return CauseDrainRetrying
+	case errors.Is(err, ErrShuttingDown):
+		return CauseShuttingDown
 	case errors.Is(err, errPublish) && publish.Misconfigured(err):
 		return CausePubSubMisconfigured
 	case errors.Is(err, errPublish):
 		return CausePubSubUnavailable
-	case errors.Is(err, ErrDrainRetrying):
-		return CauseDrainRetrying
 	case errors.Is(err, store.ErrTurnWait):
 		return CauseTurnHeld
 	case errors.Is(err, database.ErrServerBusy):

@@ -58,54 +58,58 @@ type Config struct {
 	// Retry bounds the retries of transient faults inside a command (drain
 	// batches, backfill and replay pages).
 	Retry RetryPolicy
-	// DrainFor is how long a drain goes on publishing batches while more
-	// events are pending, counted from its first claim, before it leaves
-	// them to a drain that claimed after it, when there is one (see Drain):
-	// within the SDK's 5 s for a wake-up. Default: 2s.
-	DrainFor time.Duration
-	// RequeueFor bounds, from a drain's start, how long it goes on queueing
-	// for its turn again after transient faults (see Drain); the request's
-	// own deadline bounds it too. Default: 25s.
-	RequeueFor time.Duration
-	// TurnWait bounds each of a wake-up's waits for the drains of its
-	// workspace ahead of it: for the drain that is next to claim, and its
-	// claim's for the drain in progress to end its turn (see Drain).
-	// Default: 20s.
+	// TurnWait bounds a busy drainer's waits for the drainers of other
+	// processes ahead of it in its workspace's turns: for the next turn,
+	// and its claim's for the turn (see Drain in the package doc). A
+	// holder that froze is ended by the server after the store's
+	// IdleTimeout, shorter than this. Default: DefaultTurnWait.
 	TurnWait time.Duration
-	// Gather is how long the drain that claims next waits before its
-	// claim while its workspace is busy, so that one batch takes the
-	// commits of the wake-ups that come meanwhile (see Drain): the
-	// database's cost per commit falls with it and the latency grows by
-	// it. Negative turns it off. Default: DefaultGather.
+	// Gather is how long a busy drainer that holds the next turn waits
+	// before its claim, so that one batch takes the commits of the
+	// wake-ups that come meanwhile, this process's and the others' (see
+	// Drain): the database's cost per commit falls with it and the
+	// latency grows by it. Negative turns it off. Default: DefaultGather.
 	Gather time.Duration
 	// QuietInterval is the mean time between this process's wake-ups of a
-	// workspace at and above which the workspace is quiet: its wake-ups
-	// claim on their own, without turns (see Drain). The mean weighs each
-	// new interval a third and counts a pause as 1 s at most: a burst after
-	// a quiet spell is busy by its sixth wake-up, and one pause of a second
-	// makes the workspace quiet again. Negative: never quiet (every
-	// wake-up takes turns). Default: DefaultQuietInterval.
+	// workspace at and above which the workspace is quiet: its drainer
+	// claims at once, without the turns and the gathering (see Drain). The
+	// mean weighs each new interval a third and counts a pause as 1 s at
+	// most: a burst after a quiet spell is busy by its sixth wake-up, and
+	// one pause of a second makes the workspace quiet again. Negative:
+	// never quiet (every claim takes the turns). Default:
+	// DefaultQuietInterval.
 	QuietInterval time.Duration
+	// BatchesOut bounds the batches a drainer has out at once, each one
+	// Publish request, so that a workspace's delivery keeps up with a slow
+	// Pub/Sub. Default: DefaultBatchesOut.
+	BatchesOut int
 	// RequeueReportAfter is how many times the verifier may send an event
 	// back to pending before it reports it (VerifyResult.RequeuedRepeatedly).
 	// Default: 3.
 	RequeueReportAfter int
 }
 
-// DefaultGather is Config.Gather's default: on the development machine, at
-// 150 commits a second over four instances, the wake-up path then costs the
-// database 0.27–0.30× the SDK writer's own CPU per commit (the SPEC's bar
-// is 0.3×), for a median commit → accepted of about 46 ms and a p99 of
-// about 88 ms (the SPEC's is 100 ms; at 500 commits/s 88 ms too); 75 ms
-// cost about 0.33–0.40× for 41 / 78 ms and 25 ms about 0.6× for 15 / 31 ms,
-// measured before the claim took the turn itself, which saved about 10 %
-// (README, Performance: BenchmarkWakeUps).
+// DefaultGather is Config.Gather's default: long enough that at a few
+// hundred commits a second one claim takes the commits of a dozen
+// wake-ups, short enough that a commit is accepted within the SPEC's 100 ms
+// p99 (PERFORMANCE.md has the trade measured at other values).
 const DefaultGather = 85 * time.Millisecond
 
 // DefaultQuietInterval is Config.QuietInterval's default: at rates where a
 // gather would rarely coalesce anything, turns would cost a statement a
-// wake-up for nothing.
+// claim for nothing.
 const DefaultQuietInterval = 100 * time.Millisecond
+
+// DefaultTurnWait is Config.TurnWait's default: longer than the store's
+// IdleTimeout (15 s), after which the server ends a frozen holder, so a
+// waiter gets the turn within its bound.
+const DefaultTurnWait = 20 * time.Second
+
+// DefaultBatchesOut is Config.BatchesOut's default: at 150 commits a second
+// and every Publish held 1 s, a drainer claims every gather and has three
+// or four batches out; more would only hold more connections' worth of
+// events unacknowledged during an outage.
+const DefaultBatchesOut = 4
 
 // Service is the one orchestration of delivery: claim → publish →
 // acknowledge, verification rounds and sweeps. The functions and the job
@@ -118,9 +122,9 @@ type Service struct {
 	stores map[string]cachedStore
 
 	requeues requeueCounts
-	// turns counts this process's drains waiting for their workspace's
-	// turn (see Drain).
-	turns turns
+	// drainers are this process's drainers, one per workspace with work
+	// (see Wake).
+	drainers *drainers
 	// suspects are the events whose publish may fail for a reason of
 	// their own (see suspects).
 	suspects suspects
@@ -144,10 +148,8 @@ func (c Config) Validate() error {
 		return errors.New("Pools is required")
 	case c.Publisher == nil:
 		return errors.New("Publisher is required")
-	case c.DrainFor < 0:
-		return fmt.Errorf("DrainFor %v: must not be negative", c.DrainFor)
-	case c.RequeueFor < 0:
-		return fmt.Errorf("RequeueFor %v: must not be negative", c.RequeueFor)
+	case c.BatchesOut < 0 || c.BatchesOut > 64:
+		return fmt.Errorf("BatchesOut %d: must be between 1 and 64 (0: the default)", c.BatchesOut)
 	case c.TurnWait < 0:
 		return fmt.Errorf("TurnWait %v: must not be negative", c.TurnWait)
 	case c.RequeueReportAfter < 0:
@@ -156,10 +158,10 @@ func (c Config) Validate() error {
 	if err := c.Store.Validate(); err != nil {
 		return fmt.Errorf("Store.%w", err)
 	}
-	// The drain that gathers holds the next turn idle meanwhile: past the
-	// store's TurnIdleTimeout the server would end its session.
-	if idle := cmp.Or(c.Store.TurnIdleTimeout, store.DefaultTurnIdleTimeout); c.Gather >= idle {
-		return fmt.Errorf("Gather %v: must be shorter than Store.TurnIdleTimeout (%v)", c.Gather, idle)
+	// The drainer that gathers holds the next turn idle meanwhile: past
+	// the store's IdleTimeout the server would end its session.
+	if idle := cmp.Or(c.Store.IdleTimeout, store.DefaultIdleTimeout); c.Gather >= idle {
+		return fmt.Errorf("Gather %v: must be shorter than Store.IdleTimeout (%v)", c.Gather, idle)
 	}
 	if err := c.Retry.Validate(); err != nil {
 		return fmt.Errorf("Retry.%w", err)
@@ -179,27 +181,19 @@ func New(cfg Config) (*Service, error) {
 	if cfg.RequeueReportAfter == 0 {
 		cfg.RequeueReportAfter = 3
 	}
-	cfg.DrainFor = cmp.Or(cfg.DrainFor, 2*time.Second)
-	cfg.TurnWait = cmp.Or(cfg.TurnWait, 20*time.Second)
-	cfg.RequeueFor = cmp.Or(cfg.RequeueFor, 25*time.Second)
+	cfg.TurnWait = cmp.Or(cfg.TurnWait, DefaultTurnWait)
+	cfg.BatchesOut = cmp.Or(cfg.BatchesOut, DefaultBatchesOut)
 	if cfg.Gather == 0 {
 		cfg.Gather = DefaultGather
 	}
 	if cfg.QuietInterval == 0 {
 		cfg.QuietInterval = DefaultQuietInterval
 	}
-	return &Service{cfg: cfg, log: log, stores: map[string]cachedStore{}}, nil
+	return &Service{cfg: cfg, log: log, stores: map[string]cachedStore{}, drainers: newDrainers()}, nil
 }
 
 // ErrUnknownWorkspace: the registry has no such workspace.
 var ErrUnknownWorkspace = errors.New("unknown workspace")
-
-// ErrDrainRetrying answers a wake-up coalesced into its process's pending
-// drain while that drain waits to queue again after a transient fault: the
-// commit is left to that drain, which may still publish it, but no 2xx is
-// given on its word (an HTTP caller gets 503, which the SDK logs as
-// deferred).
-var ErrDrainRetrying = errors.New("the workspace's drain is retrying after a transient fault; this commit is left to it")
 
 // errPublish marks a failed Publish RPC.
 var errPublish = errors.New("publish failed")
@@ -218,7 +212,7 @@ func Transient(err error) bool {
 	if database.LoginRefused(err) || database.Misconfigured(err) {
 		return false
 	}
-	return store.Retryable(err) || errors.Is(err, database.ErrServerBusy) || errors.Is(err, ErrDrainRetrying)
+	return store.Retryable(err) || errors.Is(err, database.ErrServerBusy) || errors.Is(err, ErrShuttingDown)
 }
 
 // Workspace returns a workspace of the registry.
@@ -267,6 +261,3 @@ func (s *Service) lease(ctx context.Context, ws registry.Workspace) (*workspaceL
 	s.stores[ws.ID] = cachedStore{pool: pl.Pool, st: st}
 	return &workspaceLease{store: st, pool: pl}, nil
 }
-
-// Registry returns the registry the service serves.
-func (s *Service) Registry() *registry.Registry { return s.cfg.Registry }

@@ -3,89 +3,86 @@
 //
 // # Drain
 //
-// Drain is a wake-up of a workspace's drain, which the ontology service
-// sends after every commit. On a busy workspace its wake-ups coalesce: in
-// each process one is the pending drain, which meets the other processes'
-// drains at the workspace's database (store.QueueTurn): one drain holds the
-// turn, one holds the next turn, and the others wait in the server for the
-// next turn. A wake-up that finds its process's pending drain leaves its
-// commit to it, which has not claimed yet, and returns at once (Coalesced)
-// without a statement. The drain that holds the next turn waits
-// Config.Gather first, so that one batch takes the commits of many
-// wake-ups, and then claims: its claim waits in the server for the turn,
-// if the drain ahead of it still holds it. A drain whose turn it is claims
-// the oldest pending events (disjoint from other claims, holding no lock
-// the SDK waits on; see the store's claims), publishes them as one Pub/Sub
-// request and acknowledges them only after Pub/Sub accepted them. A failed
-// or timed-out publish acknowledges nothing; a lost response only ever
-// yields duplicates. Events that cannot be published are set aside with a
-// backoff, and the events behind them go on: those the store found
-// unpublishable (missing history row, table without a capture trigger,
-// malformed capture), those larger than a request may be, and those Pub/Sub
-// refuses, found by bisection of the refused request. Events set aside
-// before, whose backoff has passed, go in a request of their own. Each
-// drain that sets events aside logs one error line naming them.
+// Wake is a wake-up of a workspace's drain, which the ontology service
+// sends after every commit and awaits inside the customer's action. It is
+// answered at once, with no database or network call: the workspace's
+// drainer in this process counts the wake-up and is started if it is not
+// running, and the answer says so (Promised; Coalesced when it joined a
+// running drainer). The drainer works behind the answer:
+//
+//   - It claims the oldest pending events (disjoint from other claims,
+//     holding no lock the SDK waits on; see the store's claims) as one
+//     byte-bounded batch, publishes it as one Pub/Sub request, and
+//     acknowledges it only after Pub/Sub accepted it; it keeps up to
+//     Config.BatchesOut batches out at once on one session, so that its
+//     delivery keeps up with a slow Pub/Sub.
+//   - On a busy workspace (its wake-ups reach the process more often than
+//     Config.QuietInterval) it takes the workspace's next turn first,
+//     waiting in the server for the drainers of other processes ahead of
+//     it, and gathers for Config.Gather before its claim, so that one claim
+//     takes the commits of many wake-ups, this process's and the others'
+//     (see Turns in the store's doc): the database pays per batch, not per
+//     wake-up. A quiet workspace's drainer claims at once, on no turn.
+//   - Events that cannot be published are set aside with a backoff, and the
+//     events behind them go on: those the store found unpublishable
+//     (missing history row, table without a capture trigger, malformed
+//     capture), those larger than a request may be, and those Pub/Sub
+//     refuses, found by bisection of the refused request. Events set aside
+//     before, whose backoff has passed, go in a request of their own. Each
+//     batch that sets events aside logs one error line naming them.
+//
+// The drainer's rules are one pure function (nextStep, specified by a
+// table test), and its loop performs their steps.
 //
 // # A wake-up's word
 //
-// The SDK wakes the drain once per commit and never retries; it gives the
-// request 5 s and only logs a non-2xx (as deferred). So a wake-up answered
-// 2xx is a promise: its commit is published by a drain in flight, never
-// left to a later wake-up or the verifier's sweep. Cloud Run gives a
-// request CPU only while it is served, so what carries a commit is always
-// a request in flight: the drain of the wake-up itself, or the pending
-// drain it was coalesced into, which claims after it. The structure keeps
-// the promise, whatever that drain meets:
+// The SDK wakes the drain once per commit and never retries, so a wake-up
+// answered 2xx is a promise: its commit is published by the drainer of the
+// process that answered, never left to a later wake-up or the verifier's
+// sweep. The rule that keeps it: a wake-up answered 2xx came before a claim
+// that this drainer will still make. The drainer counts the wake-ups it
+// answered and records, before each claim, the count that claim began
+// after; it ends only when no wake-up came after its last claim, that
+// claim left nothing more pending, found nothing held by other claims,
+// and nothing is out or failing. So:
 //
-//   - A drain goes on while its last claim left more pending (its claim
-//     read after every commit coalesced into it, oldest first, a batch at a
-//     time). It stops only when a claim left nothing and found nothing
-//     held by other claims, or by handing what is left to a drain that
-//     claims after it: its process's pending drain
-//     (HandedOver), which claims when this drain's turn ends; or, once
-//     Config.DrainFor has passed since its own first claim, a drain that has
-//     claimed since (it queues for the next turn and finds the turn held:
-//     that drain's claim read after this one's), unless wake-ups were
-//     coalesced into it meanwhile. A drain never leaves its commits to a
-//     drain it has not seen claim: one that holds the next turn may be
-//     frozen.
-//   - Nor to a claim that holds them: its session may be ending (closed
-//     by a client that gave up, its locks not yet let go), its instance
-//     frozen (the server ends it after its idle timeout), or it may let
-//     them go unpublished. A claim that found pending events held by other
-//     claims (store.Claim.Held) and took nothing is followed, after a
-//     backoff (100 ms, doubling to 2 s), by another, until none is held or
-//     Config.RequeueFor has passed since the drain's start (then a warning,
-//     LogDrainLeavesHeld, and the drain ends). Drains that take turns never
-//     hold each other's events (a claim holds the turn); the claims that
-//     can are a quiet workspace's, the sweep's, a probe's and the
-//     operations'.
-//   - A drain that meets a transient fault (its wait for a turn past
-//     Config.TurnWait, its session ended, the SDK's lifecycle lock held by
-//     a migration past the lock timeout, Pub/Sub unavailable or slow past
-//     its time-out) queues again from its process's pending place after a
-//     backoff (100 ms, doubling to 2 s; Requeued, and a warning with the
-//     cause), or hands over to the pending drain there is, for up to
-//     Config.RequeueFor from its start and within its request's deadline.
-//     Meanwhile a wake-up coalesced into it is answered ErrDrainRetrying
-//     (503): its commit is left to the drain, which may well publish it,
-//     but no promise is made on a drain that is failing.
-//   - A drain that freezes while it holds a turn (its instance stopped or
-//     cut off) is ended by the server after store.Config.TurnIdleTimeout
-//     (15 s), shorter than TurnWait, so the drains queued behind it take
-//     the turn within their bound; one killed while it waits in the server
-//     is noticed within a second (see the store's Turns).
-//   - Whatever the drain cannot outlive leaves events pending, never
-//     acknowledged: Pub/Sub down past its 25 s; its own instance frozen or
-//     killed after answering coalesced wake-ups; or another instance frozen
-//     while its claim holds the commit for longer than this drain may wait
-//     (a claim outside the turns sets an idle timeout of a minute). The next wake-up's
-//     drain, which claims the oldest pending first, or the verifier's sweep
-//     publishes them. The chaos proof (`go run ./job/local --chaos`) measures how
-//     many events only the sweep delivered.
+//   - A wake-up that comes while a batch is out gets a claim of its own,
+//     beside the batch (up to Config.BatchesOut), or after a gathering on
+//     the turn.
+//   - A fault (a claim, publish or acknowledgement failed: Pub/Sub down or
+//     slow past its time-out, a lost session, the lifecycle lock held by a
+//     migration past the lock timeout, the turn held past Config.TurnWait)
+//     is logged (LogDrainFault, with its cause) and the drainer claims
+//     again after a backoff (100 ms doubling to 5 s, or to a minute when
+//     the fault needs a person), for as long as its process lives: it never
+//     gives up. Meanwhile it is failing, and a wake-up is answered
+//     ErrDrainRetrying (503: the SDK logs it as deferred): its commit is
+//     still claimed once the drainer recovers, but nothing is promised on a
+//     failing drainer.
+//   - Events another claim holds (another instance's drainer, the sweep, a
+//     job) are looked at again after a backoff (100 ms doubling to 2 s)
+//     until none is held: their holder may never publish them (its process
+//     froze: the server ends its session after the store's IdleTimeout; or
+//     it let them go unpublished).
+//   - A publish slower than the server's idle timeout does not cost the
+//     session: the drainer touches it while its batches are out, so the
+//     server ends a session only when its process has stopped.
+//   - A drainer that froze while it held the next turn is ended by the
+//     server after the store's IdleTimeout (15 s), shorter than the drainers
+//     behind it wait for it (TurnWait, 20 s).
 //
-// At protocol 3 a drain holds the turn from its scan to its end (the
-// store's legacy claims), so no two drains publish the same events.
+// What a promise cannot outlive is its own process: killed or frozen, its
+// drainer carries nothing, and what it left pending (nothing is
+// acknowledged that was not published) waits for the next wake-up, any
+// instance's, or the verifier's sweep. Shutdown (Cloud Run's SIGTERM) stops
+// taking wake-ups (ErrShuttingDown, 503), lets each drainer publish and
+// acknowledge its batches out within the grace, and logs what it left
+// (LogDrainLeft). The chaos proof (`go run ./job/local --chaos`) measures
+// how many promised commits only the sweep delivered.
+//
+// At protocol 3 a claim holds the turn from its scan to its end (the
+// store's legacy claims), so no two drainers publish the same events; the
+// drainer there has one batch out at a time.
 //
 // DrainAll publishes a workspace's pending events until nothing
 // publishable is left, with several batches out at once, all claimed and
@@ -123,10 +120,8 @@
 // backoff, logging each retry at WARNING; acknowledged work is never re-run
 // (a session's batches out are finished with what Pub/Sub accepted, the
 // rest released, and a new session claims what is still pending). A
-// wake-up's drain on a busy workspace queues again after a transient fault
-// within its request (see A wake-up's word); a quiet wake-up's drain, which
-// no other wake-up counts on, does not retry: its 503 leaves its commit to
-// the next wake-up or the sweep.
+// drainer claims again after every fault, for as long as its process
+// lives (see A wake-up's word).
 //
 // # Audit and repair
 //

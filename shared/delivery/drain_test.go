@@ -10,7 +10,6 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
-	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -44,6 +43,12 @@ func (r *rig) resume(tb testing.TB) {
 	require.NoError(tb, err)
 }
 
+// acceptedCount is how many delivery rows are accepted.
+func (r *rig) acceptedCount(tb testing.TB) int64 {
+	tb.Helper()
+	return r.count(tb, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NOT NULL")
+}
+
 // requireEachAcknowledgedOnce drains what is left and checks that every
 // event is accepted, with one receipt, and was published exactly once.
 func (r *rig) requireEachAcknowledgedOnce(tb testing.TB, svc *delivery.Service) {
@@ -56,18 +61,18 @@ func (r *rig) requireEachAcknowledgedOnce(tb testing.TB, svc *delivery.Service) 
 	require.Len(tb, r.srv.Messages(), int(events), "each event published once")
 }
 
-// TestSlowPublishDoesNotHoldTheSDK: while a drain's publish hangs, the SDK's
-// pause (the lifecycle lock, exclusively) goes through at once, and SDK
-// writers queued behind it take no longer than without the drain; then
+// TestSlowPublishDoesNotHoldTheSDK: while a drainer's publish hangs, the
+// SDK's pause (the lifecycle lock, exclusively) goes through at once, and
+// SDK writers queued behind it take no longer than without the drain; then
 // everything is delivered, each event once.
 func TestSlowPublishDoesNotHoldTheSDK(t *testing.T) {
 	t.Parallel()
 	g := newGate()
-	r := newRig(t, 2, withPublishReactor(g))
+	r := newRig(t, 2, withGate(g))
 	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 50, 50))
 	baseline := r.baselineLatency(t)
 
-	drain := r.drainHeld(g) // the batch is out, its publish in flight
+	r.drainHeld(t, g) // the batch is out, its publish in flight
 
 	// The pause and, queued behind it, a writer: neither waits for the publish.
 	var wg sync.WaitGroup
@@ -83,32 +88,27 @@ func TestSlowPublishDoesNotHoldTheSDK(t *testing.T) {
 	require.NoError(t, pauseErr)
 	// Both ended while the publish is still held (it is let go only below):
 	// neither waited for it. Their times are for the log, not the verdict.
-	select {
-	case d := <-drain:
-		t.Fatalf("the drain ended before its publish returned: %v", d.err)
-	default:
-	}
+	require.Zero(t, r.acceptedCount(t), "nothing acknowledged before the publish returned")
 	t.Logf("pause %v, writer %v (baseline %v) while the publish was held", pauseTook, writerTook, baseline)
 
 	g.release()
-	d := await.Receive(t, drain, "drain")
-	require.NoError(t, d.err, "the batch is acknowledged after the publish")
-	require.Equal(t, 55, d.res.Published)
+	r.settle(t)
+	require.EqualValues(t, 55, r.acceptedCount(t), "the batch is acknowledged after the publish")
 	r.resume(t)
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
 
 // TestMigrationDuringPublish: a migration (the lifecycle lock exclusively,
 // then ACCESS EXCLUSIVE on the delivery and receipts tables) runs while a
-// drain's batch is out, and holds its locks when the publish returns: the
-// acknowledgement waits for it, nothing deadlocks, and nothing is lost or
-// acknowledged that Pub/Sub did not accept.
+// drainer's batch is out, and holds its locks when the publish returns:
+// the acknowledgement waits for it, nothing deadlocks, and nothing is lost
+// or acknowledged that Pub/Sub did not accept.
 func TestMigrationDuringPublish(t *testing.T) {
 	t.Parallel()
 	g := newGate()
-	r := newRig(t, 2, withPublishReactor(g))
+	r := newRig(t, 2, withGate(g))
 	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 30, 30))
-	drain := r.drainHeld(g)
+	r.drainHeld(t, g)
 
 	quick, cancel := context.WithTimeout(r.ctx, 3*time.Second)
 	defer cancel()
@@ -126,18 +126,15 @@ func TestMigrationDuringPublish(t *testing.T) {
 	}
 	g.release()
 	// The acknowledgement waits for the migration's locks (the lifecycle
-	// lock, or the tables' while its statements are prepared).
+	// lock, or the tables' while its statements are prepared); past its
+	// lock timeout it fails and the drainer claims again after a backoff.
 	require.Eventually(t, func() bool {
 		return r.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 			AND wait_event_type = 'Lock' AND application_name = 'ontology-replication'`) == 1
 	}, 10*time.Second, 5*time.Millisecond)
-	select {
-	case d := <-drain:
-		t.Fatalf("the drain ended while the migration held its locks: %v", d.err)
-	default:
-	}
 	require.NoError(t, migration.Commit(r.ctx))
-	require.NoError(t, await.Receive(t, drain, "drain").err)
+	r.settle(t)
+	require.EqualValues(t, 30, r.acceptedCount(t))
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
 
@@ -146,74 +143,58 @@ func TestMigrationDuringPublish(t *testing.T) {
 func TestAcceptedAtIsAfterThePublish(t *testing.T) {
 	t.Parallel()
 	g := newGate()
-	r := newRig(t, 2, withPublishReactor(g))
+	r := newRig(t, 2, withGate(g))
 	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 10, 10))
-	drain := r.drainHeld(g)
+	r.drainHeld(t, g)
 	var released time.Time
 	require.NoError(t, r.pool.QueryRow(r.ctx, "SELECT clock_timestamp()").Scan(&released))
 	g.release()
-	require.NoError(t, await.Receive(t, drain, "drain").err)
+	r.settle(t)
 	require.EqualValues(t, 10, r.count(t, `SELECT count(*) FROM _ontology_replication_delivery d JOIN _ontology_replication_receipts c USING (generation, event_id)
 		WHERE d.accepted_at >= $1 AND d.next_verify_at = d.accepted_at AND c.accepted_at = d.accepted_at`, released))
 }
 
-// TestDrainKilledMidPublishIsTakenOver: a drain whose publish is in flight
-// dies (its context is cancelled, or its claim's session is cut); another
-// instance's drain publishes its events at once, and the dying drain
-// acknowledges nothing.
+// TestDrainKilledMidPublishIsTakenOver: a drainer whose publish is in
+// flight loses it: its process stops and the stop's grace runs out (its
+// batch is released, nothing acknowledged), or its claim's session is cut
+// (its acknowledgement fails: it claims again and publishes the batch once
+// more, a duplicate at most). Either way every event is published and
+// acknowledged once; in the first, by another instance's drainer at once.
 func TestDrainKilledMidPublishIsTakenOver(t *testing.T) {
 	t.Parallel()
-	for _, kill := range []string{"cancelled", "session cut"} {
+	for _, kill := range []string{"grace run out", "session cut"} {
 		t.Run(kill, func(t *testing.T) {
 			t.Parallel()
 			g := newGate()
-			r := newRig(t, 2, withPublishReactor(g))
+			r := newRig(t, 2, withGate(g))
 			require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 20, 20))
-			g.hold()
-			ctx, cancel := context.WithCancel(r.ctx)
-			defer cancel()
-			dying := make(chan drained, 1)
-			go func() {
-				res, err := r.svc.Drain(ctx, "w1")
-				dying <- drained{res, err}
-			}()
-			<-g.entered
+			r.drainHeld(t, g)
 			switch kill {
-			case "cancelled":
+			case "grace run out":
+				ctx, cancel := context.WithCancel(r.ctx)
 				cancel()
-				require.Error(t, await.Receive(t, dying, "dying").err)
+				require.Error(t, r.svc.Shutdown(ctx), "the grace ran out with the batch out")
+				_, err := r.wake(t, r.svc)
+				require.ErrorIs(t, err, delivery.ErrShuttingDown)
+				require.Zero(t, r.acceptedCount(t), "it acknowledged nothing")
+				// Another instance takes the events as soon as the claim is gone.
+				g.release()
+				other := r.newService()
+				r.wakeOK(t, other)
+				r.settle(t, other)
 			case "session cut":
-				var pid int32
-				require.NoError(t, r.pool.QueryRow(r.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
-					AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1`).Scan(&pid))
-				_, err := r.pool.Exec(r.ctx, "SELECT pg_terminate_backend($1)", pid)
-				require.NoError(t, err)
-			}
-			// Another instance takes the events as soon as the claim is gone.
-			other := r.newService()
-			require.Eventually(t, func() bool {
-				return r.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
-					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 0
-			}, 10*time.Second, 5*time.Millisecond)
-			g.release()
-			res, err := other.Drain(r.ctx, "w1")
-			require.NoError(t, err)
-			require.Equal(t, 20, res.Published)
-			if kill == "session cut" {
-				// Its acknowledgement failed (the session is gone): a
-				// transient fault, so it queued again and found nothing
-				// left, having acknowledged nothing.
-				out := await.Receive(t, dying, "dying")
-				require.NoError(t, out.err)
-				require.Zero(t, out.res.Published, "it acknowledged nothing")
-				require.Positive(t, out.res.Requeued, "it queued again after the lost session")
+				r.count(t, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) cut`)
+				g.release()
+				r.settle(t)
 			}
 			require.Zero(t, r.count(t, "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
+			require.EqualValues(t, 20, r.count(t, "SELECT count(*) FROM _ontology_replication_receipts"))
 			ids := map[string]bool{}
 			for _, m := range r.srv.Messages() {
 				ids[string(m.Data)] = true
 			}
-			require.Len(t, ids, 20, "every event published; a duplicate at most for the dying drain's batch")
+			require.Len(t, ids, 20, "every event published; a duplicate at most for the lost batch")
 		})
 	}
 }
@@ -236,28 +217,39 @@ func TestConcurrentDrainsPublishDisjointBatches(t *testing.T) {
 	r.requireEachAcknowledgedOnce(t, r.svc)
 }
 
-// TestAFailedClaimOnATurnIsAnError: a wake-up on a busy workspace (it takes
-// the drain's turn) whose claim fails — the SDK's migration holds the
-// lifecycle lock past the claim's lock_timeout — answers the claim's error.
-// It is neither taken for an empty claim nor a crash of the process.
-func TestAFailedClaimOnATurnIsAnError(t *testing.T) {
+// TestAFailedClaimIsRetried: a drainer whose claim fails — the SDK's
+// migration holds the lifecycle lock past the claim's lock_timeout — on a
+// quiet workspace and on a busy one (on its turn) makes no promise while
+// it backs off (a wake-up then is answered ErrDrainRetrying, 503, a
+// transient fault), and claims again on its own once the migration ends:
+// the promised commits and the deferred one are published with no other
+// wake-up.
+func TestAFailedClaimIsRetried(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, 2, withService(func(c *delivery.Config) {
-		c.QuietInterval = -1 // every wake-up takes turns
-		c.Store.LockTimeout = 200 * time.Millisecond
-	}))
-	require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 3, 3))
-	migration, err := r.pool.Begin(r.ctx)
-	require.NoError(t, err)
-	defer func() { _ = migration.Rollback(r.ctx) }()
-	_, err = migration.Exec(r.ctx, "SELECT pg_advisory_xact_lock(hashtextextended('"+store.LifecycleLock+"', 0))")
-	require.NoError(t, err)
-	res, err := r.svc.Drain(r.ctx, "w1")
-	require.Error(t, err, "%+v", res)
-	require.True(t, delivery.Transient(err), "a lock timeout is worth a retry: %v", err)
-	require.Zero(t, res.Published)
-	require.NoError(t, migration.Rollback(r.ctx))
-	res, err = r.svc.Drain(r.ctx, "w1")
-	require.NoError(t, err)
-	require.Equal(t, 3, res.Published)
+	for _, mode := range []string{"quiet", "busy"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, 2, withService(func(c *delivery.Config) {
+				if mode == "busy" {
+					c.QuietInterval = -1 // every claim takes turns
+				}
+				c.Store.LockTimeout = 200 * time.Millisecond
+			}))
+			require.NoError(t, sdkfixture.BulkCreate(r.ctx, r.pool, sdkfixture.Demo, "product", "title", 3, 3))
+			migration := r.holdLifecycleLock(t, time.Hour)
+			r.wakeOK(t, r.svc) // answered before the claim: a promise
+			var deferred error
+			require.Eventually(t, func() bool {
+				_, err := r.wake(t, r.svc)
+				deferred = err
+				return err != nil
+			}, time.Minute, 5*time.Millisecond, "a wake-up during the drainer's backoff is deferred")
+			require.ErrorIs(t, deferred, delivery.ErrDrainRetrying)
+			require.True(t, delivery.Transient(deferred), "a lock timeout is worth a retry: %v", deferred)
+			require.Zero(t, r.acceptedCount(t))
+			migration.end()
+			r.settle(t)
+			require.EqualValues(t, 3, r.acceptedCount(t), "published by the drainer that failed, with no other wake-up")
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/registry"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/await"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
@@ -91,9 +93,43 @@ func withService(change func(*delivery.Config)) rigOption {
 	return func(c *rigConfig) { c.service = change }
 }
 
-// withPublisher wraps the publisher every Service of the rig uses.
+// withPublisher wraps the publisher every Service of the rig uses (after
+// the wraps of earlier options).
 func withPublisher(wrap func(delivery.Publisher) delivery.Publisher) rigOption {
-	return func(c *rigConfig) { c.publisher = wrap }
+	return func(c *rigConfig) {
+		prev := c.publisher
+		c.publisher = func(p delivery.Publisher) delivery.Publisher {
+			if prev != nil {
+				p = prev(p)
+			}
+			return wrap(p)
+		}
+	}
+}
+
+// withGate holds every Publish of the rig's Services at g while g holds,
+// before the request is sent (pstest serialises its reactors, so a gate
+// there would hold the requests behind the first too).
+func withGate(g *gate) rigOption {
+	return withPublisher(func(p delivery.Publisher) delivery.Publisher { return &gatedPublisher{Publisher: p, g: g} })
+}
+
+// gatedPublisher waits at its gate before each Publish while it holds.
+type gatedPublisher struct {
+	delivery.Publisher
+	g *gate
+}
+
+func (p *gatedPublisher) Publish(ctx context.Context, topic string, data [][]byte) ([]string, error) {
+	if p.g.held.Load() {
+		p.g.entered <- struct{}{}
+		select {
+		case <-p.g.open:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return p.Publisher.Publish(ctx, topic, data)
 }
 
 // withPresent makes BigQuery hold exactly the events present returns.
@@ -204,12 +240,21 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 		require.NoError(tb, err)
 		tb.Cleanup(func() { closePools(tb, r, pools) })
 		scfg := delivery.Config{Registry: reg, Pools: pools, Publisher: publisher, Warehouse: wh, Auditor: wh, DeadLetters: deadLetters, Store: cfg.store,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			Logger: testLogger()}
 		if cfg.service != nil {
 			cfg.service(&scfg)
 		}
 		svc, err := delivery.New(scfg)
 		require.NoError(tb, err)
+		// Before its pools close (cleanups run last first): its drainers
+		// end, their batches out published and acknowledged.
+		tb.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := svc.Shutdown(ctx); err != nil {
+				tb.Errorf("the drainers did not end within 30 s: %v", err)
+			}
+		})
 		return svc
 	}
 	r.svc = r.newService()
@@ -223,8 +268,9 @@ func (r *rig) count(tb testing.TB, query string, args ...any) int64 {
 	return n
 }
 
-// gate holds Publish requests while closed: a publish then takes as long
-// as the test needs. Entered is signalled when a request is held.
+// gate holds Publish requests while closed (withGate): a publish then
+// takes as long as the test needs. Entered is signalled when a request is
+// held.
 type gate struct {
 	held    atomic.Bool
 	entered chan struct{}
@@ -234,41 +280,47 @@ type gate struct {
 
 func newGate() *gate { return &gate{entered: make(chan struct{}, 100), open: make(chan struct{})} }
 
-// React implements pstest.Reactor.
-func (g *gate) React(any) (bool, any, error) {
-	if g.held.Load() {
-		g.entered <- struct{}{}
-		<-g.open
-	}
-	return false, nil, nil
-}
-
 func (g *gate) hold() { g.held.Store(true) }
 
-// drained is the end of a drain started by drainHeld.
-type drained struct {
-	res delivery.DrainResult
-	err error
+// wake wakes svc's drainer of w1, as the drain function does for the
+// SDK's wake-up: it answers at once, the drainer working behind it.
+func (r *rig) wake(tb testing.TB, svc *delivery.Service) (delivery.WakeAnswer, error) {
+	tb.Helper()
+	ws, err := svc.Workspace("w1")
+	require.NoError(tb, err)
+	return svc.Wake(r.ctx, ws)
 }
 
-// wakeUp starts a wake-up of w1's drain on svc; its end arrives on the
-// channel.
-func (r *rig) wakeUp(svc *delivery.Service) <-chan drained {
-	done := make(chan drained, 1)
-	go func() {
-		res, err := svc.Drain(r.ctx, "w1")
-		done <- drained{res, err}
-	}()
-	return done
+// wakeOK wakes svc's drainer of w1 and requires its promise.
+func (r *rig) wakeOK(tb testing.TB, svc *delivery.Service) delivery.WakeAnswer {
+	tb.Helper()
+	ans, err := r.wake(tb, svc)
+	require.NoError(tb, err)
+	require.True(tb, ans.Promised, "%+v", ans)
+	return ans
 }
 
-// drainHeld starts a drain of w1 whose publish the gate holds, and returns
-// once its batch is out; the drain's end arrives on the channel.
-func (r *rig) drainHeld(g *gate) <-chan drained {
+// settle waits, a minute at most, until none of svcs (r.svc when none is
+// given) runs a drainer: every wake-up they answered has been carried out.
+func (r *rig) settle(tb testing.TB, svcs ...*delivery.Service) {
+	tb.Helper()
+	if len(svcs) == 0 {
+		svcs = []*delivery.Service{r.svc}
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
+	defer cancel()
+	for _, svc := range svcs {
+		require.NoError(tb, svc.Idle(ctx), "a drainer still runs after a minute")
+	}
+}
+
+// drainHeld wakes r.svc's drainer while the gate holds publishes, and
+// returns once its batch is out (a minute at most).
+func (r *rig) drainHeld(tb testing.TB, g *gate) {
+	tb.Helper()
 	g.hold()
-	done := r.wakeUp(r.svc)
-	<-g.entered
-	return done
+	r.wakeOK(tb, r.svc)
+	await.Receive(tb, g.entered, "the batch's publish")
 }
 
 // release lets every held request, and every later one, through.
@@ -319,4 +371,13 @@ func awaitLogged[T any](t testing.TB, logs *logbuf.Buffer, message string, done 
 		case <-time.After(5 * time.Millisecond): // polling the log: the signal itself
 		}
 	}
+}
+
+// testLogger is the rig's services' logger: nothing, unless
+// REPLICATION_TEST_LOG is set (then DEBUG on stderr).
+func testLogger() *slog.Logger {
+	if os.Getenv("REPLICATION_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }

@@ -74,15 +74,17 @@ type WorkspaceStatus struct {
 	// exclusively, which every SDK write waits for (nil: none).
 	LifecycleHeld *LifecycleHold
 	// TurnsHeld are the sessions that have held the workspace's drain turn
-	// or next turn for TurnHeldAfter or longer (a slow batch, or a frozen
-	// drain, which the server ends after the store's TurnIdleTimeout):
+	// or next turn for TurnHeldAfter or longer (a protocol-3 claim's slow
+	// batch, or a frozen drainer, which the server ends after the store's
+	// IdleTimeout):
 	// the wake-ups behind them wait.
 	TurnsHeld []TurnHold
 }
 
 // TurnHeldAfter is how long a drain's turn may be held before Status
-// reports its holder: a gathering takes Config.Gather, a batch's publish
-// well under a second.
+// reports its holder: a gathering takes Config.Gather, a claim's
+// statements milliseconds, a protocol-3 claim's batch (it holds the turn
+// while it is published) well under a second.
 const TurnHeldAfter = 5 * time.Second
 
 // TurnHold is a session that has held a drain's turn or next turn for

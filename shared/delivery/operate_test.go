@@ -141,3 +141,37 @@ func TestStatusShowsABackfillInProgressByEntity(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, st.BackfillProgress, "no backfill runs")
 }
+
+// TestStatusShowsAHeldTurn: a session that holds the workspace's next turn
+// (a drainer frozen during its gathering) while another drainer waits for
+// it shows in the status once held TurnHeldAfter, with the drainers
+// waiting.
+func TestStatusShowsAHeldTurn(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 2, busy(func(c *delivery.Config) { c.TurnWait = time.Minute }))
+	frozen := r.holdNextTurn(t, "frozen-drain")
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind the frozen drain"})
+	require.NoError(t, err)
+	r.wakeOK(t, r.svc)
+	r.awaitTurnWaits(t, 1)
+	deadline := time.Now().Add(time.Minute)
+	var st delivery.WorkspaceStatus
+	for {
+		st, err = r.svc.Status(r.ctx, "w1", "", 10)
+		require.NoError(t, err)
+		if len(st.TurnsHeld) > 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no held turn reported")
+		time.Sleep(100 * time.Millisecond) // until the wait passes TurnHeldAfter
+	}
+	h := st.TurnsHeld[0]
+	require.Equal(t, "next", h.Role)
+	require.Equal(t, "frozen-drain", h.Application)
+	require.Equal(t, 1, h.Waiting)
+	require.GreaterOrEqual(t, h.HeldSeconds, delivery.TurnHeldAfter.Seconds())
+	_, err = frozen.Exec(r.ctx, `SELECT pg_advisory_unlock_all()`)
+	require.NoError(t, err)
+	r.settle(t)
+	require.Zero(t, r.pendingCount(t))
+}

@@ -29,10 +29,11 @@ type OpenConfig struct {
 	Store store.Config
 	// Retry bounds the retries of transient faults inside a command.
 	Retry RetryPolicy
-	// Gather, QuietInterval and RequeueFor are Config's (the drain's wait
-	// before a claim on a busy workspace; what a quiet workspace is; how
-	// long a drain queues again after transient faults).
-	Gather, QuietInterval, RequeueFor time.Duration
+	// Gather, QuietInterval and BatchesOut are Config's (a busy drainer's
+	// wait before a claim; what a quiet workspace is; the batches a drainer
+	// has out at once).
+	Gather, QuietInterval time.Duration
+	BatchesOut            int
 	// Publisher and Warehouse replace the production parts (tests and the
 	// local mode); nil builds them.
 	Publisher   Publisher
@@ -130,7 +131,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Opened, error) {
 		dead = r
 	}
 	svc, err := New(Config{Registry: cfg.Registry, Pools: pools, Publisher: pub, Warehouse: o.Warehouse, Views: cmp.Or[ViewCreator](cfg.Views, o.Warehouse), Auditor: o.Warehouse, DeadLetters: dead, Logger: cfg.Logger, Store: cfg.Store, Retry: cfg.Retry, Gather: cfg.Gather, QuietInterval: cfg.QuietInterval,
-		RequeueFor: cfg.RequeueFor})
+		BatchesOut: cfg.BatchesOut})
 	if err != nil {
 		o.Close()
 		return nil, err

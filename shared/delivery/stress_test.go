@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/store"
+	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 )
 
 // ledger is the test's own record of what Pub/Sub accepted and of the
@@ -97,6 +99,30 @@ func (r *refuser) React(req any) (bool, any, error) {
 // stressDuration is how long TestStress loads the workspace:
 // REPLICATION_STRESS (a Go duration; the audit's stress ran 200s), or a
 // few seconds in the suite.
+// drainersPublished sums what the drainers' lines say they published, and
+// counts their faults of a turn held past the wait's bound.
+func drainersPublished(t *testing.T, logs *logbuf.Buffer) (published, turnWaits int64) {
+	t.Helper()
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if line == "" {
+			continue
+		}
+		var l struct {
+			Msg   string `json:"msg"`
+			Count int64  `json:"count"`
+			Cause string `json:"cause"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &l), line)
+		switch {
+		case l.Msg == delivery.LogDrainRun:
+			published += l.Count
+		case l.Msg == delivery.LogDrainFault && l.Cause == delivery.CauseTurnHeld:
+			turnWaits++
+		}
+	}
+	return published, turnWaits
+}
+
 func stressDuration(t *testing.T) time.Duration {
 	t.Helper()
 	if v := os.Getenv("REPLICATION_STRESS"); v != "" {
@@ -119,9 +145,11 @@ func TestStress(t *testing.T) {
 	t.Parallel()
 	l := &ledger{out: map[string]int{}}
 	ref := &refuser{}
+	var logs logbuf.Buffer
 	r := newRig(t, 4, withPublishReactor(ref), withPresent(l.present),
 		withPublisher(func(p delivery.Publisher) delivery.Publisher { l.Publisher = p; return l }),
-		withStore(store.Config{LockTimeout: 2 * time.Second}))
+		withStore(store.Config{LockTimeout: 2 * time.Second}),
+		withService(func(c *delivery.Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) }))
 	instances := []*delivery.Service{r.svc, r.newService()}
 	ctx, stop := context.WithTimeout(r.ctx, stressDuration(t))
 	defer stop()
@@ -161,7 +189,7 @@ func TestStress(t *testing.T) {
 		}()
 	}
 	var products sync.Map
-	var written, byWakeUps, turnWaits atomic.Int64
+	var written atomic.Int64
 	for w := range 2 {
 		loop("write", 0, func(i int) error {
 			title := fmt.Sprintf("w%d-%d", w, i)
@@ -185,11 +213,12 @@ func TestStress(t *testing.T) {
 	}
 	for d := range 4 {
 		svc := instances[d%2]
-		loop("drain", time.Millisecond, func(int) error {
-			res, err := svc.Drain(ctx, "w1")
-			byWakeUps.Add(int64(res.Published))
-			if errors.Is(err, store.ErrTurnWait) {
-				turnWaits.Add(1)
+		ws, err := svc.Workspace("w1")
+		require.NoError(t, err)
+		loop("wake-up", time.Millisecond, func(int) error {
+			_, err := svc.Wake(ctx, ws)
+			if errors.Is(err, delivery.ErrDrainRetrying) {
+				return nil // deferred: the drainer carries the commit anyway
 			}
 			return err
 		})
@@ -208,20 +237,21 @@ func TestStress(t *testing.T) {
 		return err
 	})
 	wg.Wait()
-	for _, kind := range []string{"write", "drain", "verify", "replay", "vacuum"} {
+	r.settle(t, instances...)
+	for _, kind := range []string{"write", "wake-up", "verify", "replay", "vacuum"} {
 		n, ok := counts.Load(kind)
 		require.True(t, ok, "no %s ran", kind)
 		t.Logf("%s: %d", kind, n.(*atomic.Int64).Load())
 	}
 	t.Logf("transient failures (retried by the next call): %d", failures.Load())
-	// The wake-up path carried the load: its drains published at least
+	// The wake-up path carried the load: its drainers published at least
 	// half as many events as the SDK created (the verifier's sweep and the
 	// replays' drains take their share; the replays send events back, so
-	// often more), and no drain gave up waiting for its turn.
-	drains, _ := counts.Load("drain")
-	t.Logf("published by the wake-ups' drains: %d, created: %d, ErrTurnWait: %d of %d drains", byWakeUps.Load(), written.Load(), turnWaits.Load(), drains.(*atomic.Int64).Load())
-	require.GreaterOrEqual(t, 2*byWakeUps.Load(), written.Load(), "the wake-ups' drains published at least half of what the SDK created")
-	require.Zero(t, turnWaits.Load(), "no drain gave up waiting for its turn")
+	// often more), and no drainer gave up waiting for its turn.
+	byWakeUps, turnWaits := drainersPublished(t, &logs)
+	t.Logf("published by the drainers: %d, created: %d, turn waits past the bound: %d", byWakeUps, written.Load(), turnWaits)
+	require.GreaterOrEqual(t, 2*byWakeUps, written.Load(), "the drainers published at least half of what the SDK created")
+	require.Zero(t, turnWaits, "no drainer gave up waiting for its turn")
 
 	// The load stopped: Pub/Sub takes everything now, the set-aside events
 	// are retried, and everything is delivered and verified.

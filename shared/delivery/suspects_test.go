@@ -53,10 +53,10 @@ func TestAnEventThatFailsAloneIsSetAside(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		shape string
-		// limit is the message limit; wakeUps how many wake-ups set it
-		// aside (the first failure of a request of several does not count
-		// against any one event).
-		limit, wakeUps int
+		// limit is the message limit; requests how many of its requests
+		// fail at most before it is set aside (the first failure of a
+		// request of several does not count against any one event).
+		limit, requests int
 	}{
 		{"among others", 100_000, 4},
 		{"a batch of its own", 1 << 20, 3},
@@ -78,32 +78,22 @@ func TestAnEventThatFailsAloneIsSetAside(t *testing.T) {
 				}
 				switch path {
 				case "wake-ups":
-					// The SDK commits on; each commit wakes the drain. A
-					// wake-up's drain that meets the failure (a transient
-					// code) queues again within its request, so one
-					// wake-up may try it alone several times.
-					var res delivery.DrainResult
-					published, setAside := 0, 0
-					for wake := 1; setAside == 0; wake++ {
-						require.LessOrEqual(t, wake, c.wakeUps, "set aside at the third failure of it alone")
-						res, err = r.svc.Drain(r.ctx, "w1")
-						published, setAside = published+res.Published, setAside+res.SetAside
-						if err != nil {
-							require.ErrorContains(t, err, "ResourceExhausted")
-							require.Equal(t, delivery.CausePubSubUnavailable, delivery.Cause(err))
-						}
-						_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "committed later"})
-						require.NoError(t, err)
-					}
-					require.Equal(t, 1, setAside)
-					require.GreaterOrEqual(t, published, 15, "the events behind it flow")
+					// Its drainer, meeting the failure (a transient code),
+					// claims again after its backoff and tries the event
+					// alone; the events behind it flow meanwhile, and the
+					// SDK commits on, until Pub/Sub's taking those tells
+					// that the failure is the event's own.
+					r.wakeOK(t, r.svc)
+					r.awaitAccepted(t, 15) // the events behind it flow
+					r.commitUntilSetAside(t)
+					r.settle(t)
 				case "bulk drain":
 					all, err := r.svc.DrainAll(r.ctx, "w1", delivery.DrainAllOptions{})
 					require.NoError(t, err)
 					require.Equal(t, 1, all.SetAside)
 				}
 				failed := limit.failed.Load()
-				require.LessOrEqual(t, failed, int64(c.wakeUps), "it was tried alone, three times")
+				require.LessOrEqual(t, failed, int64(c.requests), "it was tried alone, three times")
 
 				st, err := r.svc.Status(r.ctx, "w1", "", 10)
 				require.NoError(t, err)
@@ -124,8 +114,9 @@ func TestAnEventThatFailsAloneIsSetAside(t *testing.T) {
 }
 
 // TestAnOutageSetsNothingAside: while Pub/Sub answers UNAVAILABLE to every
-// request, wake-ups fail and the SDK commits on, and nothing is set aside;
-// when it is back everything is delivered.
+// request, the drainer fails and backs off while the SDK commits on (its
+// wake-ups deferred), and nothing is set aside; when it is back everything
+// is delivered.
 func TestAnOutageSetsNothingAside(t *testing.T) {
 	t.Parallel()
 	limit := &sizeLimit{limit: 1 << 30}
@@ -133,14 +124,22 @@ func TestAnOutageSetsNothingAside(t *testing.T) {
 	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": strings.Repeat("x", 150_000)})
 	require.NoError(t, err)
 	limit.down.Store(true)
+	r.wakeOK(t, r.svc)
+	deferred := 0
 	for range 10 {
 		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "during the outage"})
 		require.NoError(t, err)
-		res, err := r.svc.Drain(r.ctx, "w1")
-		require.Error(t, err)
-		require.Zero(t, res.SetAside)
+		if _, err := r.wake(t, r.svc); err != nil {
+			require.ErrorIs(t, err, delivery.ErrDrainRetrying)
+			deferred++
+		}
+		st, err := r.svc.Status(r.ctx, "w1", "", 10)
+		require.NoError(t, err)
+		require.Zero(t, st.SetAside.Count)
 	}
+	t.Logf("%d of 10 wake-ups deferred during the outage", deferred)
 	limit.down.Store(false)
+	r.settle(t)
 	r.requireEachAcknowledgedOnce(t, r.svc)
 	st, err := r.svc.Status(r.ctx, "w1", "", 10)
 	require.NoError(t, err)

@@ -56,8 +56,14 @@ const maxReadTables = 4
 // generation (NULL: the active generation, when replication is enabled);
 // $2 is ClaimLockClass; $3 the store's
 // backoffs; $5 the session's idle_session_timeout while it holds claims
-// (Config.ClaimIdleTimeout), set with the first lock the statement takes,
-// so that a claim that took none leaves its session as it was. %[1]s bounds the page: nothing on the first,
+// (Config.IdleTimeout), set with the first lock the statement takes,
+// so that a claim that took none leaves its session as it was; $6 the keys
+// of the claim locks the session holds already (a Session's claims out),
+// whose rows the statement neither locks again (a session's try-lock of a
+// lock it holds succeeds) nor counts as held by others (own); the page
+// reads that many rows more than 100 (pageLimit), so that a session
+// claiming from the head while its claims are out still finds a page of
+// rows to claim behind theirs in one round trip. %[1]s bounds the page: nothing on the first,
 // sqlCandidatesAfter on the next ones, which walk the index from the last
 // candidate. %[2]s and %[3]s are the read tables' branches
 // (readBranches).
@@ -65,10 +71,12 @@ var sqlCandidates = `WITH candidates AS MATERIALIZED (
     SELECT ctid AS at, generation, event_id, history_table, revision, next_verify_at, last_checked_at FROM _ontology_replication_delivery
      WHERE generation = coalesce($1::uuid, (SELECT active_generation FROM _ontology_replication WHERE id AND enabled))
        AND accepted_at IS NULL %[1]s AND ` + sqlClaimable + `
-     ORDER BY revision, event_id LIMIT 100
+     ORDER BY revision, event_id LIMIT 100 + cardinality($6::int4[])
   ), claims AS MATERIALIZED (
-    SELECT candidates.*, pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
-             AND set_config('idle_session_timeout', $5, false) IS NOT NULL AS claimed,
+    SELECT candidates.*, hashtext(event_id::text) = ANY ($6::int4[]) AS own,
+           CASE WHEN hashtext(event_id::text) = ANY ($6::int4[]) THEN false
+             ELSE pg_try_advisory_lock(hashtext($2), hashtext(event_id::text))
+               AND set_config('idle_session_timeout', $5, false) IS NOT NULL END AS claimed,
            CASE WHEN history_table IS NULL THEN 0 ELSE array_position($4::text[], history_table) END AS source
       FROM candidates ORDER BY candidates.revision, candidates.event_id
   ), seen AS MATERIALIZED (
@@ -88,14 +96,14 @@ var sqlCandidates = `WITH candidates AS MATERIALIZED (
            END END AS event
       FROM still OFFSET 0
   )
-  SELECT event_id::text, history_table, revision, ` + sqlSetAsideInterval + `, claimed,
+  SELECT event_id::text, history_table, revision, ` + sqlSetAsideInterval + `, claimed, own,
          CASE WHEN claimed THEN hashtext(event_id::text) END, pending, source IS NOT NULL, event,
          CASE WHEN pending AND event IS NULL THEN CASE source
            WHEN 0 THEN EXISTS (SELECT FROM _ontology_replication_baselines b WHERE b.generation = events.generation AND b.id = events.event_id)%[3]s
          END END
     FROM events`
 
-const sqlCandidatesAfter = `AND (revision, event_id) > ($6::bigint, $7::uuid)`
+const sqlCandidatesAfter = `AND (revision, event_id) > ($7::bigint, $8::uuid)`
 
 // candidatesStatement returns sqlCandidates with the read tables' branches
 // (their quoted identifiers, checked against the capture-trigger tables),
@@ -119,7 +127,8 @@ type candidate struct {
 	table    *string
 	revision int64
 	backoff  time.Duration // its last set-aside backoff, if any
-	claimed  bool          // false: another drain holds it
+	claimed  bool          // false: another drain holds it, or own
+	own      bool          // its lock is one the session holds already (not claimed again)
 	key      int32         // its claim lock's key, when claimed
 	pending  bool          // claimed and still pending when the statement looked again
 	read     bool          // the statement read its event: event, present
@@ -129,15 +138,25 @@ type candidate struct {
 
 // queueCandidates queues a page of candidates (sqlCandidates) of the
 // generation (nil: the active one) after the given candidate (nil: from the
-// start), reading the events of the read tables (see readTables); its
-// first lock sets the session's idle_session_timeout to idle.
-func (s *Store) queueCandidates(b *pgx.Batch, generation any, read readTables, after *candidate, idle time.Duration) {
-	if after == nil {
-		b.Queue(candidatesStatement(read.idents, false), generation, ClaimLockClass, s.backoffs, read.names, ms(idle))
-		return
+// start), reading the events of the read tables (see readTables), passing
+// over the rows of the session's own claim locks (own); its first lock
+// sets the session's idle_session_timeout to idle. It returns the page's
+// limit (pageLimit).
+func (s *Store) queueCandidates(b *pgx.Batch, generation any, read readTables, after *candidate, own []int32, idle time.Duration) (limit int) {
+	if own == nil {
+		own = []int32{}
 	}
-	b.Queue(candidatesStatement(read.idents, true), generation, ClaimLockClass, s.backoffs, read.names, ms(idle), after.revision, after.id)
+	if after == nil {
+		b.Queue(candidatesStatement(read.idents, false), generation, ClaimLockClass, s.backoffs, read.names, ms(idle), own)
+	} else {
+		b.Queue(candidatesStatement(read.idents, true), generation, ClaimLockClass, s.backoffs, read.names, ms(idle), own, after.revision, after.id)
+	}
+	return pageLimit(own)
 }
+
+// pageLimit is how many rows a page of candidates passing over the own
+// keys reads at most: a full page ends there.
+func pageLimit(own []int32) int { return claimPageSize + len(own) }
 
 // candidates reads and locks the next page of candidates after the given
 // one (nil: from the start) on the claim's session, in one round trip that
@@ -151,7 +170,7 @@ func (c *Claim) candidates(ctx context.Context, generation string, after *candid
 	}
 	b := &pgx.Batch{}
 	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	s.queueCandidates(b, generation, read, after, cmp.Or(c.idle, s.cfg.ClaimIdleTimeout))
+	c.limit = s.queueCandidates(b, generation, read, after, c.ownKeys(), s.cfg.IdleTimeout)
 	c.locked = true
 	results := conn.SendBatch(ctx, b)
 	cands, err := func() ([]candidate, error) {
@@ -188,7 +207,7 @@ func collectCandidates(rows pgx.Rows, backoffs []int64) ([]candidate, error) {
 	var key *int32
 	var present *bool
 	var raw []byte
-	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed, &key, &cd.pending, &cd.read, &raw, &present}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&cd.id, &cd.table, &cd.revision, &interval, &cd.claimed, &cd.own, &key, &cd.pending, &cd.read, &raw, &present}, func() error {
 		cd.backoff = 0
 		if interval != nil && slices.Contains(backoffs, *interval) {
 			cd.backoff, _ = splitInterval(*interval)

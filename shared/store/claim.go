@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,11 +51,20 @@ type Claim struct {
 	// idlePrior is the session's idle_session_timeout before the claim
 	// (nil: not read), which its release puts back.
 	idlePrior *string
-	// idle is the idle_session_timeout its locks set: Config.ClaimIdleTimeout,
-	// or TurnIdleTimeout on a drain's turn.
-	idle time.Duration
-	keys []int32 // the keys of the claim locks it took (a Session's claims)
-	last *candidate
+	// alive keeps the claim's own session alive while its batch is out
+	// (see keepAlive); nil when it holds none.
+	alive *keepAlive
+	keys  []int32 // the keys of the claim locks it took (a Session's claims)
+	// locks are the candidates a Session's claim locked, until its fill
+	// has trimmed them (see trim).
+	locks []candidate
+	last  *candidate
+	// limit is the last page's limit (pageLimit): a page that long is
+	// full, and more may follow it.
+	limit int
+	// outIDs are the rows the session's other claims out carry, while
+	// the claim is filled (carriedOut).
+	outIDs map[string]bool
 	// backoffs are the claimed rows' last set-aside backoffs, by history id
 	// (those set aside before only).
 	backoffs map[string]time.Duration
@@ -93,11 +103,12 @@ func (s *Store) ClaimActive(ctx context.Context) (State, Target, *Claim, error) 
 		if err != nil {
 			return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
 		}
-		state, t, c, err := s.claimActive(ctx, conn, turnHold{})
+		state, t, c, err := s.claimActive(ctx, conn)
 		if attempt == 0 && undefinedTable(err) {
 			s.forgetCaptureTables()
 			continue
 		}
+		c.keepAlive()
 		return state, t, c, err
 	}
 }
@@ -129,11 +140,12 @@ func (r *Reserved) ClaimActive(ctx context.Context) (State, Target, *Claim, erro
 	}
 	conn := r.conn
 	r.conn = nil
-	state, t, c, err := r.store.claimActive(ctx, conn, turnHold{})
+	state, t, c, err := r.store.claimActive(ctx, conn)
 	if undefinedTable(err) {
 		r.store.forgetCaptureTables()
 		return r.store.ClaimActive(ctx)
 	}
+	c.keepAlive()
 	return state, t, c, err
 }
 
@@ -146,16 +158,12 @@ func (r *Reserved) Release() {
 }
 
 // claimActive is one attempt of ClaimActive on conn, which the claim takes
-// over (and gives back to the pool when it ends), with what of the drain's
-// turn its session holds.
-func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHold) (State, Target, *Claim, error) {
+// over (and gives back to the pool when it ends).
+func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn) (State, Target, *Claim, error) {
 	fail := func(err error) (State, Target, *Claim, error) {
 		return State{}, Target{}, nil, fmt.Errorf("store: claim pending events: %w", err)
 	}
-	c := &Claim{store: s, conn: conn, turn: hold.turn || hold.take, locked: hold.turn || hold.next, idle: s.cfg.ClaimIdleTimeout}
-	if hold.turn || hold.next {
-		c.idle = s.cfg.TurnIdleTimeout
-	}
+	c := &Claim{store: s, conn: conn}
 	keep := false
 	defer func() {
 		if !keep {
@@ -163,17 +171,14 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 		}
 	}()
 	legacyHint := s.legacy.Load()
-	b, err := s.queueClaimStart(ctx, c, hold, legacyHint)
+	b, err := s.queueClaimStart(ctx, c, legacyHint)
 	if err != nil {
 		return fail(err)
 	}
 	results := conn.SendBatch(ctx, b)
-	state, t, cands, err := readClaimStart(c, results, hold, !legacyHint, s.backoffs)
+	state, t, cands, err := readClaimStart(c, results, !legacyHint, s.backoffs)
 	if cerr := results.Close(); err == nil && cerr != nil {
 		err = cerr
-	}
-	if hold.take && isLockTimeout(err) && !c.holdsTurn(ctx) {
-		err = fmt.Errorf("%w (%v): %w", ErrTurnWait, hold.bound, err)
 	}
 	if state, err = s.settleProtocol(ctx, c, state, err); err != nil {
 		return state, Target{}, nil, err
@@ -205,10 +210,9 @@ func (s *Store) claimActive(ctx context.Context, conn *pgxpool.Conn, hold turnHo
 }
 
 // queueClaimStart queues ClaimActive's first round trip: the session's
-// settings and the shared lifecycle lock (leaving the next turn when the
-// drain held it), the state and, at protocol 4, the active target and the
-// candidates' statement.
-func (s *Store) queueClaimStart(ctx context.Context, c *Claim, hold turnHold, legacyHint bool) (*pgx.Batch, error) {
+// settings and the shared lifecycle lock, and the state with, at protocol
+// 4, the active target (sqlClaimState) and the candidates' statement.
+func (s *Store) queueClaimStart(ctx context.Context, c *Claim, legacyHint bool) (*pgx.Batch, error) {
 	var read readTables
 	if !legacyHint {
 		var err error
@@ -217,29 +221,18 @@ func (s *Store) queueClaimStart(ctx context.Context, c *Claim, hold turnHold, le
 		}
 	}
 	b := &pgx.Batch{}
-	switch {
-	case hold.take:
-		// The turn first, then the next turn let go, before the candidates'
-		// statement, whose snapshot is then taken after every wake-up that
-		// found the next turn held.
-		b.Queue(sqlClaimSessionTakingTurn, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock, DrainTurnClass, ms(hold.bound))
-	case hold.next:
-		b.Queue(sqlClaimSessionLeavingNext, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock, DrainTurnClass)
-	default:
-		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-	}
+	b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
 	if legacyHint {
 		b.Queue(sqlSchemaPresent)
+		b.Queue(sqlState)
+		return b, nil
 	}
 	// At protocol 4 the schema check is the state read itself: without the
 	// singleton it cannot be prepared (undefined_table, handled in
 	// settleProtocol).
-	b.Queue(sqlState)
-	if !legacyHint {
-		b.Queue(sqlActiveTargetV4)
-		c.locked = true
-		s.queueCandidates(b, nil, read, nil, c.idle)
-	}
+	b.Queue(sqlClaimState)
+	c.locked = true
+	c.limit = s.queueCandidates(b, nil, read, nil, nil, s.cfg.IdleTimeout)
 	return b, nil
 }
 
@@ -272,7 +265,7 @@ func (s *Store) settleProtocol(ctx context.Context, c *Claim, state State, err e
 		// The same, found while running.
 		s.legacy.Store(true)
 		return state, nil
-	case errors.Is(err, pgx.ErrNoRows) && state.Version == ProtocolDelivery:
+	case errors.Is(err, ErrNoActiveTarget) && state.Version == ProtocolDelivery:
 		return state, fmt.Errorf("store: read active target: %w", ErrNoActiveTarget)
 	}
 	return State{}, fmt.Errorf("store: claim pending events: %w", err)
@@ -304,15 +297,12 @@ func (s *Store) claimAfterLegacyHint(ctx context.Context, c *Claim, state State)
 }
 
 // readClaimStart reads the results of ClaimActive's first round trip.
-func readClaimStart(c *Claim, results pgx.BatchResults, hold turnHold, v4 bool, backoffs []int64) (State, Target, []candidate, error) {
-	prior, waited, err := readClaimSession(results, hold)
+func readClaimStart(c *Claim, results pgx.BatchResults, v4 bool, backoffs []int64) (State, Target, []candidate, error) {
+	prior, _, err := readClaimSession(results, turnHold{})
 	if err != nil {
 		return State{}, Target{}, nil, err
 	}
 	c.idlePrior = &prior
-	if hold.waited != nil {
-		*hold.waited += waited
-	}
 	if !v4 {
 		var present bool
 		if err := results.QueryRow().Scan(&present); err != nil {
@@ -321,12 +311,10 @@ func readClaimStart(c *Claim, results pgx.BatchResults, hold turnHold, v4 bool, 
 		if !present {
 			return State{}, Target{}, nil, ErrNoSchema
 		}
-	}
-	state, err := readStateRow(results.QueryRow())
-	if err != nil || !v4 {
+		state, err := readStateRow(results.QueryRow())
 		return state, Target{}, nil, err
 	}
-	t, err := scanTarget(results.QueryRow())
+	state, t, err := readClaimState(results.QueryRow())
 	if err != nil {
 		return state, t, nil, err
 	}
@@ -336,6 +324,17 @@ func readClaimStart(c *Claim, results pgx.BatchResults, hold turnHold, v4 bool, 
 	}
 	cands, err := collectCandidates(rows, backoffs)
 	return state, t, cands, err
+}
+
+// ownKeys are the claim locks a page of the claim passes over: its own
+// (taken by its earlier pages) and, a Session's claim, those of the
+// session's other claims out.
+func (c *Claim) ownKeys() []int32 {
+	keys := slices.Clone(c.keys)
+	if c.mode == inSession {
+		keys = append(keys, c.session.ownKeys(c)...)
+	}
+	return keys
 }
 
 // db is the connection the claim's statements run on.
@@ -350,6 +349,10 @@ func (c *Claim) db() *pgxpool.Conn {
 // pending and other drains may take them at once. It is safe to call after
 // Finish, and more than once.
 func (c *Claim) Release(ctx context.Context) {
+	if c == nil {
+		return
+	}
+	c.stopAlive()
 	switch {
 	case c.mode == inSession:
 		c.session.release(ctx, c)

@@ -11,6 +11,7 @@ import (
 func (c *Claim) fill(ctx context.Context, page []candidate) error {
 	s := c.store
 	claimed, more, err := c.gather(ctx, page)
+	c.outIDs = nil
 	if err != nil {
 		return err
 	}
@@ -73,8 +74,38 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 	c.Batch, c.Unpublishable = b, append(aside, bad...)
 	if len(c.Events) == 0 && len(c.Unpublishable) == 0 {
 		c.Release(ctx) // every claimed row had been taken meanwhile
+		return nil
+	}
+	if c.mode == inSession {
+		c.trim()
 	}
 	return nil
+}
+
+// trim hands the session the locks of the rows a session's claim locked
+// but does not carry (past its batch's byte bound, or no longer pending),
+// which its next round trip lets go before it claims (Session.spare): the
+// session's next claim, made while this one is out, then takes those rows
+// instead of leaving them locked behind this claim's publish (an event
+// past the byte bound that fails alone would otherwise keep the events
+// behind it until its backoff).
+func (c *Claim) trim() {
+	carried := make(map[string]bool, len(c.Events)+len(c.Unpublishable))
+	for _, e := range c.Events {
+		carried[e.HistoryID] = true
+	}
+	for _, a := range c.Unpublishable {
+		carried[a.HistoryID] = true
+	}
+	var kept []int32
+	for _, cd := range c.locks {
+		if carried[cd.id] {
+			kept = append(kept, cd.key)
+			continue
+		}
+		c.session.spare = append(c.session.spare, cd.key)
+	}
+	c.keys, c.locks = kept, nil
 }
 
 // gather takes the claimed candidates that are still pending from the
@@ -84,11 +115,23 @@ func (c *Claim) fill(ctx context.Context, page []candidate) error {
 func (c *Claim) gather(ctx context.Context, page []candidate) (claimed []candidate, more bool, err error) {
 	for pages := 1; ; pages++ {
 		for _, cd := range page {
+			if cd.own {
+				if !c.carriedOut(cd.id) {
+					// Its key is one of the session's locks but not its
+					// row (hashtext's collision): held, until that lock
+					// goes.
+					c.Held++
+				}
+				continue // one of the session's claims out has it
+			}
 			if !cd.claimed {
 				c.Held++
 				continue
 			}
 			c.keys = append(c.keys, cd.key)
+			if c.mode == inSession {
+				c.locks = append(c.locks, cd)
+			}
 			if cd.pending {
 				claimed = append(claimed, cd)
 			}
@@ -96,7 +139,7 @@ func (c *Claim) gather(ctx context.Context, page []candidate) (claimed []candida
 		if len(page) > 0 {
 			c.last = &page[len(page)-1]
 		}
-		full := len(page) == claimPageSize
+		full := len(page) >= c.limit
 		if len(claimed) >= claimPageSize || !full {
 			more = full
 			break
@@ -114,4 +157,29 @@ func (c *Claim) gather(ctx context.Context, page []candidate) (claimed []candida
 		claimed = claimed[:claimPageSize] // the rest stay locked until the claim ends
 	}
 	return claimed, more, nil
+}
+
+// carriedOut reports whether the row of the given history id is one that
+// the session's other claims out carry (a row the claim passed over as
+// own). A claim of its own carries none that way: the keys it passes over
+// are its earlier pages', whose rows lie before the page.
+func (c *Claim) carriedOut(id string) bool {
+	if c.mode != inSession {
+		return false
+	}
+	if c.outIDs == nil {
+		c.outIDs = map[string]bool{}
+		for _, o := range c.session.claims {
+			if o == c || !o.out {
+				continue
+			}
+			for _, e := range o.Events {
+				c.outIDs[e.HistoryID] = true
+			}
+			for _, a := range o.Unpublishable {
+				c.outIDs[a.HistoryID] = true
+			}
+		}
+	}
+	return c.outIDs[id]
 }

@@ -9,22 +9,17 @@ import (
 )
 
 // A claim's session: the first statement of its round trip, which sets the
-// claim's timeouts and takes the lifecycle lock (and, on a drain's turn,
-// takes the turn and lets the next turn go), and the unlock that ends it.
+// claim's timeouts and takes the lifecycle lock (and, on a session that
+// holds the next turn, takes the turn and lets the next turn go), and the
+// unlock that ends it.
 
-// turnHold is what of the drain's turn (see turn.go) a claim's session
-// holds: the turn, which the claim's end releases, and the next turn,
-// which the claim's first statement lets go, before its candidates are
-// read; or the next turn only (take), and then the claim's first statement
-// takes the turn first, waiting at most bound, and adds how long it waited
-// to waited. idlePrior is the session's idle_session_timeout before the
-// turn's statement set it (Config.TurnIdleTimeout), which the claim's
-// release puts back.
+// turnHold is what of the drain's turns (see turn.go) a session's claim
+// holds: the next turn, which the claim's first statement lets go before
+// its candidates are read, and the turn, or else (take) the claim's first
+// statement takes the turn first, waiting at most bound.
 type turnHold struct {
 	turn, next, take bool
 	bound            time.Duration
-	waited           *time.Duration
-	idlePrior        *string
 }
 
 // sqlClaimSession reads the session's idle_session_timeout (which the
@@ -81,9 +76,6 @@ func readClaimSession(results pgx.BatchResults, hold turnHold) (string, time.Dur
 		dest = append(dest, &waited)
 	}
 	err := results.QueryRow().Scan(dest...)
-	if hold.idlePrior != nil {
-		prior = *hold.idlePrior // the turn's statement set what the claim read
-	}
 	return prior, time.Duration(waited) * time.Microsecond, err
 }
 

@@ -21,11 +21,11 @@
 // NULL: the event is pending. A Claim takes the oldest pending events as a
 // byte-bounded batch; after Pub/Sub accepted them, Finish acknowledges them
 // (accepted, with receipts). ClaimActive claims one batch on a connection
-// of its own, and Turn.Claim on the connection of a wake-up's drain turn
-// (QueueTurn and TakeTurn: the wake-ups of a workspace coalesce; see Turns); a Session claims batch
-// after batch on one connection, several out at once, its Next
-// acknowledging the ended ones and claiming the next in one round trip (a
-// bulk drain). DueUnverified lists accepted events to look up
+// of its own (the verifier's sweep, a protocol-3 database); a Session
+// claims batch after batch on one connection, several out at once, its Next
+// acknowledging the ended ones and claiming the next in one round trip
+// (the drain function's drainers, which take the workspace's turns on it:
+// see Turns; and the job's bulk drain). DueUnverified lists accepted events to look up
 // in BigQuery; Verify marks those found, Retry schedules another look for
 // those absent and sends back to pending any accepted more than 15 minutes
 // ago. InitReplay and AdvanceReplay send a whole generation back to pending,
@@ -133,12 +133,16 @@
 //     their tables join the list.
 //
 // A drain that dies mid-publish: if its process or connection ends, the
-// server frees its locks at once and the next drain takes its events. If it
-// hangs with its connection open, the session's idle_session_timeout
-// (Config.ClaimIdleTimeout, 60 s by default, set by a claim's first lock and
-// reset when its locks are released) ends the session once it has been idle
-// that long, which frees them. Either way
-// the events stay pending and nothing is acknowledged that Pub/Sub did not
+// server frees its locks at once and the next drain takes its events. If
+// its process freezes with its connection open, the session's
+// idle_session_timeout (Config.IdleTimeout, 15 s by default, set by a
+// claim's first lock and reset when its locks are released) ends the
+// session once it has been idle that long, which frees them. A live holder
+// never meets it, however long its publish: it touches its session every
+// IdleTimeout/3 while its batches are out (a Session's owner calls Touch;
+// a claim of its own connection touches it from a goroutine of its own,
+// stopped before the claim's end uses the connection). Either way the
+// events stay pending and nothing is acknowledged that Pub/Sub did not
 // accept.
 //
 // Session-level advisory locks and settings need a session of their own:
@@ -150,71 +154,50 @@
 //
 // # Turns
 //
-// The ontology service wakes the drain after every commit, and a drain
-// that claimed per wake-up would cost the database a claim and an
-// acknowledgement per commit. Instead the drains of a workspace take turns,
-// met at the workspace's database (one database is one workspace, whichever
-// instance of the drain a wake-up reaches), with two session advisory
-// locks of the two-key form (class: hashtext of DrainTurnClass), which the
-// SDK's one-key lifecycle lock and the claims' own class never meet:
+// The ontology service wakes the drain after every commit, and the drain
+// function's drainers (one per workspace in each process) would each
+// claim for the commits of their own process's wake-ups: on a busy
+// workspace, every process a claim and an acknowledgement every few
+// commits. Instead a busy workspace's drainers take turns, met at the
+// workspace's database (one database is one workspace, whichever process
+// a wake-up reaches), with two session advisory locks of the two-key form
+// (class: hashtext of DrainTurnClass), which the SDK's one-key lifecycle
+// lock and the claims' own class never meet:
 //
-//   - the turn (key turnDrain): its holder claims, publishes and
-//     acknowledges; its claim and acknowledgement run on the turn's
-//     connection, and the acknowledgement's unlock of every lock the
-//     session holds ends the turn;
-//   - the next turn (key turnNext): held by the one drain that will claim
-//     next and has not claimed yet. It is taken first, with the turn when
-//     both are free, or alone while another drain holds the turn; the
-//     turn is never taken without it. Its holder may gather commits for a
-//     moment before it claims, with the turn free or not; its claim's first
-//     statement takes the turn, when it does not hold it, waiting in the
-//     server (bounded) for the drain that holds it, and then lets the next
-//     turn go, before the candidates' statement takes its snapshot; the
-//     drains waiting for the next turn (one per process at most) queue
-//     behind it in the server.
+//   - the next turn (key turnNext): held by the one session that claims
+//     next and has not claimed yet. Session.QueueTurn takes it, with the
+//     turn when that is free too, in one statement (sqlQueueTurn), or waits
+//     in the server for the session that holds it (bounded). Its holder
+//     gathers commits for a moment (the drainer's gather), while the
+//     sessions that want it after it wait in the server.
+//   - the turn (key turnDrain): held for a claim's statements only. The
+//     claim's first statement takes it when the session does not hold it
+//     (waiting, bounded, for a claim in progress) and lets the next turn
+//     go, before the candidates' statement takes its snapshot; the
+//     statement after the candidates lets the turn go. The turn is never
+//     held across a publish: the next turn's holder claims what came after
+//     while this batch is out.
 //
-// A drain that must claim (the first of its process to wait, see
-// delivery.Service.Drain) takes its place in one statement (sqlQueueTurn):
-// the next turn (with the turn if that is free too) if it is free, or else
-// it waits in the server for the next turn, a lock wait, bounded. It never
-// waits for the turn there: its claim does, after its gathering, when the
-// turn is still held; a drain that gathered finds the turn nearly always
-// free by then, and so a claim nearly always costs one lock wait in the
-// server at most (for the next turn), where it cost two. Its process's later wake-ups are coalesced into it without a
-// statement until its claim, so a busy workspace costs the database a
-// statement per drain that claims, not one per wake-up. A drain that goes
-// on after a full batch takes the next turn (and the turn) only if free,
-// or else does nothing (sqlTakeTurn): the drain that holds the next turn
-// takes what is left. No wake-up is lost. A wake-up comes after its
-// commit, so its events are visible to any claim whose statement starts
-// after it looked. A wake-up coalesced into its process's pending drain
-// looked before that drain's claim, which the drain sends only after it
-// stops being pending. A drain that took or waited for the next turn
-// claims after that. A drain that found the next turn held by another did
-// so before that one claimed, whose claim then takes its events, up to the
-// byte bound (events beyond it are pending and more is reported; the drain
-// function goes on while more are pending). A drain that dies frees its
-// locks with its session; if it dies while its statement waits in the
+// So the claims of a workspace come one after another, each after a
+// gathering, and each drainer's claim comes after every wake-up it
+// answered (its wake-ups were counted before it sent the claim, and each
+// came after its commit): no commit whose wake-up was answered is left to
+// a claim that did not see it. An idle workspace costs nothing: no drainer
+// runs, and no statement is sent, until a wake-up comes. A session that
+// dies frees its locks with it; if it dies while its statement waits in the
 // server (for the next turn, or in its claim for the turn), the server
 // notices within a second (the pools' client_connection_check_interval)
-// and ends the wait, instead of holding the next turn to the end of the
-// wait's bound. One that freezes holding the turn or the next turn (its
-// instance stopped or cut off) is ended by the server after
-// Config.TurnIdleTimeout (15 s) idle: every statement that takes a turn
-// (sqlTakeTurn, sqlQueueTurn, and the claim's first locks on a turn) sets
-// the session's idle_session_timeout to it, and the turn's end (its
-// acknowledgement's unlock, Turn.End, a claim's release) puts the
-// session's own setting back. That is shorter than the drains behind it
-// wait for a turn (20 s), so they take it within their bound. A drain whose
-// wait ends past its bound (ErrTurnWait) queues again
-// (delivery.Service.Drain). An idle workspace costs nothing: no drain runs,
-// and no statement is sent, until a wake-up comes.
+// and ends the wait. One that freezes while it holds the next turn (its
+// process stopped) is ended by the server after Config.IdleTimeout (15 s)
+// idle: the turn's statement sets the session's idle_session_timeout to it,
+// and the session's release of its locks puts the session's own setting
+// back. That is shorter than the drainers behind it wait for a turn (20 s),
+// so they take it within their bound; a wait past its bound fails with
+// ErrTurnWait, a fault the drainer backs off from.
 //
 // At protocol 3 the SDK's scan locks nothing, so a legacy claim holds the
-// turn from its scan to its end (claimLegacy): a wake-up's on its turn's
-// session, any other (a quiet wake-up, the sweep, a bulk drain) on a
-// session that takes the turn first. No two drains scan and publish the
-// same events.
+// turn from its scan to its end (claimLegacy), on a session that takes it
+// first. No two drains scan and publish the same events.
 //
 // # Finding rows by key
 //
@@ -270,16 +253,13 @@
 //     responses and crashes. The same statement reads the claimed events from
 //     the history tables recent claims met (a second statement reads the
 //     others').
-//   - Wake-ups take turns. A workspace's wake-ups meet in its database through
-//     two more session advisory locks of the two-key form (a class of their
-//     own: the turn and the next turn), so that at most one drain claims at a
-//     time and one waits: a wake-up that finds both taken sends that one
-//     statement and nothing else. No wake-up is lost: it is coalesced only
-//     into the drain that holds the next turn, which has not claimed yet and
-//     lets the next turn go in the statement before its claim (`go doc
-//     ./shared/store`, Turns). The turn's locks, like the claims', are never
-//     taken by the SDK; the drain waiting for the turn waits in the server, at
-//     most 20 s.
+//   - Busy workspaces' drainers take turns. A busy workspace's drainers meet
+//     in its database through two more session advisory locks of the two-key
+//     form (a class of their own: the turn and the next turn), so that one
+//     claims at a time, after a gathering, and the others wait in the server
+//     for the next turn, one statement each (`go doc ./shared/store`, Turns).
+//     The turn's locks, like the claims', are never taken by the SDK; a
+//     drainer waiting for a turn waits in the server, at most 20 s.
 //   - A bulk drain holds one connection. `job drain` (and the drains of
 //     `backfill`, `replay` and `repair`) claims and acknowledges every batch
 //     on one session, with `DATABASE_POOL_SIZE` batches out at once: each
@@ -294,8 +274,9 @@
 //     1.58× the floor's CPU, against 1.06–1.08× now (Performance).
 //   - A drain that dies mid-publish: if its process or connection ends, the
 //     server frees its claims at once and the next drain takes its events; if
-//     it hangs with its connection open, the session's `idle_session_timeout`
-//     (60 s) ends it. The events stay pending; nothing is acknowledged that
+//     its process freezes with its connection open, the session's
+//     `idle_session_timeout` (15 s; live holders touch their sessions) ends
+//     it. The events stay pending; nothing is acknowledged that
 //     Pub/Sub did not accept. The claims need a session of their own: connect
 //     directly (Cloud SQL's connector, or TCP) or through a pooler in session
 //     mode — a transaction-mode pooler (PgBouncer `pool_mode=transaction`) is

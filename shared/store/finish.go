@@ -25,7 +25,7 @@ const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_co
 // statement, in key order (sqlFinish); then it releases the claim. Events in neither list
 // stay pending. It returns the number of receipts written.
 //
-// A claim of its own session (ClaimActive, Turn.Claim) sends all of it as
+// A claim of its own session (ClaimActive) sends all of it as
 // one implicit transaction, one round trip: the lifecycle lock, the finish
 // statement and the unlock, without BEGIN and COMMIT (two statements fewer
 // a batch on the wake-up path). Its claim locks, and the drain's turn, are
@@ -37,6 +37,7 @@ const sqlBeginShared = `SELECT set_config('statement_timeout', $1, true), set_co
 // event is taken twice; TestFinishLetsGoBeforeItsCommit holds it. When the
 // transaction fails, nothing is acknowledged and Release lets the locks go.
 func (c *Claim) Finish(ctx context.Context, accepted []string, setAside []SetAside) (int64, error) {
+	c.stopAlive()
 	if c.Ended() {
 		if c.mode != inSession && len(accepted) == 0 && len(setAside) == 0 {
 			return 0, nil // nothing to acknowledge (a claim that took no event has ended already: see Claim)

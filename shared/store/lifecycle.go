@@ -111,9 +111,10 @@ const sqlTurnHolders = `WITH turn AS (
    WHERE h.granted ORDER BY h.key, h.pid`
 
 // TurnHolders reads who holds the workspace's drain turn and next turn. A
-// holder is normally in its state for a gathering or one batch's publish
-// (well under a second to a few); one that stays longer is slow, or frozen
-// (the server ends it after Config.TurnIdleTimeout idle).
+// holder is normally in its state for a gathering, a claim's statements or
+// a protocol-3 batch's publish (well under a second to a few); one that
+// stays longer is slow, or frozen (the server ends it after
+// Config.IdleTimeout idle).
 func (s *Store) TurnHolders(ctx context.Context) ([]TurnHolder, error) {
 	var out []TurnHolder
 	err := s.inTx(ctx, func(tx pgx.Tx) error {

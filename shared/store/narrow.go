@@ -22,6 +22,8 @@ func (c *Claim) Narrow(ctx context.Context) error {
 		return nil
 	}
 	// The claim's own end (Finish, Release) still unlocks all.
+	c.stopAlive()
+	defer c.keepAlive()
 	if _, err := c.conn.Exec(ctx, sqlNarrow, ClaimLockClass, c.keys, c.IDs()); err != nil {
 		return fmt.Errorf("store: release the locks past a claim's batch: %w", err)
 	}

@@ -63,8 +63,8 @@ func TestClaimGenericPlanReadsByIndex(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.pool.Exec(e.ctx, `ANALYZE`)
 	require.NoError(t, err)
-	plan := e.genericPlan(t, store.CandidatesReading(`"product_history"`), "uuid, text, bigint[], text[], text",
-		fmt.Sprintf(`NULL, '%s', '{%s}', '{product_history}', '60000ms'`, store.ClaimLockClass, backoffsLiteral(e.store)))
+	plan := e.genericPlan(t, store.CandidatesReading(`"product_history"`), "uuid, text, bigint[], text[], text, int4[]",
+		fmt.Sprintf(`NULL, '%s', '{%s}', '{product_history}', '60000ms', '{}'`, store.ClaimLockClass, backoffsLiteral(e.store)))
 	require.Contains(t, plan, "Index Scan using _ontology_delivery_pending", plan)
 	require.Contains(t, plan, "LockRows", plan)
 	require.Contains(t, plan, "Index Scan using _ontology_replication_delivery_pkey", "rows others touched locked by key")

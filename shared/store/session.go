@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,41 +14,57 @@ import (
 // Session is a drain's session: one connection on which a drain claims
 // batch after batch of the active target's pending events, several out at
 // once, and finishes each after its publish. One round trip (Next)
-// finishes the claims whose publishes have ended, in one short transaction,
-// releases their locks after its COMMIT and claims the next batch. The
-// job's bulk drain runs on one session, however many batches it has out,
-// so that it holds one connection and its claims never meet each other;
-// the drain function's one batch a wake-up claims on a connection of its
-// own (ClaimActive). A Session is used by one goroutine at a time.
+// finishes the claims whose publishes have ended and claims the next
+// batch. Both the drain function's drainer and the job's bulk drain run on
+// one session, however many batches they have out, so that each holds one
+// connection and its claims never meet each other. A busy drainer takes
+// the workspace's turns on it (QueueTurn), so that the drainers of every
+// process claim one at a time. A Session is used by one goroutine at a
+// time.
 type Session struct {
 	store  *Store
 	conn   *pgxpool.Conn
-	target Target
-	// after is the last candidate the last claim read: while claims are
-	// out, the next claim starts after it, so that it never meets the
-	// session's own claims (a try-lock of a lock the session holds
-	// succeeds); with none out, it starts at the head of the queue, where
-	// events left behind (held by other drains, sent back to pending) are.
-	after *candidate
-	out   int // claims out: neither finished nor released
+	target Target // the target it drains: OpenSession's, or its first claim's
+	// claims are the session's claims, those out among them. Each claim
+	// starts at the head of the queue, where events left behind (held by
+	// other drains, released by a failed publish, sent back to pending)
+	// are, and passes over the rows of the claims out (their locks are the
+	// session's: a try-lock of them would succeed).
+	claims []*Claim
+	out    int // claims out: neither finished nor released
+	// spare are the keys of locks its claims took but carry no row of
+	// (see Claim.trim): its next round trip lets them go first.
+	spare []int32
 	// dirty: a claim failed midway and the session may hold claim locks
 	// no claim knows; Close releases them all.
 	dirty bool
-	// armed: a claim of the session took a lock, which set the session's
-	// idle_session_timeout; giveBack puts idlePrior back (what it was
-	// before the session's first claim).
+	// armed: a lock of the session set its idle_session_timeout; giveBack
+	// puts idlePrior back (what it was before the session's first lock).
 	armed     bool
 	idlePrior *string
 	closed    bool
+	// next and turn: the session holds the next turn, and the turn too
+	// (QueueTurn); its next claim takes the turn when it does not hold it,
+	// waiting at most turnBound, and lets both go.
+	nextHeld, turnHeld bool
+	turnBound          time.Duration
+	// used is when the session's last statement ended (see Touch).
+	used time.Time
 }
 
 // ErrSessionClosed is the error of a Session's methods after Close.
 var ErrSessionClosed = errors.New("store: the drain session is closed")
 
-// sqlUnlockKeys releases a session's claim locks of the given keys ($2,
-// each taken once), after the COMMIT that acknowledged their events; it
-// returns how many it released.
-const sqlUnlockKeys = `SELECT count(*) FROM unnest($2::int4[]) AS k WHERE pg_advisory_unlock(hashtext($1), k)`
+// ErrLegacyDatabase: the database is at protocol 3, which has no delivery
+// queue for a session's claims: claim with ClaimActive.
+var ErrLegacyDatabase = errors.New("the database is at protocol 3, which has no delivery queue for a session")
+
+// NewSession returns a drain session that has not touched the database:
+// its first Next takes a connection and reads the state and the active
+// target with its claim, in the claim's own round trip, so that a drainer
+// that claims once costs what a claim costs. A database at protocol 3
+// fails that Next with ErrLegacyDatabase.
+func (s *Store) NewSession() *Session { return &Session{store: s} }
 
 // OpenSession reads the replication state and the active target and, when
 // replication is enabled at protocol 4, opens a drain session on a
@@ -95,7 +113,7 @@ func (s *Store) OpenSession(ctx context.Context) (State, Target, *Session, error
 	return state, ss.target, ss, nil
 }
 
-// Target is the target the session drains.
+// Target is the target the session drains (known once it has claimed).
 func (ss *Session) Target() Target { return ss.target }
 
 // Out is how many of the session's claims are out.
@@ -116,13 +134,18 @@ type Finishing struct {
 // statement does not read yet take a second): the finished claims'
 // acknowledgements and set-asides in one short transaction, as Finish's
 // (the shared lifecycle lock, then every row in key order), their locks
-// released after its COMMIT, then the claim. It returns the receipts
-// written, the replication state read with the claim and the claim (nil
-// without claim). Nothing is claimed when replication is disabled or
-// another generation is active (see the state), or when nothing is
-// claimable after the session's last claim while claims are out: finish
-// them and claim again, from the head of the queue. When the finish fails
-// its claims stay out, still claimed.
+// released after its COMMIT, then the claim; or, when they are the
+// session's last claims out and nothing follows, in the implicit
+// transaction of Finish's shape, which lets every lock go just before it
+// commits (three statements where the other takes five). It returns the
+// receipts written, the replication state read with the claim and the
+// claim (nil without claim). Nothing is claimed when replication is
+// disabled or another generation is active (see the state; no active
+// target is ErrNoActiveTarget), or when nothing is claimable after the
+// session's last claim while claims are out: finish them and claim again,
+// from the head of the queue. When the finish fails its claims stay out,
+// still claimed. A session that holds the next turn (QueueTurn) claims on
+// its turn: see QueueTurn.
 //
 // When a history table the claim's statement reads has gone (an entity
 // renamed: undefined_table), the statement failed before it locked a row;
@@ -130,8 +153,12 @@ type Finishing struct {
 // finished and the claim made once more.
 func (ss *Session) Next(ctx context.Context, finish []Finishing, claim bool) (int64, State, *Claim, error) {
 	receipts, state, c, err := ss.next(ctx, finish, claim)
-	if !claim || !undefinedTable(err) || ss.closed {
+	if !claim || !undefinedTable(err) || ss.closed || state.Version != 0 {
 		return receipts, state, c, err
+	}
+	// Nothing of the round ran: a table it names is not there.
+	if legacy, lerr := ss.legacy(ctx); lerr == nil && legacy {
+		return receipts, state, nil, fmt.Errorf("store: claim pending events: %w", ErrLegacyDatabase)
 	}
 	ss.store.forgetCaptureTables()
 	var still []Finishing
@@ -144,18 +171,28 @@ func (ss *Session) Next(ctx context.Context, finish []Finishing, claim bool) (in
 	return receipts + more, state, c, err
 }
 
+// legacy reports, after a round that could not be prepared, whether the
+// database is at protocol 3 (which has no delivery table), remembering it.
+func (ss *Session) legacy(ctx context.Context) (bool, error) {
+	state, err := readStateRow(ss.conn.QueryRow(ctx, sqlState))
+	ss.used = time.Now()
+	if err != nil {
+		return false, err
+	}
+	if state.Version < ProtocolDelivery {
+		ss.store.legacy.Store(true)
+		return true, nil
+	}
+	return false, nil
+}
+
 // next is one attempt of Next.
 func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (int64, State, *Claim, error) {
-	t := ss.target
 	if ss.closed {
 		return 0, State{}, nil, ErrSessionClosed
 	}
-	if ss.conn == nil { // idle: take a connection again
-		conn, err := ss.store.db.Acquire(ctx)
-		if err != nil {
-			return 0, State{}, nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
-		}
-		ss.conn = conn
+	if err := ss.connect(ctx); err != nil {
+		return 0, State{}, nil, fmt.Errorf("store: claim pending events of %s: %w", ss.target.Generation, err)
 	}
 	r, err := ss.newRound(finish, claim)
 	if err != nil {
@@ -171,151 +208,34 @@ func (ss *Session) next(ctx context.Context, finish []Finishing, claim bool) (in
 	if !claim {
 		return r.receipts, r.state, nil, nil
 	}
-	c, err := ss.claimFrom(ctx, r.state, r.cands)
+	if r.targetErr != nil {
+		return r.receipts, r.state, nil, fmt.Errorf("store: claim pending events: %w", r.targetErr)
+	}
+	c, err := ss.claimFrom(ctx, r.state, r.target, r.cands, r.limit)
 	return r.receipts, r.state, c, err
 }
 
-// round is one round trip of Next: the claims it finishes and whether it
-// claims, and what it read back.
-type round struct {
-	finish          []Finishing
-	claim           bool
-	accepted, aside []string
-	backoffs        []int64
-	keys            []int32 // the finished claims' locks
-
-	receipts int64
-	state    State
-	cands    []candidate
-}
-
-// ack reports whether the round acknowledges or sets aside anything.
-func (r *round) ack() bool { return len(r.accepted)+len(r.aside) > 0 }
-
-// newRound gathers what the claims to finish accepted and set aside.
-func (ss *Session) newRound(finish []Finishing, claim bool) (*round, error) {
-	r := &round{finish: finish, claim: claim}
-	for _, f := range finish {
-		if f.Claim.session != ss || !f.Claim.out {
-			return nil, errors.New("store: a claim to finish is not out in this session")
-		}
-		r.accepted = append(r.accepted, f.Accepted...)
-		for _, a := range f.SetAside {
-			r.aside = append(r.aside, a.HistoryID)
-			r.backoffs = append(r.backoffs, ss.store.nextBackoff(f.Claim.priorBackoff(a.HistoryID)).Microseconds()+reasonTag(a))
-		}
-		r.keys = append(r.keys, f.Claim.keys...)
-	}
-	return r, nil
-}
-
-// queueRound queues the round's statements: the acknowledgement's
-// transaction, the release of the finished claims' locks, and the claim.
-func (ss *Session) queueRound(ctx context.Context, r *round) (*pgx.Batch, error) {
-	s, t := ss.store, ss.target
-	b := &pgx.Batch{}
-	if r.ack() {
-		query, args, err := finishStatement(t.Generation, r.accepted, r.aside, r.backoffs)
-		if err != nil {
-			return nil, fmt.Errorf("store: acknowledge %d events of %s: %w", len(r.accepted), t.Generation, err)
-		}
-		queueAcknowledgement(b, s.cfg, query, args)
-	}
-	if len(r.keys) > 0 {
-		b.Queue(sqlUnlockKeys, ClaimLockClass, r.keys)
-	}
-	if r.claim {
-		read, err := s.readTables(ctx, ss.conn)
-		if err != nil {
-			return nil, fmt.Errorf("store: claim pending events of %s: %w", t.Generation, err)
-		}
-		b.Queue(sqlClaimSession, ms(s.cfg.StatementTimeout), ms(s.cfg.LockTimeout), LifecycleLock)
-		b.Queue(sqlState)
-		after := ss.after
-		if ss.out == len(r.finish) {
-			after = nil // none out once these are finished: from the head
-		}
-		s.queueCandidates(b, t.Generation, read, after, s.cfg.ClaimIdleTimeout)
-	}
-	return b, nil
-}
-
-// sendRound sends the round and reads what it returns; a failure after
-// the claim's statement began leaves the session dirty (it may hold locks
-// no claim knows).
-func (ss *Session) sendRound(ctx context.Context, b *pgx.Batch, r *round) error {
-	results := ss.conn.SendBatch(ctx, b)
-	stage, claiming := "acknowledge", false
-	err := func() error {
-		if r.ack() {
-			receipts, err := readAcknowledgement(results)
-			if err != nil {
-				return err
-			}
-			if len(r.accepted) > 0 {
-				r.receipts = receipts
-			}
-		}
-		// Committed (or nothing to commit): the claims are finished.
-		for _, f := range r.finish {
-			f.Claim.locked, f.Claim.out = false, false
-			ss.out--
-		}
-		if len(r.keys) > 0 {
-			stage = "release the claims of"
-			var released int
-			if err := results.QueryRow().Scan(&released); err != nil {
-				ss.dirty = true
-				return err
-			}
-			if released != len(r.keys) {
-				ss.dirty = true // locks a claim took twice, or lost: Close releases every one
-			}
-		}
-		if !r.claim {
-			return nil
-		}
-		stage = "claim pending events of"
-		prior, _, err := readClaimSession(results, turnHold{})
-		if err != nil {
-			return err
-		}
-		if ss.idlePrior == nil {
-			ss.idlePrior = &prior
-		}
-		if r.state, err = readStateRow(results.QueryRow()); err != nil {
-			return err
-		}
-		// The statement's try-locks are the session's from here on: when it
-		// fails, the session may hold some that no claim knows, and its
-		// idle_session_timeout may be set.
-		claiming, ss.armed = true, true
-		rows, err := results.Query()
-		if err != nil {
-			return err
-		}
-		r.cands, err = collectCandidates(rows, ss.store.backoffs)
-		return err
-	}()
-	if cerr := results.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err == nil {
+// connect takes a connection for the session when it has none (new, or
+// idle: see Idle).
+func (ss *Session) connect(ctx context.Context) error {
+	if ss.conn != nil {
 		return nil
 	}
-	if claiming {
-		ss.dirty = true
+	conn, err := ss.store.db.Acquire(ctx)
+	if err != nil {
+		return err
 	}
-	if ss.conn.Conn().PgConn().TxStatus() != 'I' {
-		_, _ = ss.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-	}
-	return fmt.Errorf("store: %s %s: %w", stage, ss.target.Generation, err)
+	ss.conn = conn
+	return nil
 }
 
 // claimFrom makes the round's claim from the candidates its statement
 // read: none while replication is paused or another generation is active.
-func (ss *Session) claimFrom(ctx context.Context, state State, cands []candidate) (*Claim, error) {
-	c := &Claim{store: ss.store, target: ss.target, mode: inSession, session: ss, locked: true, out: true}
+func (ss *Session) claimFrom(ctx context.Context, state State, active Target, cands []candidate, limit int) (*Claim, error) {
+	if ss.target.Generation == "" {
+		ss.target = active
+	}
+	c := &Claim{store: ss.store, target: ss.target, mode: inSession, session: ss, locked: true, out: true, limit: limit}
 	ss.out++
 	if !state.Enabled || state.ActiveGeneration != ss.target.Generation {
 		// Paused, or another generation made active, as the claim ran:
@@ -338,10 +258,28 @@ func (ss *Session) claimFrom(ctx context.Context, state State, cands []candidate
 		ss.dirty = true
 		return nil, fmt.Errorf("store: claim pending events of %s: %w", ss.target.Generation, err)
 	}
-	if c.last != nil {
-		ss.after = c.last
-	}
+	ss.claims = append(ss.claims, c)
 	return c, nil
+}
+
+// ownKeys are the keys of the claim locks of the session's claims out but
+// those in except (claims the round finishes, whose locks go before its
+// claim), which a claim passes over.
+func (ss *Session) ownKeys(except ...*Claim) []int32 {
+	var keys []int32
+	live := ss.claims[:0]
+	for _, c := range ss.claims {
+		if !c.out {
+			continue
+		}
+		live = append(live, c)
+		if !slices.Contains(except, c) {
+			keys = append(keys, c.keys...)
+		}
+	}
+	clear(ss.claims[len(live):])
+	ss.claims = live
+	return keys
 }
 
 // release ends a claim of the session without acknowledging anything: its
@@ -368,34 +306,36 @@ func (ss *Session) release(ctx context.Context, c *Claim) {
 }
 
 // Idle gives the session's connection back to the pool while none of its
-// claims is out, so that other work on the workspace (a replay's pages,
-// through a pool of one connection) can take it; the next Next takes one
-// again. With claims out it does nothing.
+// claims is out and it holds no turn, so that other work on the workspace
+// (a replay's pages, through a pool of one connection) can take it; the
+// next Next takes one again. Otherwise it does nothing.
 func (ss *Session) Idle(ctx context.Context) {
-	if ss.out > 0 || ss.conn == nil {
+	if ss.out > 0 || ss.nextHeld || ss.turnHeld || len(ss.spare) > 0 || ss.conn == nil {
 		return
 	}
 	ss.giveBack(ctx)
 }
 
 // Close ends the session: the claims still out are released (their events
-// stay pending), and the connection goes back to the pool once it holds no
-// claim lock; it is closed otherwise, which frees them. It is safe to call
-// more than once.
+// stay pending), a turn it holds is let go, and the connection goes back to
+// the pool once it holds no lock; it is closed otherwise, which frees them.
+// It is safe to call more than once.
 func (ss *Session) Close(ctx context.Context) {
 	ss.closed = true
 	ss.giveBack(ctx)
 }
 
-// giveBack releases the session's claim locks and gives its connection
-// back to the pool (closing it when the locks may not have gone).
+// giveBack releases the session's locks and gives its connection back to
+// the pool (closing it when the locks may not have gone).
 func (ss *Session) giveBack(ctx context.Context) {
 	if ss.conn == nil {
 		return
 	}
 	conn := ss.conn
 	ss.conn = nil
-	defer func() { ss.out, ss.dirty, ss.armed = 0, false, false }()
+	defer func() {
+		ss.out, ss.dirty, ss.armed, ss.nextHeld, ss.turnHeld, ss.spare, ss.claims = 0, false, false, false, false, nil, nil
+	}()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ss.store.cfg.StatementTimeout)
 	defer cancel()
 	err := func() error {
@@ -404,7 +344,7 @@ func (ss *Session) giveBack(ctx context.Context) {
 				return err
 			}
 		}
-		if ss.out > 0 || ss.dirty || ss.armed {
+		if ss.out > 0 || ss.dirty || ss.armed || ss.nextHeld || ss.turnHeld {
 			return unlock(ctx, conn, ss.idlePrior)
 		}
 		return nil
@@ -413,4 +353,11 @@ func (ss *Session) giveBack(ctx context.Context) {
 		_ = conn.Conn().Close(ctx)
 	}
 	conn.Release()
+}
+
+// Dirty reports that the session may hold locks no claim of it knows (a
+// claim failed midway) or lost its connection: close it, which frees them,
+// and start another.
+func (ss *Session) Dirty() bool {
+	return ss.dirty || (ss.conn != nil && ss.conn.Conn().IsClosed())
 }

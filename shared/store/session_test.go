@@ -319,7 +319,7 @@ func TestClaimStatementLocksItsCandidates(t *testing.T) {
 	tg := e.start(t)
 	e.products(t, 3)
 	rows, err := e.pool.Query(e.ctx, "EXPLAIN (VERBOSE) "+store.CandidatesReading(`"product_history"`), tg.Generation, store.ClaimLockClass,
-		store.Backoffs(e.store), []string{"product_history"}, "60000ms")
+		store.Backoffs(e.store), []string{"product_history"}, "60000ms", []int32{})
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -37,23 +37,18 @@ type Config struct {
 	// LockTimeout bounds every lock wait (SET LOCAL lock_timeout).
 	// Default: 5s, as the SDK's lifecycle code.
 	LockTimeout time.Duration
-	// ClaimIdleTimeout is the idle_session_timeout a claim sets on its
-	// session while it holds claim locks (reset to the session's default
-	// when they are released): a session that sits idle this long (a drain
-	// that hangs while it holds a claim) is ended by the server, which frees
-	// its claims. It must be longer than a publish may take. Default: 60s.
-	ClaimIdleTimeout time.Duration
-	// TurnIdleTimeout is the idle_session_timeout of a session that holds a
-	// drain's turn or next turn (see Turns in the package doc), set by the
-	// statement that takes it and put back when the session lets them go: a
-	// drain that freezes while it holds one (its instance stopped, or cut
+	// IdleTimeout is the idle_session_timeout of a session while it holds
+	// any of the drain's locks — claims, the drain's turn or its next turn
+	// (see Claims and Turns in the package doc) —, set by the statement
+	// that takes the first and put back when the session lets them go: a
+	// drain that freezes while it holds them (its instance stopped, or cut
 	// off from the network) is ended by the server this long after its last
-	// statement, and the drains queued behind it go on. A drain's claim on
-	// its turn keeps it while its batch is out, so it must be longer than
-	// one publish request may take (10 s), and shorter than the wait of
-	// the drains behind it (delivery.Config.TurnWait, 20 s), so that they
-	// get the turn within their own bound. Default: 15s.
-	TurnIdleTimeout time.Duration
+	// statement, which frees them for the drains that are alive. A live
+	// holder never meets it, however long its publish takes: it touches
+	// its session every IdleTimeout/3 while it holds them (Session.Touch,
+	// and a claim on a connection of its own by itself). Default:
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
 	// SetAsideBackoff is how long an event that cannot be published is first
 	// set aside; each later time doubles it. Default: 1m.
 	SetAsideBackoff time.Duration
@@ -70,14 +65,16 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultTurnIdleTimeout is Config.TurnIdleTimeout's default.
-const DefaultTurnIdleTimeout = 15 * time.Second
+// DefaultIdleTimeout is Config.IdleTimeout's default: long enough that a
+// touch every 5 s keeps a live holder's session through a machine's
+// hiccups, short enough that a frozen holder's claims are free again well
+// within the SDK's own 30 s bounds.
+const DefaultIdleTimeout = 15 * time.Second
 
 func (c Config) withDefaults() Config {
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, 30*time.Second)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 5*time.Second)
-	c.ClaimIdleTimeout = cmp.Or(c.ClaimIdleTimeout, 60*time.Second)
-	c.TurnIdleTimeout = cmp.Or(c.TurnIdleTimeout, DefaultTurnIdleTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	c.SetAsideBackoff = cmp.Or(c.SetAsideBackoff, time.Minute)
 	c.SetAsideMaxBackoff = cmp.Or(c.SetAsideMaxBackoff, time.Hour)
 	c.AuditPageEvents = cmp.Or(c.AuditPageEvents, DefaultAuditPageEvents)
@@ -97,10 +94,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("StatementTimeout %v: must be at least 1ms", c.StatementTimeout)
 	case c.LockTimeout < time.Millisecond:
 		return fmt.Errorf("LockTimeout %v: must be at least 1ms", c.LockTimeout)
-	case c.ClaimIdleTimeout < time.Second:
-		return fmt.Errorf("ClaimIdleTimeout %v: must be at least 1s", c.ClaimIdleTimeout)
-	case c.TurnIdleTimeout < time.Second:
-		return fmt.Errorf("TurnIdleTimeout %v: must be at least 1s", c.TurnIdleTimeout)
+	case c.IdleTimeout < time.Second:
+		return fmt.Errorf("IdleTimeout %v: must be at least 1s", c.IdleTimeout)
 	case c.SetAsideBackoff < time.Second:
 		// The seed's retry sets next_verify_at 30 s ahead; a set-aside
 		// backoff of 30 s could not be told from it.
@@ -173,6 +168,10 @@ type Store struct {
 	// connection of its own releases its locks.
 	beforeRelease func()
 }
+
+// Legacy reports whether the database was at protocol 3 when the store
+// last read it (a claim's first round trip tells; see ClaimActive).
+func (s *Store) Legacy() bool { return s.legacy.Load() }
 
 // New returns a Store over db.
 func New(db DB, cfg Config) (*Store, error) {

@@ -98,7 +98,7 @@ func TestDefaultTimeouts(t *testing.T) {
 	require.Equal(t, 5*time.Second, d.LockTimeout)
 	require.Equal(t, time.Minute, d.SetAsideBackoff)
 	require.Equal(t, time.Hour, d.SetAsideMaxBackoff)
-	require.Equal(t, time.Minute, d.ClaimIdleTimeout)
+	require.Equal(t, 15*time.Second, d.IdleTimeout)
 
 	e := newEnv(t, &sdkfixture.V4Template)
 	tg := e.start(t)

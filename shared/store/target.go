@@ -104,6 +104,44 @@ const sqlSchemaPresent = `SELECT to_regclass('_ontology_replication') IS NOT NUL
 // sqlState reads the singleton; protocol() in store.js reads its version.
 const sqlState = `SELECT version, enabled, source_id::text, active_generation::text FROM _ontology_replication WHERE id`
 
+// sqlClaimState is a claim's read of the replication state at protocol 4:
+// the singleton (protocol() and the active generation, as sqlState) and,
+// in the same statement, what the claim needs of the active target — its
+// generation and source, which every message carries (the seed's
+// replicationTarget reads the whole row, manifest and selection included,
+// which a claim never uses: at the drain's rate of claims that was most of
+// what the state's two statements cost). A database at protocol 3 has the
+// same two columns; its claim's candidates' statement is what cannot be
+// prepared there (see settleProtocol).
+const sqlClaimState = `SELECT s.version, s.enabled, s.source_id::text, s.active_generation::text, t.generation::text, t.source_id::text
+  FROM _ontology_replication s LEFT JOIN _ontology_replication_targets t ON t.generation = s.active_generation
+ WHERE s.id`
+
+// readClaimState scans sqlClaimState: the state, and the active target as
+// a claim knows it: its generation and source, the database at protocol
+// 4 (DeliveryVersion). No active target is ErrNoActiveTarget, with the state.
+func readClaimState(row pgx.Row) (State, Target, error) {
+	var state State
+	var active, generation, source *string
+	err := row.Scan(&state.Version, &state.Enabled, &state.SourceID, &active, &generation, &source)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return State{}, Target{}, ErrNoSchema
+	}
+	if err != nil {
+		return State{}, Target{}, err
+	}
+	if state.Version != ProtocolLegacy && state.Version != ProtocolDelivery {
+		return State{}, Target{}, fmt.Errorf("%w: the database is at version %d; this release speaks 3 and 4", ErrUnsupportedProtocol, state.Version)
+	}
+	if active != nil {
+		state.ActiveGeneration = *active
+	}
+	if generation == nil || source == nil {
+		return state, Target{}, ErrNoActiveTarget
+	}
+	return state, Target{Generation: *generation, SourceID: *source, DeliveryVersion: ProtocolDelivery}, nil
+}
+
 // sqlTargetFieldsV4 is targetFields of store.js (seed 000), plus the cursors,
 // backfill revision and verified count that status reports.
 const sqlTargetFieldsV4 = `generation::text, source_id::text, from_revision, manifest, selection,

@@ -10,67 +10,52 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The drain's turn, coalescing a workspace's wake-ups: see Turns in the
-// package doc.
+// The drain's turns, which coalesce a busy workspace's claims: see Turns
+// in the package doc. A Session takes them (Session.QueueTurn), and its
+// next claim lets them go.
 
 // DrainTurnClass names the first key of the drain turn's advisory locks.
 const DrainTurnClass = "segmentstream.ontology.replication.drain-turn"
 
 // The second keys of the turn's locks.
 const (
-	turnDrain = 1 // the turn: its holder drains
-	turnNext  = 2 // the next turn: its holder waits for the turn
+	turnDrain = 1 // the turn: its holder's claim statement runs
+	turnNext  = 2 // the next turn: its holder gathers, then claims
 )
 
-// TurnRole is what a wake-up's TakeTurn gave it.
-type TurnRole int
-
-// The roles.
-const (
-	// TurnCoalesced: another drain holds the next turn and has not claimed
-	// yet; its claim takes this wake-up's events.
-	TurnCoalesced TurnRole = iota
-	// TurnTaken: the wake-up holds the turn (and the next turn): it may
-	// claim at once.
-	TurnTaken
-	// TurnNext: the wake-up holds the next turn while another drain holds
-	// the turn; its claim waits for the turn.
-	TurnNext
-)
-
-// sqlTakeTurn takes the next turn if it is free and, with it, the turn if
-// that is free too ($1: DrainTurnClass), in that order (CASE evaluates its
-// branches lazily), and says what it took: 0 nothing (another drain is
-// next), 2 the next turn, 3 both. The turn is never taken without the next
-// turn: a drain that holds the next turn and gathers commits before its
-// claim (see delivery.Service.Drain) may leave the turn free meanwhile, and
-// no other drain claims ahead of it. When it took something it sets the
-// session's idle_session_timeout to $2 (Config.TurnIdleTimeout: a holder
-// that freezes is ended by the server), and it returns the setting's value
-// before, which the turn's end puts back.
-const sqlTakeTurn = `SELECT t.role, CASE WHEN t.role > 0 THEN set_config('idle_session_timeout', $2, false) END, p.prior
-  FROM (SELECT current_setting('idle_session_timeout') AS prior OFFSET 0) p,
-       (SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 2)
-          THEN CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END ELSE 0 END AS role OFFSET 0) t`
-
-// sqlQueueTurn is sqlTakeTurn that, when the next turn is held, waits for
-// it in the server instead of taking nothing, at most the lock_timeout it
-// sets first ($2; see waitBound); it then tries the turn as well, and says
-// what it holds (2 or 3), how long it waited for the next turn
-// (microseconds; NULL when it did not wait), and the session's
-// idle_session_timeout before it, which it sets to $3 (as sqlTakeTurn).
-// The locks are taken in order: the subquery that takes the next turn is
-// kept apart (OFFSET 0), and its wait is a SubPlan the server runs only
-// when CASE reaches its branch. It never waits for the turn: the drain's
-// claim does, after its gathering (sqlClaimSessionTakingTurn), when it is
-// still held. A statement that fails (its wait timed out, or its session
-// was ended) leaves no setting: the session's setting is rolled back with
-// the statement's implicit transaction.
+// sqlQueueTurn takes the next turn ($1: DrainTurnClass) or, when another
+// session holds it, waits for it in the server, at most the lock_timeout
+// it sets first ($2; see waitBound); it then tries the turn as well, and
+// says what it holds (3: both, 2: the next turn only), how long it waited
+// for the next turn (microseconds; NULL when it did not wait), and the
+// session's idle_session_timeout before it, which it sets to $3
+// (Config.IdleTimeout: a holder that freezes is ended by the server). The
+// locks are taken in order: the subquery that takes the next turn is kept
+// apart (OFFSET 0), and its wait is a SubPlan the server runs only when
+// CASE reaches its branch. It never waits for the turn: the claim does,
+// after its gathering (sqlClaimSessionTakingTurn), when it is still held.
+// A statement that fails (its wait timed out, or its session was ended)
+// leaves no setting: the setting is rolled back with the statement's
+// implicit transaction; a lock it took is not, and the caller lets it go
+// (sqlLeaveTurns).
 var sqlQueueTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 3 ELSE 2 END, q.waited, q.prior,
        set_config('idle_session_timeout', $3, false)
   FROM (SELECT bound.prior, CASE WHEN pg_try_advisory_lock(hashtext($1), 2) THEN NULL ELSE (
            SELECT (extract(epoch FROM clock_timestamp() - bound.at) * 1000000)::bigint FROM pg_advisory_lock(hashtext($1), 2)) END AS waited
           FROM ` + sqlWaitBound + ` OFFSET 0) q`
+
+// sqlReleaseTurn lets the turn go ($1: DrainTurnClass): the statement after
+// a claim's candidates, whose try-locks then hold the claimed events. The
+// turn is held for the claim's statements only, never across a publish:
+// the next turn's holder claims what came after while this batch is out.
+const sqlReleaseTurn = `SELECT pg_advisory_unlock(hashtext($1), 1)`
+
+// sqlLeaveTurns lets whichever of the turn and the next turn the session
+// holds go ($1: DrainTurnClass), and none of its other locks (the claims
+// of its batches out stay held).
+const sqlLeaveTurns = `SELECT count(pg_advisory_unlock(hashtext($1), l.objid::int)) FROM pg_locks l
+  WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.granted
+    AND l.classid::int = hashtext($1) AND l.objsubid = 2 AND l.objid::bigint IN (1, 2)`
 
 // sqlWaitBound is waitBound of $2.
 var sqlWaitBound = waitBound("$2")
@@ -80,111 +65,13 @@ var sqlWaitBound = waitBound("$2")
 // which sets the lock_timeout (the parameter) for the statement (local to
 // its implicit transaction), says when it began (at) and reads the
 // session's idle_session_timeout (prior). It saves the statement a
-// separate set_config sent before it (one statement fewer for each drain
-// that claims).
+// separate set_config sent before it.
 func waitBound(param string) string {
 	return `(SELECT set_config('lock_timeout', ` + param + `, true), clock_timestamp() AS at,
       current_setting('idle_session_timeout') AS prior OFFSET 0) bound`
 }
 
-// Turn is a wake-up's place in its workspace's turns: it holds a
-// connection of the store's pool while it holds the next turn or the turn.
-type Turn struct {
-	store *Store
-	conn  *pgxpool.Conn
-	role  TurnRole
-	next  bool // it holds the next turn: it has not claimed yet
-	// bound bounds its claim's wait for the turn (TurnNext).
-	bound time.Duration
-	// queued: QueueTurn waited for the next turn; waited is how long it
-	// waited for the next turn and then, in its claim, for the turn.
-	queued bool
-	waited time.Duration
-	// idlePrior is the session's idle_session_timeout before the turn's
-	// statement set it (Config.TurnIdleTimeout): End and the claim's
-	// release put it back.
-	idlePrior string
-}
-
-// TakeTurn takes the workspace's next turn and, if it is free too, the
-// drain turn, in one statement; or nothing, when another drain is next. A
-// Turn of role TurnCoalesced holds nothing; the others must be claimed
-// with (Claim) or ended (End). The claim of a TurnNext waits for the turn
-// at most bound (longer fails with ErrTurnWait).
-func (s *Store) TakeTurn(ctx context.Context, bound time.Duration) (*Turn, error) {
-	return s.takeTurn(ctx, false, bound)
-}
-
-// QueueTurn is TakeTurn for a drain that must claim, as the first drain of
-// its process to wait for the workspace's turn (see delivery.Service.Drain),
-// in one statement too: when another drain is next it waits for the next
-// turn instead of taking nothing, at most bound (longer fails with
-// ErrTurnWait). It returns holding the next turn, and the turn when that
-// was free (TurnTaken; TurnNext otherwise: its claim waits for the turn, at
-// most bound). Its process's later wake-ups are coalesced into it without
-// a statement until its claim, and so a busy workspace costs the database
-// a statement per drain that claims, not one per wake-up.
-func (s *Store) QueueTurn(ctx context.Context, bound time.Duration) (*Turn, error) {
-	return s.takeTurn(ctx, true, bound)
-}
-
-// takeTurn is TakeTurn, or with queue QueueTurn.
-func (s *Store) takeTurn(ctx context.Context, queue bool, bound time.Duration) (*Turn, error) {
-	conn, err := s.db.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
-	}
-	t := &Turn{store: s, conn: conn, bound: bound}
-	var role int
-	if queue {
-		var waited *int64
-		err = awaitBounded(ctx, conn, bound, sqlQueueTurn, []any{ms(s.cfg.TurnIdleTimeout)}, &role, &waited, &t.idlePrior, nil)
-		if waited != nil {
-			t.queued, t.waited = true, time.Duration(*waited)*time.Microsecond
-		}
-	} else {
-		err = conn.QueryRow(ctx, sqlTakeTurn, DrainTurnClass, ms(s.cfg.TurnIdleTimeout)).Scan(&role, nil, &t.idlePrior)
-	}
-	if err != nil {
-		// The statement may have taken a lock before it failed; its
-		// setting was rolled back with it.
-		t.idlePrior = ""
-		t.End(ctx)
-		if errors.Is(err, ErrTurnWait) {
-			return nil, fmt.Errorf("store: wait for the drain's turn: %w", err)
-		}
-		return nil, fmt.Errorf("store: take the drain's turn: %w", err)
-	}
-	switch role {
-	case 3:
-		t.role, t.next = TurnTaken, true
-	case 2:
-		t.role, t.next = TurnNext, true
-	default:
-		t.role = TurnCoalesced
-		conn.Release() // it took nothing and set nothing
-		t.conn = nil
-	}
-	return t, nil
-}
-
-// Role is what TakeTurn gave the wake-up.
-func (t *Turn) Role() TurnRole { return t.role }
-
-// Queued reports that QueueTurn waited for the next turn.
-func (t *Turn) Queued() bool { return t.queued }
-
-// Waited is how long the drain waited, measured by the server, for the
-// next turn (QueueTurn) and, once its claim was made, for the turn
-// (Turn.Claim).
-func (t *Turn) Waited() time.Duration { return t.waited }
-
-// HoldsNext reports that the drain holds the next turn: the wake-ups that
-// come until its claim are coalesced into it, so it may wait a moment
-// before it claims to gather more commits into one batch.
-func (t *Turn) HoldsNext() bool { return t.next }
-
-// ErrTurnWait: the drain that holds the turn (or the next turn) held it
+// ErrTurnWait: the session that holds the turn (or the next turn) held it
 // longer than the wait's bound.
 var ErrTurnWait = errors.New("the drain's turn was held longer than the wait's bound")
 
@@ -200,58 +87,6 @@ func awaitBounded(ctx context.Context, conn *pgxpool.Conn, bound time.Duration, 
 	return err
 }
 
-// Claim claims the next batch of the active target's pending events on
-// the turn's connection, as ClaimActive does. Its first statement takes
-// the turn when the drain does not hold it yet (TurnNext), waiting at most
-// the turn's bound (longer fails with ErrTurnWait), and then lets the next
-// turn go, before the candidates are read; the claim takes the turn over,
-// and its Finish or Release ends it (with every lock of the session).
-func (t *Turn) Claim(ctx context.Context) (State, Target, *Claim, error) {
-	if t.role == TurnCoalesced || t.conn == nil {
-		return State{}, Target{}, nil, errors.New("store: claim on the drain's turn: neither the turn nor the next turn is held")
-	}
-	conn := t.conn
-	t.conn = nil
-	prior := t.idlePrior
-	hold := turnHold{turn: t.role == TurnTaken, next: t.next, waited: &t.waited, idlePrior: &prior}
-	if !hold.turn {
-		hold.take, hold.bound = true, t.bound
-	}
-	state, target, c, err := t.store.claimActive(ctx, conn, hold)
-	if undefinedTable(err) {
-		// A read table was renamed: the statement never ran, and the
-		// claim's release ended the turn. Claim again without it: the claim
-		// still starts after every wake-up that counted on this turn.
-		t.store.forgetCaptureTables()
-		return t.store.ClaimActive(ctx)
-	}
-	return state, target, c, err
-}
-
-// End gives the turn (or the wait for it) up without claiming: the
-// session's locks are released, its idle_session_timeout is put back, and
-// the connection goes back to the pool (or is closed when that fails). It
-// is safe to call more than once.
-func (t *Turn) End(ctx context.Context) {
-	if t.conn == nil {
-		return
-	}
-	conn := t.conn
-	t.conn = nil
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.store.cfg.StatementTimeout)
-	defer cancel()
-	var err error
-	if t.idlePrior != "" {
-		_, err = conn.Exec(ctx, sqlUnlockRestore, t.idlePrior)
-	} else {
-		_, err = conn.Exec(ctx, sqlUnlockAll)
-	}
-	if err != nil {
-		_ = conn.Conn().Close(ctx)
-	}
-	conn.Release()
-}
-
 // isLockTimeout reports PostgreSQL's lock_not_available (55P03).
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
@@ -264,12 +99,94 @@ func isLockTimeout(err error) bool {
 const sqlHoldsTurn = `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted
     AND classid::int = hashtext($1) AND objid::bigint = 1 AND objsubid = 2)`
 
-// holdsTurn reports whether the claim's session holds the drain's turn,
-// after its first statement failed on a lock timeout: if not, the timeout
+// holdsTurn reports whether conn's session holds the drain's turn, after
+// a claim's first statement failed on a lock timeout: if not, the timeout
 // was the wait for the turn's, not the lifecycle lock's. It says yes when
 // it cannot tell.
-func (c *Claim) holdsTurn(ctx context.Context) bool {
+func holdsTurn(ctx context.Context, conn *pgxpool.Conn) bool {
 	var held bool
-	err := c.conn.QueryRow(ctx, sqlHoldsTurn, DrainTurnClass).Scan(&held)
+	err := conn.QueryRow(ctx, sqlHoldsTurn, DrainTurnClass).Scan(&held)
 	return err != nil || held
+}
+
+// QueueTurn takes the workspace's next turn on the session's connection
+// (taking one when the session has none), waiting in the server for the
+// session that holds it, at most bound (longer fails with ErrTurnWait), in
+// one statement; it takes the turn too when that is free. It returns how
+// long it waited. The session's next claim (Next) then takes the turn when
+// it does not hold it yet, waiting at most bound for the claim that holds
+// it, lets the next turn go before its candidates are read, and lets the
+// turn go after them: the turn is held for a claim's statements only, the
+// next turn by one session of the workspace at a time, which may gather
+// commits before its claim while the sessions that want the next turn
+// after it wait in the server. So the drainers of every process claim one
+// after another, each after the commits of every wake-up it answered.
+// LeaveTurn lets the turns go without a claim.
+func (ss *Session) QueueTurn(ctx context.Context, bound time.Duration) (time.Duration, error) {
+	if ss.closed {
+		return 0, ErrSessionClosed
+	}
+	if ss.nextHeld {
+		return 0, nil
+	}
+	if err := ss.connect(ctx); err != nil {
+		return 0, fmt.Errorf("store: wait for the drain's turn: %w", err)
+	}
+	var role int
+	var waited *int64
+	var prior string
+	err := awaitBounded(ctx, ss.conn, bound, sqlQueueTurn, []any{ms(ss.store.cfg.IdleTimeout)}, &role, &waited, &prior, nil)
+	ss.used = time.Now()
+	if err != nil {
+		// The statement may have taken the next turn before it failed.
+		ss.nextHeld, ss.turnHeld = true, true
+		ss.LeaveTurn(ctx)
+		if errors.Is(err, ErrTurnWait) {
+			return 0, fmt.Errorf("store: wait for the drain's turn: %w", err)
+		}
+		return 0, fmt.Errorf("store: take the drain's turn: %w", err)
+	}
+	if ss.idlePrior == nil {
+		ss.idlePrior = &prior
+	}
+	ss.armed, ss.nextHeld, ss.turnHeld, ss.turnBound = true, true, role == 3, bound
+	var d time.Duration
+	if waited != nil {
+		d = time.Duration(*waited) * time.Microsecond
+	}
+	return d, nil
+}
+
+// HoldsNext reports whether the session holds the next turn (QueueTurn)
+// and has not claimed on it yet.
+func (ss *Session) HoldsNext() bool { return ss.nextHeld }
+
+// LeaveTurn lets the turn and the next turn go, if the session holds them,
+// without claiming; the claims out stay held. A failure leaves the session
+// dirty (Close then closes its connection, which frees every lock).
+func (ss *Session) LeaveTurn(ctx context.Context) {
+	if !ss.nextHeld && !ss.turnHeld {
+		return
+	}
+	ss.nextHeld, ss.turnHeld = false, false
+	if ss.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ss.store.cfg.StatementTimeout)
+	defer cancel()
+	if _, err := ss.conn.Exec(ctx, sqlLeaveTurns, DrainTurnClass); err != nil {
+		ss.dirty = true
+	}
+	ss.used = time.Now()
+}
+
+// turnWaitOrLock tells, after a turn claim's first statement failed on a
+// lock timeout, a wait for the turn (ErrTurnWait) from one for the
+// lifecycle lock.
+func (ss *Session) turnWaitOrLock(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && isLockTimeout(err) && !holdsTurn(ctx, ss.conn) {
+		return fmt.Errorf("%w (%v): %w", ErrTurnWait, ss.turnBound, err)
+	}
+	return err
 }

@@ -120,6 +120,22 @@ run "services_from_digests" {
     error_message = "no invoker binding (allUsers) by default"
   }
   assert {
+    condition     = google_cloud_run_v2_service.drain[0].template[0].containers[0].resources[0].cpu_idle == false
+    error_message = "the drain bills by instance: its drainers use the CPU after their answers"
+  }
+  assert {
+    condition     = google_cloud_run_v2_service.drain[0].template[0].scaling[0].min_instance_count >= 1
+    error_message = "a drain instance is always up: it does not scale to zero under a drainer"
+  }
+  assert {
+    condition     = google_cloud_run_v2_service.drain[0].template[0].max_instance_request_concurrency >= 80
+    error_message = "an instance answers many wake-ups at once: each is answered in about a millisecond"
+  }
+  assert {
+    condition     = google_cloud_run_v2_service.drain[0].template[0].containers[0].args == tolist(["-shutdown-grace", "8s"])
+    error_message = "the drain's shutdown grace fits Cloud Run's 10 s from SIGTERM to SIGKILL"
+  }
+  assert {
     condition     = can(regex("@sha256:", google_cloud_run_v2_service.drain[0].template[0].containers[0].image))
     error_message = "the services run digests"
   }

@@ -79,13 +79,21 @@ type BackendCPU struct {
 func SampleBackendCPU(ctx context.Context, admin interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }, interval time.Duration) (*BackendCPU, error) {
+	return sampleProcesses(ctx, admin, interval, `SELECT pid, application_name FROM pg_stat_activity WHERE backend_type = 'client backend'`)
+}
+
+// sampleProcesses samples the CPU of the processes query lists (pid and
+// the key their time counts under) every interval.
+func sampleProcesses(ctx context.Context, admin interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, interval time.Duration, query string) (*BackendCPU, error) {
 	type backend struct {
 		app          string
 		first, ticks int64
 	}
 	seen := map[int]*backend{}
 	sample := func() error {
-		rows, err := admin.Query(ctx, `SELECT pid, application_name FROM pg_stat_activity WHERE backend_type = 'client backend'`)
+		rows, err := admin.Query(ctx, query)
 		if err != nil {
 			return err
 		}
@@ -153,4 +161,61 @@ func processTicks(pid int) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(fields[0], 10, 64)
 	return n, err == nil
+}
+
+// Ended is the key of ServerSample's figure for the time of processes
+// that ended between samples (a session opened and closed between two of
+// them): the server's whole CPU (ServerCPU, which counts ended children)
+// less what the samples saw.
+const Ended = "(ended)"
+
+// ServerSample samples a local server's CPU by process while it runs:
+// client backends by their application_name, other processes by
+// "bg:"+backend_type (autovacuum, the checkpointer, …), and, on Stop, what
+// ended between samples (Ended). Each figure is the CPU since Start.
+type ServerSample struct {
+	sampled  *BackendCPU
+	total    time.Duration
+	pid      func(ctx context.Context) (int, error)
+	ctx      context.Context
+	startErr error
+}
+
+// SampleServerCPU starts sampling the server behind admin (a superuser's
+// pool) every interval.
+func SampleServerCPU(ctx context.Context, admin interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, interval time.Duration) (*ServerSample, error) {
+	pid := func(ctx context.Context) (int, error) {
+		var p int
+		err := admin.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&p)
+		return p, err
+	}
+	total, err := ServerCPU(ctx, pid)
+	if err != nil {
+		return nil, err
+	}
+	sampled, err := sampleProcesses(ctx, admin, interval, `SELECT pid, CASE WHEN backend_type = 'client backend' THEN application_name
+		ELSE 'bg:' || backend_type END FROM pg_stat_activity`)
+	if err != nil {
+		return nil, err
+	}
+	return &ServerSample{sampled: sampled, total: total, pid: pid, ctx: ctx}, nil
+}
+
+// Stop ends the sampling and returns the CPU by application, background
+// process kind, and Ended.
+func (s *ServerSample) Stop() (map[string]time.Duration, error) {
+	out := s.sampled.Stop()
+	total, err := ServerCPU(s.ctx, s.pid)
+	if err != nil {
+		return out, err
+	}
+	seen := time.Duration(0)
+	for _, d := range out {
+		seen += d
+	}
+	out[Ended] = max(0, total-s.total-seen)
+	return out, nil
 }

@@ -1,0 +1,109 @@
+package delivery
+
+import "time"
+
+// The drainer's rules: what it does next, from what it knows (see
+// drainer). They are a pure function, so that each rule has one home and
+// a table test (drainrules_test.go) that needs no database; the loop that
+// performs the steps is drainRun.loop.
+
+// drainState is what a drainer knows when it chooses its next step.
+type drainState struct {
+	Now time.Time
+	// Stopping: the process stops (Service.Shutdown): nothing more is
+	// claimed; the batches out are published and finished.
+	Stopping bool
+	// Wanted: a wake-up came after the drainer's last claim began (or
+	// before its first): a claim is owed to it.
+	Wanted bool
+	// Busy: the workspace's wake-ups reach this process often (see
+	// Config.QuietInterval): the drainer takes the workspace's turns and
+	// gathers before it claims, so that the drainers of every process
+	// claim one after another, each for many commits.
+	Busy bool
+	// Legacy: the database is at protocol 3, whose claims hold the turn
+	// from their scan to their end: one batch at a time.
+	Legacy bool
+	// Out is how many batches are being published, Ended how many were
+	// published and wait to be finished (acknowledged, set aside or
+	// released); MaxOut bounds Out.
+	Out, Ended, MaxOut int
+	// More: the last claim took a full batch and more was pending.
+	More bool
+	// Held: the last claim found pending events that other claims hold
+	// (another instance's drainer, the sweep, a job): they are claimed
+	// again after a backoff (RetryAt), in case their holder never
+	// publishes them (its process froze, or it let them go).
+	Held bool
+	// Probe: an event published alone failed, as an event of its own may
+	// (see suspects): the batch beside it is claimed at once.
+	Probe bool
+	// Fault: the last claim, publish or finish failed: the drainer claims
+	// again at RetryAt, and answers wake-ups 503 until a step succeeds.
+	Fault bool
+	// RetryAt ends the backoff of a Fault, or of Held.
+	RetryAt time.Time
+	// HoldsNext: the drainer holds the workspace's next turn (Busy), and
+	// gathers until GatherUntil before it claims.
+	HoldsNext   bool
+	GatherUntil time.Time
+}
+
+// stepKind is what the drainer does next.
+type stepKind int
+
+const (
+	// stepStop: nothing is owed, out or to finish: the drainer ends (if no
+	// wake-up came meanwhile: see drainer.stop).
+	stepStop stepKind = iota
+	// stepFinish finishes the ended batches, without a claim.
+	stepFinish
+	// stepQueue takes the workspace's next turn, waiting in the server
+	// for the drainer ahead.
+	stepQueue
+	// stepClaim finishes the ended batches and claims the next batch, in
+	// one round trip.
+	stepClaim
+	// stepLeaveTurn lets the turns go without a claim.
+	stepLeaveTurn
+	// stepWait waits until Until (the zero time: no timer), a batch's
+	// publish ends, or a wake-up comes.
+	stepWait
+)
+
+// drainStep is a drainer's next step.
+type drainStep struct {
+	Kind  stepKind
+	Until time.Time
+}
+
+// nextStep is the drainer's rules. The one that carries the promise: the
+// drainer stops only when no claim is owed — every wake-up it answered came
+// before a claim it made, and no claim left more, held events or a fault
+// behind — and nothing is out or to finish.
+func nextStep(s drainState) drainStep {
+	backingOff := s.Now.Before(s.RetryAt)
+	owed := s.Wanted || s.More || s.Probe || s.Fault || s.Held
+	// A fault holds every claim back until its backoff has passed; held
+	// events are looked at again only then.
+	mayClaim := !s.Stopping && owed && !(s.Fault && backingOff) &&
+		(s.Wanted || s.More || s.Probe || !backingOff)
+	room := s.Out < s.MaxOut && !(s.Legacy && s.Out+s.Ended > 0)
+	switch {
+	case s.HoldsNext && !mayClaim:
+		return drainStep{Kind: stepLeaveTurn}
+	case mayClaim && room && s.Busy && !s.Legacy && !s.HoldsNext:
+		return drainStep{Kind: stepQueue}
+	case mayClaim && room && s.HoldsNext && s.Now.Before(s.GatherUntil):
+		return drainStep{Kind: stepWait, Until: s.GatherUntil}
+	case mayClaim && room:
+		return drainStep{Kind: stepClaim}
+	case s.Ended > 0:
+		return drainStep{Kind: stepFinish}
+	case s.Out > 0:
+		return drainStep{Kind: stepWait}
+	case !s.Stopping && owed && backingOff:
+		return drainStep{Kind: stepWait, Until: s.RetryAt}
+	}
+	return drainStep{Kind: stepStop}
+}
