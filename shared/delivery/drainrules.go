@@ -47,6 +47,11 @@ type drainState struct {
 	// gathers until GatherUntil before it claims.
 	HoldsNext   bool
 	GatherUntil time.Time
+	// AckBy: a busy drainer with batches out waits for their publishes
+	// until AckBy (its last claim and Config.Gather) before it takes the
+	// next turn, so that it acknowledges them before that wait, which may
+	// last several drainers' gatherings, rather than after.
+	AckBy time.Time
 }
 
 // stepKind is what the drainer does next.
@@ -92,6 +97,13 @@ func nextStep(s drainState) drainStep {
 	switch {
 	case s.HoldsNext && !mayClaim:
 		return drainStep{Kind: stepLeaveTurn}
+	case mayClaim && room && s.Busy && !s.Legacy && !s.HoldsNext && s.Ended > 0:
+		// The wait for the turn may last several drainers' gatherings:
+		// what Pub/Sub accepted is acknowledged first.
+		return drainStep{Kind: stepFinish}
+	case mayClaim && room && s.Busy && !s.Legacy && !s.HoldsNext && s.Out > 0 && s.Now.Before(s.AckBy):
+		// So are the batches out whose publish ends before AckBy.
+		return drainStep{Kind: stepWait, Until: s.AckBy}
 	case mayClaim && room && s.Busy && !s.Legacy && !s.HoldsNext:
 		return drainStep{Kind: stepQueue}
 	case mayClaim && room && s.HoldsNext && s.Now.Before(s.GatherUntil):

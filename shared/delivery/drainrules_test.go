@@ -46,6 +46,9 @@ func TestNextStep(t *testing.T) {
 
 		// A busy workspace: the turns and the gathering.
 		{"busy: it takes the next turn first", busy(drainState{Wanted: true}), drainStep{Kind: stepQueue}},
+		{"busy, a batch ended: it finishes it before the wait for the turn", busy(drainState{Wanted: true, Ended: 1, Out: 1}), drainStep{Kind: stepFinish}},
+		{"busy, a batch out: it waits for its publish before the wait for the turn", busy(drainState{Wanted: true, Out: 1, AckBy: later}), drainStep{Kind: stepWait, Until: later}},
+		{"busy, a batch out past AckBy: it takes the next turn", busy(drainState{Wanted: true, Out: 1, AckBy: earlier}), drainStep{Kind: stepQueue}},
 		{"busy, holding the next turn: it gathers", busy(drainState{Wanted: true, HoldsNext: true, GatherUntil: later}), drainStep{Kind: stepWait, Until: later}},
 		{"busy, gathered: it claims on its turn", busy(drainState{Wanted: true, HoldsNext: true, GatherUntil: earlier}), drainStep{Kind: stepClaim}},
 		{"busy, MaxOut out: no turn while it could not claim", busy(drainState{Wanted: true, Out: 4}), drainStep{Kind: stepWait}},

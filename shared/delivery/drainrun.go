@@ -37,6 +37,7 @@ type drainRun struct {
 	backoff           time.Duration // the next fault's
 	heldBackoff       time.Duration // the next held events' look
 	gatherUntil       time.Time
+	claimedAt         time.Time // its last claim's end
 	stopping          bool // Shutdown began: seen once
 	abandoned         bool // its grace ran out
 
@@ -107,7 +108,7 @@ func (r *drainRun) state() drainState {
 	wakes, busy := r.d.snapshot(r.s.cfg.QuietInterval)
 	st := drainState{Now: time.Now(), Stopping: r.stopping || r.abandoned, Wanted: wakes != r.covered, Busy: busy, Legacy: r.legacy,
 		Out: r.out, Ended: len(r.ended), MaxOut: r.s.cfg.BatchesOut, More: r.more, Held: r.held, Probe: r.probe,
-		Fault: r.fault != nil, RetryAt: r.retryAt, GatherUntil: r.gatherUntil}
+		Fault: r.fault != nil, RetryAt: r.retryAt, GatherUntil: r.gatherUntil, AckBy: r.claimedAt.Add(r.s.cfg.Gather)}
 	if r.ss != nil {
 		st.HoldsNext = r.ss.HoldsNext()
 	}
@@ -255,6 +256,7 @@ func (r *drainRun) claimed(c *store.Claim, ss *store.Session) {
 		return
 	}
 	r.out++
+	r.claimedAt = time.Now()
 	go func() {
 		r.done <- published{claim: c, ss: ss, out: r.s.publishBatch(r.ctx, r.d.ws, c)}
 	}()
