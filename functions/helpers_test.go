@@ -29,6 +29,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/publish"
 	"github.com/segmentstream/ontology-replication/shared/testbench/bqserver"
 	"github.com/segmentstream/ontology-replication/shared/testbench/cloudsqlproxy"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgbouncer"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
@@ -81,8 +82,10 @@ type harness struct {
 	// cloudSQL is the stand-in instance the databases are reached through
 	// (withCloudSQL).
 	cloudSQL *cloudSQLHarness
-	logs     *lockedWriter
-	handler  http.Handler
+	// pooler is the PgBouncer in front of the databases (withPooler).
+	pooler  *pgbouncer.Server
+	logs    *lockedWriter
+	handler http.Handler
 	// instance starts another instance of the functions over the same
 	// workspaces (its own pools and stores), as Cloud Run does.
 	instance func() http.Handler
@@ -110,7 +113,14 @@ type harnessConfig struct {
 	// cloudSQL, when set, puts the workspaces' databases on a Cloud SQL
 	// stand-in instance (withCloudSQL).
 	cloudSQL *cloudsqlproxy.Config
+	// pooled puts a PgBouncer (session mode) of the test's own in front of
+	// the databases, the registry's entries pooled (withPooler).
+	pooled bool
 }
+
+// withPooler reaches the workspaces' databases through a PgBouncer in
+// session mode that the test starts, their registry entries pooled.
+func withPooler() option_ { return func(c *harnessConfig) { c.pooled = true } }
 
 // withHostSpellings has the registry name the workspaces' server by each
 // of hosts in turn (127.0.0.1, localhost, [::1]: one server, three ways).
@@ -191,6 +201,9 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 		h.cloudSQL = newCloudSQLHarness(t, cmp.Or(cfg.cluster, pgtest.Shared(t)), *cfg.cloudSQL)
 	}
 	var spaces []string
+	if cfg.pooled {
+		h.pooler = startPooler(t, cmp.Or(cfg.cluster, pgtest.Shared(t)))
+	}
 	for _, id := range cfg.workspaces {
 		ws := &workspaceDB{id: id, org: "org-" + id, subject: "runtime-" + id}
 		tpl := &sdkfixture.V4Template
@@ -221,6 +234,9 @@ func newHarness(t *testing.T, opts ...option_) *harness {
 			registryURL = strings.Replace(ws.url, "@127.0.0.1:", "@"+cfg.hosts[len(spaces)%len(cfg.hosts)]+":", 1)
 		}
 		databaseJSON := fmt.Sprintf(`{"url": %q}`, registryURL)
+		if h.pooler != nil {
+			databaseJSON = fmt.Sprintf(`{"url": %q, "pooled": true}`, poolerURL(t, h.pooler, ws.url))
+		}
 		if h.cloudSQL != nil {
 			databaseJSON = h.cloudSQL.database(h.ctx, ws, cmp.Or(cfg.cluster, pgtest.Shared(t)), cfg.legacy[id])
 		}

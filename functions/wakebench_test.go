@@ -46,6 +46,7 @@ type wakeBench struct {
 	servers   []*server
 	pooler    *pgbouncer.Server
 	delay     *atomic.Int64 // each Publish's delay, in nanoseconds
+	gather    time.Duration // the drain's DRAIN_GATHER, and the floor's interval
 }
 
 // benchSpace is one workspace of the bench.
@@ -56,7 +57,6 @@ type benchSpace struct {
 	gen         string
 	token       string
 	floor       *pgx.Conn // the floor's warm connection (floor runs only)
-	mu          sync.Mutex
 }
 
 // wakeBenchConfig is a bench's shape.
@@ -72,11 +72,15 @@ func newWakeBench(b *testing.B, cfg wakeBenchConfig) *wakeBench {
 	ctx := context.Background()
 	conns := 3*cfg.workspaces + 200
 	cluster, err := pgtest.Start(ctx, pgtest.Config{Disposable: true, Settings: map[string]string{
-		"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all",
+		"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all", "pg_stat_statements.track_planning": "on",
 		"max_connections": strconv.Itoa(conns), "autovacuum_naptime": "10s"}})
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = cluster.Stop() })
-	wb := &wakeBench{ctx: ctx, cluster: cluster, delay: &atomic.Int64{}}
+	wb := &wakeBench{ctx: ctx, cluster: cluster, delay: &atomic.Int64{}, gather: delivery.DefaultGather}
+	if v := os.Getenv("REPLICATION_WAKEUP_GATHER"); v != "" {
+		wb.gather, err = time.ParseDuration(v)
+		require.NoError(b, err, "REPLICATION_WAKEUP_GATHER")
+	}
 	wb.admin, err = pgxpool.New(ctx, cluster.AdminURL())
 	require.NoError(b, err)
 	b.Cleanup(wb.admin.Close)
@@ -92,7 +96,7 @@ func newWakeBench(b *testing.B, cfg wakeBenchConfig) *wakeBench {
 	if cfg.pooled {
 		wb.pooler, err = pgbouncer.Start(ctx, pgbouncer.Config{Server: fmt.Sprintf("127.0.0.1:%d", cluster.Port()),
 			Users:    map[string]string{"drainer": "drainer"},
-			Settings: map[string]string{"default_pool_size": "2", "server_idle_timeout": "60", "max_db_connections": "4"}})
+			Settings: map[string]string{"default_pool_size": "2", "server_idle_timeout": "60", "log_disconnections": "1"}})
 		require.NoError(b, err)
 		b.Cleanup(func() { _ = wb.pooler.Stop() })
 	}
@@ -129,6 +133,7 @@ func newWakeBench(b *testing.B, cfg wakeBenchConfig) *wakeBench {
 		"REPLICATION_WORKSPACES": fmt.Sprintf(`{"identity": {"issuer": %q, "audience": "replication", "jwks_url": %q}, "workspaces": [%s]}`,
 			issuer.URL, jwks.URL, strings.Join(entries, ",")),
 		EnvVerifyCallerCheck: "off",
+		"DRAIN_GATHER":       wb.gather.String(),
 	}
 	for k, v := range cfg.env {
 		env[k] = v

@@ -30,9 +30,8 @@ type wakeLoad struct {
 // drive runs 8 SDK writers at rate commits a second over the workspaces
 // (uniform, or Zipf-skewed) for d: each commits, then wakes the drain of
 // its workspace on a random instance and awaits the answer (5 s at most),
-// as the SDK does. With floor, no wake-up: the floor drains each commit on
-// the workspace's warm connection instead (claim and read, then lock and
-// accept), off the writer's path.
+// as the SDK does. With floor, no wake-up: the floor drains instead (see
+// floorDrainer), off the writers' path.
 func (wb *wakeBench) drive(b *testing.B, rate int, d time.Duration, zipf, floor bool) wakeLoad {
 	b.Helper()
 	ld := wakeLoad{statuses: map[int]int{}, committed: make([]map[string]time.Time, len(wb.spaces))}
@@ -41,33 +40,16 @@ func (wb *wakeBench) drive(b *testing.B, rate int, d time.Duration, zipf, floor 
 	}
 	var mu sync.Mutex
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	var pick func(r *rand.Rand) int
+	pick := func(r *rand.Rand) int { return r.IntN(len(wb.spaces)) }
 	if zipf {
-		z := newZipf(len(wb.spaces))
-		pick = z.pick
-	} else {
-		pick = func(r *rand.Rand) int { return r.IntN(len(wb.spaces)) }
+		pick = newZipf(len(wb.spaces)).pick
+	}
+	var fd *floorDrainer
+	if floor {
+		fd = wb.startFloor(b)
 	}
 	tokens := make(chan struct{}, 8)
 	var writers sync.WaitGroup
-	var floorWork chan int
-	var floors sync.WaitGroup
-	if floor {
-		floorWork = make(chan int, 4096)
-		for range 4 {
-			floors.Go(func() {
-				for i := range floorWork {
-					sp := wb.spaces[i]
-					sp.mu.Lock()
-					_, err := sdkfixture.DrainWithFloor(wb.ctx, sp.floor, sp.gen, func([]string, [][]byte) error { return nil })
-					sp.mu.Unlock()
-					if err != nil {
-						b.Error(err)
-					}
-				}
-			})
-		}
-	}
 	for w := range 8 {
 		writers.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(w), 42))
@@ -85,8 +67,8 @@ func (wb *wakeBench) drive(b *testing.B, rate int, d time.Duration, zipf, floor 
 				ld.commits++
 				ld.committed[i][id] = committed
 				mu.Unlock()
-				if floor {
-					floorWork <- i
+				if fd != nil {
+					fd.mark(i)
 					continue
 				}
 				status, took := wb.wake(client, wb.instances[r.IntN(len(wb.instances))].URL, sp)
@@ -108,11 +90,84 @@ func (wb *wakeBench) drive(b *testing.B, rate int, d time.Duration, zipf, floor 
 	close(tokens)
 	writers.Wait()
 	ld.elapsed = time.Since(start)
-	if floorWork != nil {
-		close(floorWork)
-		floors.Wait()
+	if fd != nil {
+		fd.stop()
 	}
 	return ld
+}
+
+// floorDrainer is the floor the drain is measured against: the least SQL
+// that can publish a workspace's commits at about the drain's latency.
+// Every gather it drains each workspace committed to since its last
+// round, on the workspace's warm connection, with
+// sdkfixture.DrainWithFloor (claim and read, then lock and accept; nothing
+// published between), four workspaces at a time: one round a gather, as a
+// perfectly coalescing drain with no turn, no try-lock and no session of
+// its own would.
+type floorDrainer struct {
+	wb    *wakeBench
+	b     *testing.B
+	mu    sync.Mutex
+	dirty map[int]bool
+	done  chan struct{}
+	ended chan struct{}
+}
+
+func (wb *wakeBench) startFloor(b *testing.B) *floorDrainer {
+	fd := &floorDrainer{wb: wb, b: b, dirty: map[int]bool{}, done: make(chan struct{}), ended: make(chan struct{})}
+	go func() {
+		defer close(fd.ended)
+		t := time.NewTicker(wb.gather)
+		defer t.Stop()
+		for {
+			select {
+			case <-fd.done:
+				fd.round()
+				return
+			case <-t.C:
+				fd.round()
+			}
+		}
+	}()
+	return fd
+}
+
+// mark records a commit to workspace i.
+func (fd *floorDrainer) mark(i int) {
+	fd.mu.Lock()
+	fd.dirty[i] = true
+	fd.mu.Unlock()
+}
+
+// round drains the workspaces committed to since the last round.
+func (fd *floorDrainer) round() {
+	fd.mu.Lock()
+	dirty := fd.dirty
+	fd.dirty = map[int]bool{}
+	fd.mu.Unlock()
+	work := make(chan int, len(dirty))
+	for i := range dirty {
+		work <- i
+	}
+	close(work)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range work {
+				sp := fd.wb.spaces[i]
+				if _, err := sdkfixture.DrainWithFloor(fd.wb.ctx, sp.floor, sp.gen, func([]string, [][]byte) error { return nil }); err != nil {
+					fd.b.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// stop drains what is left and stops the floor.
+func (fd *floorDrainer) stop() {
+	close(fd.done)
+	<-fd.ended
 }
 
 // wake calls the drain as the SDK does (service/replication.js): POST,

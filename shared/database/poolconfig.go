@@ -4,7 +4,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
+	"strings"
 	"time"
 
 	"cloud.google.com/go/cloudsqlconn"
@@ -34,16 +37,35 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	cfg.MaxConns = cmp.Or(db.MaxConns, p.cfg.MaxConns)
 	cfg.MinConns = 0
 	cfg.MaxConnIdleTime = p.cfg.ConnIdleTimeout
+	if db.Pooled {
+		// Back to the pooler soon, so that its server connection serves
+		// another client (in session mode a client holds one while it is
+		// connected).
+		cfg.MaxConnIdleTime = PooledIdleTimeout
+	}
 	cfg.MaxConnLifetime = 30 * time.Minute
-	cfg.HealthCheckPeriod = min(p.cfg.ConnIdleTimeout, time.Minute)
+	cfg.HealthCheckPeriod = min(cfg.MaxConnIdleTime, time.Minute)
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
 	if p.cfg.Tracer != nil {
 		cfg.ConnConfig.Tracer = p.cfg.Tracer
 	}
-	if p.cfg.OnConnect != nil {
-		cfg.AfterConnect = func(context.Context, *pgx.Conn) error { p.cfg.OnConnect(); return nil }
+	onConnect := p.cfg.OnConnect
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if onConnect != nil {
+			onConnect()
+		}
+		if !db.Pooled {
+			return nil
+		}
+		// A pooler refuses these as startup parameters; set on the
+		// session, they last until the pooler's reset (DISCARD ALL) when
+		// this client leaves.
+		if _, err := conn.Exec(ctx, sqlSessionDefaults); err != nil {
+			return fmt.Errorf("set the session's timeouts through the pooler: %w", err)
+		}
+		return nil
 	}
 	if p.cfg.OnClose != nil {
 		cfg.BeforeClose = func(*pgx.Conn) { p.cfg.OnClose() }
@@ -60,8 +82,8 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	// waits) notices within a second that its client has gone (a process
 	// killed) and ends, where it would otherwise keep its locks until its
 	// wait's own bound; PostgreSQL 14 and later, on Linux (Cloud SQL).
-	for name, value := range map[string]string{"statement_timeout": "30s", "lock_timeout": "5s", "client_connection_check_interval": "1s"} {
-		if _, ok := cfg.ConnConfig.RuntimeParams[name]; !ok {
+	for name, value := range sessionDefaults {
+		if _, ok := cfg.ConnConfig.RuntimeParams[name]; !ok && !db.Pooled {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}
 	}
@@ -95,3 +117,22 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	}
 	return cfg, nil
 }
+
+// sessionDefaults are the session settings every connection starts with
+// (see poolConfig).
+var sessionDefaults = map[string]string{"statement_timeout": "30s", "lock_timeout": "5s", "client_connection_check_interval": "1s"}
+
+// sqlSessionDefaults sets sessionDefaults on a pooled connection, in one
+// simple-protocol round trip (the values are the constants above).
+var sqlSessionDefaults = func() string {
+	var sets []string
+	for _, name := range slices.Sorted(maps.Keys(sessionDefaults)) {
+		sets = append(sets, fmt.Sprintf("SET %s = '%s'", name, sessionDefaults[name]))
+	}
+	return strings.Join(sets, "; ")
+}()
+
+// PooledIdleTimeout is how long a connection through a pooler
+// (registry.Database.Pooled) stays idle in its pool before it is closed
+// and its server connection goes back to the pooler.
+const PooledIdleTimeout = time.Second

@@ -38,8 +38,8 @@ type drainRun struct {
 	heldBackoff       time.Duration // the next held events' look
 	gatherUntil       time.Time
 	claimedAt         time.Time // its last claim's end
-	stopping          bool // Shutdown began: seen once
-	abandoned         bool // its grace ran out
+	stopping          bool      // Shutdown began: seen once
+	abandoned         bool      // its grace ran out
 
 	tally runTally
 }

@@ -25,6 +25,8 @@
 // The optional fields: database.max_conns overrides the process's pool size
 // for that workspace (and database.server names the server one connection
 // budget counts, for a server reached by addresses nothing ties together);
+// database.pooled says the url reaches a connection pooler in session mode
+// (see Database.Pooled: a server holding many workspace databases);
 // pubsub.dead_letter_subscription defaults to <topic>-dead-letter, as
 // terraform names it; bigquery.dataset and table default to ontology_internal
 // and events, bigquery.partitioning to ingestion_time (as terraform creates

@@ -106,6 +106,17 @@ type Database struct {
 	// cannot tie together (an IPv4 address in one URL, an IPv6 address in
 	// another, a proxy).
 	Server string `json:"server,omitempty"`
+	// Pooled says the URL reaches the database through a connection pooler
+	// in session mode (PgBouncer; Cloud SQL's Managed Connection Pooling),
+	// which keeps warm server connections per database and user for its
+	// clients: the way to a server that holds many workspace databases
+	// (README, Connections to the SDK's database). The process then sends no
+	// startup parameter a pooler refuses (the session's timeouts are set
+	// after it connects) and gives a connection back to the pooler once it
+	// has been idle a second, so that the pooler's server connection serves
+	// another client. A pooler in transaction or statement mode breaks the
+	// drain's session locks: it must run in session mode. With url only.
+	Pooled bool `json:"pooled,omitempty"`
 }
 
 // PubSub is a workspace's Pub/Sub topic.

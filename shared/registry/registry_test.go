@@ -126,6 +126,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad sslmode", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432/ontology?sslmode=bogus"`, "workspaces[0] (w1).database.url: the connection settings do not parse: cannot parse the URL: failed to configure TLS (sslmode is invalid)"},
 		{"bad port", `127.0.0.1:5432/ontology"`, `127.0.0.1:99999/ontology"`, "workspaces[0] (w1).database.url: the connection settings do not parse"},
 		{"bad connect_timeout", `127.0.0.1:5432/ontology"`, `127.0.0.1:5432/ontology?connect_timeout=soon"`, "workspaces[0] (w1).database.url: the connection settings do not parse: cannot parse the URL: invalid connect_timeout"},
+		{"pooled with an instance", `"database": {"url": "postgres://user:secret@127.0.0.1:5432/ontology"}`, `"database": {"instance": "a:b:c", "name": "n", "user": "u", "iam_auth": true, "pooled": true}`, "workspaces[0] (w1).database.pooled: goes with url"},
 		{"too many conns", `"database": {"url": "postgres://user:secret@127.0.0.1:5432/ontology"}`, `"database": {"url": "postgres://x@y/z", "max_conns": 100}`, "workspaces[0] (w1).database.max_conns"},
 		// Keys spelt as encoding/json matches them are one key: a later
 		// spelling must not override what a reader sees first.

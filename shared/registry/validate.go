@@ -170,6 +170,8 @@ func (d Database) validate(at string) error {
 		return checkTransport(at+".url", u)
 	}
 	switch {
+	case d.Pooled:
+		return fmt.Errorf("%s.pooled: goes with url: a pooler is reached by its address (Cloud SQL's Managed Connection Pooling through the Cloud SQL Auth Proxy, not the Go connector)", at)
 	case !instancePattern.MatchString(d.Instance):
 		return fmt.Errorf("%s.instance: %s must be project:region:instance", at, bounded(d.Instance))
 	case d.Name == "":

@@ -1,7 +1,7 @@
 // Package plots draws the pictures the test bench shows: a chaos run's
-// timeline (go run ./job/local --chaos … --plot FILE.svg) and the wake-up
-// path's cost-latency frontier (BenchmarkWakeUps with
-// REPLICATION_WAKEUP_PLOT), as SVG, with gonum.org/v1/plot. It is never
+// timeline (go run ./job/local --chaos … --plot FILE.svg), and the wake-up
+// path's cost-latency frontier and its answers as the SDK waits for them
+// (BenchmarkWakeUps with REPLICATION_WAKEUP_PLOT), as SVG, with gonum.org/v1/plot. It is never
 // deployed.
 package plots
 
@@ -327,4 +327,88 @@ func save(path string, c *vgsvg.Canvas) error {
 		return fmt.Errorf("plots: write %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// AnswerRun is one run of the wake-up path as the SDK drives it: how long
+// the SDK waited for the wake-ups' answers and how long a commit took to
+// be accepted (milliseconds), and the writers' achieved rate, under a
+// label ("before, Pub/Sub fast").
+type AnswerRun struct {
+	Label                              string
+	AnswerP50, AnswerP99, AnswerMax    float64
+	AcceptedP50, AcceptedP99, Achieved float64
+}
+
+// SaveAnswers draws runs to path as SVG: per run, the wake-up answer's
+// p50, p99 and max, and commit → accepted p50 and p99, on log axes (the
+// SDK's 5 s and the SPEC's bars drawn as dashed lines).
+func SaveAnswers(path string, runs []AnswerRun) error {
+	names := make([]string, len(runs))
+	for i, r := range runs {
+		names[i] = fmt.Sprintf("%s (%.0f/s)", r.Label, r.Achieved)
+	}
+	answers, err := runsPanel("the wake-up's answer, as the SDK waits for it", names, []runCurve{
+		{"p50", func(r AnswerRun) float64 { return r.AnswerP50 }},
+		{"p99", func(r AnswerRun) float64 { return r.AnswerP99 }},
+		{"max", func(r AnswerRun) float64 { return r.AnswerMax }},
+	}, runs, []Marker{{Name: "the SDK's 5 s", At: 5000}, {Name: "p99 bar 20 ms", At: 20}})
+	if err != nil {
+		return err
+	}
+	accepted, err := runsPanel("commit → accepted", names, []runCurve{
+		{"p50", func(r AnswerRun) float64 { return r.AcceptedP50 }},
+		{"p99", func(r AnswerRun) float64 { return r.AcceptedP99 }},
+	}, runs, []Marker{{Name: "fast bar 100 ms", At: 100}, {Name: "slow bar 2.5 s", At: 2500}})
+	if err != nil {
+		return err
+	}
+	c := vgsvg.New(30*vg.Centimeter, 24*vg.Centimeter)
+	dc := draw.New(c)
+	canvases := plot.Align([][]*plot.Plot{{answers}, {accepted}}, draw.Tiles{Rows: 2, Cols: 1, PadTop: 5 * vg.Millimeter,
+		PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 5 * vg.Millimeter, PadY: 8 * vg.Millimeter}, dc)
+	answers.Draw(canvases[0][0])
+	accepted.Draw(canvases[1][0])
+	return save(path, c)
+}
+
+// runCurve is one figure of AnswerRun, drawn across the runs.
+type runCurve struct {
+	name  string
+	value func(AnswerRun) float64
+}
+
+// runsPanel is a chart of curves across the runs (one x position a run)
+// on a log y axis in milliseconds, with levels as horizontal dashed lines.
+func runsPanel(title string, names []string, curves []runCurve, runs []AnswerRun, levels []Marker) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = "ms (log)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top = true
+	p.NominalX(names...)
+	p.Y.Min, p.Y.Max = 0.1, 10000
+	for i, c := range curves {
+		xys := make(plotter.XYs, len(runs))
+		for j, r := range runs {
+			xys[j] = plotter.XY{X: float64(j), Y: max(c.value(r), 0.1)}
+		}
+		if err := addCurve(p, c.name, xys, make([]string, len(runs)), i); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range levels {
+		line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: l.At}, {X: float64(len(runs)) - 0.5, Y: l.At}})
+		if err != nil {
+			return nil, err
+		}
+		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		p.Add(line)
+		label, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: -0.5, Y: l.At}}, Labels: []string{l.Name}})
+		if err != nil {
+			return nil, err
+		}
+		p.Add(label)
+	}
+	return p, nil
 }

@@ -63,3 +63,20 @@ func TestSaveFrontierAsItGrows(t *testing.T) {
 		require.NoError(t, plots.SaveFrontier(filepath.Join(t.TempDir(), "frontier.svg"), pts, 150, 85), "%+v", pts)
 	}
 }
+
+// TestSaveAnswers writes an SVG of both charts, with a run that has no
+// figure yet (0 on a log axis).
+func TestSaveAnswers(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "answers.svg")
+	require.NoError(t, plots.SaveAnswers(path, []plots.AnswerRun{
+		{Label: "before, fast", AnswerP50: 0.4, AnswerP99: 345, AnswerMax: 355, AcceptedP50: 44, AcceptedP99: 86, Achieved: 147},
+		{Label: "after, slow", AnswerP50: 0.3, AnswerP99: 0.9, AnswerMax: 3.4, AcceptedP50: 1090, AcceptedP99: 2046, Achieved: 150},
+		{Label: "empty"},
+	}))
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, want := range []string{"<svg", "before, fast", "commit → accepted", "p99 bar 20 ms"} {
+		require.Contains(t, string(raw), want)
+	}
+}
