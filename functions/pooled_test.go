@@ -39,9 +39,9 @@ func poolerURL(t *testing.T, p *pgbouncer.Server, dbURL string) string {
 // TestWakeUpsDrainThroughAPooler: a workspace whose registry entry is
 // pooled is drained through a PgBouncer in session mode (which refuses
 // the startup parameters a direct connection sends), with its claims'
-// session locks; and a drainer's client connection, idle a second after
-// its run, goes back to the pooler (the server shows its reset, DISCARD
-// ALL), whose server session serves the next run: four runs, each on a
+// session locks; and a drainer's client connection is closed at the end of
+// its run, its server session going back to the pooler (the server shows
+// its reset, DISCARD ALL) to serve the next run: four runs, each on a
 // client connection of its own, on one server session.
 func TestWakeUpsDrainThroughAPooler(t *testing.T) {
 	t.Parallel()
@@ -64,7 +64,7 @@ func TestWakeUpsDrainThroughAPooler(t *testing.T) {
 		require.Zero(t, h.count("w1", `SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL`), "round %d", round)
 		var pids []int64
 		require.Eventually(t, func() bool { pids = reset(); return len(pids) > 0 }, 15*time.Second, 10*time.Millisecond,
-			"the drainer's client connection goes back to the pooler")
+			"the drainer's client connection is closed at the end of its run")
 		for _, pid := range pids {
 			servers[pid] = true
 		}

@@ -66,7 +66,35 @@ type workspaceStatus struct {
 	// TurnsHeld are the sessions that have held the workspace's drain turn
 	// or next turn for 5 s or more: its wake-ups wait behind them.
 	TurnsHeld []delivery.TurnHold `json:"turns_held,omitempty"`
-	Error     string              `json:"error,omitempty"`
+	// SessionsOpened is the connection churn the workspace's server sees:
+	// sessions it opened a minute (absent when it cannot tell).
+	SessionsOpened *sessionsOpened `json:"sessions_opened,omitempty"`
+	Error          string          `json:"error,omitempty"`
+	sessions       delivery.SessionsOpened
+}
+
+// sessionsOpened is a server's sessions opened a minute, in the
+// workspace's database and in all of the server's, over the last
+// OverSeconds: since the last refresh with --watch, else since the
+// server's statistics were reset.
+type sessionsOpened struct {
+	DatabasePerMinute float64 `json:"database_per_minute"`
+	ServerPerMinute   float64 `json:"server_per_minute"`
+	OverSeconds       float64 `json:"over_seconds"`
+}
+
+// churn sets s's SessionsOpened from its counts and the previous read of
+// the same workspace (the zero value: none).
+func (s *workspaceStatus) churn(prev delivery.SessionsOpened) {
+	db, srv, ok := s.sessions.PerMinute(prev)
+	if !ok {
+		return
+	}
+	from := prev.ReadAt
+	if from.IsZero() {
+		from = s.sessions.Since
+	}
+	s.SessionsOpened = &sessionsOpened{DatabasePerMinute: db, ServerPerMinute: srv, OverSeconds: s.sessions.ReadAt.Sub(from).Seconds()}
 }
 
 // deadLetterPeek is how many dead-lettered messages `job status` counts at
@@ -116,6 +144,7 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 	out.SetAside = st.SetAside
 	out.LifecycleHeld = st.LifecycleHeld
 	out.TurnsHeld = st.TurnsHeld
+	out.sessions = st.Sessions
 	backlog, dlErr := e.svc.DeadLetterBacklog(ctx, ws.ID, deadLetterPeek, deadLetterPeekTime)
 	out.DeadLetterBacklog = backlog
 	if dlErr != nil {
@@ -125,6 +154,7 @@ func (e *env) status(ctx context.Context, ws registry.Workspace) (workspaceStatu
 }
 
 func runStatus(e *env) error {
+	prev := map[string]delivery.SessionsOpened{}
 	for {
 		results := e.svc.ForEach(e.ctx, e.workspaces, e.parallel, func(ctx context.Context, ws registry.Workspace) (any, error) {
 			return e.status(ctx, ws)
@@ -134,6 +164,8 @@ func runStatus(e *env) error {
 		for i, r := range results {
 			all[i], _ = r.Detail.(workspaceStatus)
 			all[i].Workspace = r.Workspace
+			all[i].churn(prev[r.Workspace])
+			prev[r.Workspace] = all[i].sessions
 			lines[i] = workspaceLine{Workspace: r.Workspace, OK: r.Err == nil}
 			if r.Err != nil {
 				all[i].Error = oneLine(r.Err.Error())
@@ -166,7 +198,7 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		fmt.Fprint(e.stdout, "\033[H\033[2J") // refresh in place
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tDELIVERY LAG\tUNVERIFIED\tVERIFICATION LAG\tDUE\tSET ASIDE\tDEAD LETTERS\tOLDEST DEAD LETTER")
+	fmt.Fprintln(tw, "WORKSPACE\tPROTOCOL\tGENERATION\tENABLED\tBASELINE\tBACKFILL\tREPLAY\tTOTAL\tACCEPTED\tVERIFIED\tREADY\tPENDING\tDELIVERY LAG\tUNVERIFIED\tVERIFICATION LAG\tDUE\tSET ASIDE\tDEAD LETTERS\tOLDEST DEAD LETTER\tSESSIONS/MIN DB/SERVER")
 	for _, s := range all {
 		if s.Error != "" {
 			protocol := "-" // not read
@@ -187,11 +219,11 @@ func (e *env) writeStatus(all []workspaceStatus) error {
 		if s.DeadLetterError != "" {
 			dead = "unknown"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Workspace, s.Protocol, s.Generation,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", s.Workspace, s.Protocol, s.Generation,
 			yes(s.Enabled), done(s.BaselineComplete, s.BaselineCursor), done(s.BackfillComplete, s.BackfillCursor),
 			done(s.ReplayComplete, s.ReplayCursor), s.Total, s.Accepted, s.Verified, yes(s.InitiallyReady), atLeast(s.Pending, s.FiguresCapped),
 			age(s.OldestPendingAgeSeconds), atLeast(s.Unverified, s.FiguresCapped), age(s.OldestUnverifiedAgeSeconds), s.DueVerifications, setAside,
-			dead, age(nonZero(s.OldestAgeSeconds)))
+			dead, age(nonZero(s.OldestAgeSeconds)), s.SessionsOpened)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -307,4 +339,13 @@ func progressLine(progress []delivery.EntityProgress, did string) string {
 		parts[i] = fmt.Sprintf("%s %d of %d", p.Entity, p.Done, p.Total)
 	}
 	return fmt.Sprintf("%d of %d events %s (%d%%): %s", done, total, did, done*100/max(total, 1), strings.Join(parts, ", "))
+}
+
+// String writes the churn as "database/server" sessions a minute ("-":
+// unknown).
+func (s *sessionsOpened) String() string {
+	if s == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f/%.1f", s.DatabasePerMinute, s.ServerPerMinute)
 }

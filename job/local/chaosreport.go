@@ -55,6 +55,8 @@ type chaosReport struct {
 	// (Effect > 0): only they count towards "every kind".
 	FaultsEffective map[string]int `json:"faults_effective"`
 	WakeUps         map[string]int `json:"wake_ups"`
+	// Answers is how long the SDK waited for them.
+	Answers answerSummary `json:"answers"`
 	// Path is how events reached Pub/Sub first, and the promise's checks.
 	Path    pathSummary    `json:"path"`
 	Promise promiseSummary `json:"promise"`
@@ -90,12 +92,9 @@ type pathSummary struct {
 	BySweep      int `json:"by_sweep"`
 	// SweptRacing are promised commits the sweep published first while a
 	// drain that may have carried them was in flight (see pathReport).
-	SweptRacing int `json:"swept_racing_a_drain"`
-	// PastLimit are promised commits swept or late whose drain gave up
-	// behind the faults after its 25 s of requeueing, as documented.
-	PastLimit  int     `json:"past_requeue_limit"`
-	LagMaxSecs float64 `json:"delivery_lag_max_seconds"`
-	LagP99Secs float64 `json:"delivery_lag_p99_seconds"`
+	SweptRacing int     `json:"swept_racing_a_drain"`
+	LagMaxSecs  float64 `json:"delivery_lag_max_seconds"`
+	LagP99Secs  float64 `json:"delivery_lag_p99_seconds"`
 }
 
 // promiseSummary is the live checks of a wake-up's promise.
@@ -104,9 +103,6 @@ type promiseSummary struct {
 	Promised int `json:"promised_delivered"`
 	Stranded int `json:"stranded"`
 	Excused  int `json:"excused"`
-	// PastLimit are stranded commits whose drain gave up behind the
-	// faults after its 25 s of requeueing, as documented.
-	PastLimit int `json:"past_requeue_limit"`
 	// Examples are the first stranded commits, with when (seconds into
 	// the run) their wake-up was answered and they were found pending.
 	Examples []strandedExample `json:"stranded_examples,omitempty"`
@@ -156,11 +152,12 @@ func (r *chaosReport) print(w io.Writer, asJSON bool) error {
 	fmt.Fprintf(tw, "written\t%d commits: %s; %d commits failed (the server restarting, a migration)\n", r.Commits, strings.Join(changes, ", "), r.CommitsFailed)
 	fmt.Fprintf(tw, "events\t%d captured; %d messages published; %d rows landed\n", r.Events, r.Published, r.Landed)
 	fmt.Fprintf(tw, "faults\t%s (took effect / injected)\n", effective(r.Faults, r.FaultsEffective))
-	fmt.Fprintf(tw, "wake-ups\t%s (as the SDK saw them within 5 s)\n", counts(r.WakeUps))
-	fmt.Fprintf(tw, "path\tpublished first by the wake-ups' drains %d, operations %d, the sweep %d (once a minute; %d promised, racing a drain in flight); delivery lag of promised commits max %.1fs, p99 %.1fs; %d past a drain that gave up after 25 s of faults\n",
-		r.Path.ByWakeUps, r.Path.ByOperations, r.Path.BySweep, r.Path.SweptRacing, r.Path.LagMaxSecs, r.Path.LagP99Secs, r.Path.PastLimit)
-	fmt.Fprintf(tw, "promise\t%d wake-ups answered 2xx, checked at %d pauses with no drain in flight: %d stranded, %d excused by the drain's own faults, %d past a drain that gave up after 25 s of faults\n",
-		r.Promise.Promised+r.Promise.Stranded, r.Promise.Pauses, r.Promise.Stranded, r.Promise.Excused, r.Promise.PastLimit)
+	fmt.Fprintf(tw, "wake-ups\t%s (as the SDK saw them within 5 s); answered in p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+		counts(r.WakeUps), r.Answers.P50Ms, r.Answers.P99Ms, r.Answers.MaxMs)
+	fmt.Fprintf(tw, "path\tpublished first by the wake-ups' drains %d, operations %d, the sweep %d (once a minute; %d promised, racing a drain in flight); delivery lag of promised commits max %.1fs, p99 %.1fs\n",
+		r.Path.ByWakeUps, r.Path.ByOperations, r.Path.BySweep, r.Path.SweptRacing, r.Path.LagMaxSecs, r.Path.LagP99Secs)
+	fmt.Fprintf(tw, "promise\t%d wake-ups answered 2xx, checked at %d pauses with no drain in flight: %d stranded, %d excused by the drain's own faults\n",
+		r.Promise.Promised+r.Promise.Stranded, r.Promise.Pauses, r.Promise.Stranded, r.Promise.Excused)
 	fmt.Fprintf(tw, "claim race\t%s\n", r.ClaimRaces)
 	fmt.Fprintf(tw, "set aside\tat most %d events at once during the faults; %d verifier passes failed\n", r.SetAsideDuringRun, r.PassesFailed)
 	fmt.Fprintf(tw, "duplicates\t%d: %d by the replays, %d by the faults (absorbed by the views)\n", r.Duplicates, r.DuplicatesReplays, r.DuplicatesFaults)

@@ -83,12 +83,16 @@
 //   - key_rotation: the issuer serves a new key only and signs with it (at
 //     least 35 s apart: the drain refetches keys for an unknown key id at
 //     most once per 30 s)
-//   - drain_restart, drain_kill, drain_freeze: a drain process (the
-//     deployed entry point, functions/cmd, built at the start and listening
-//     on loopback), preferably one whose session holds a turn lock, gets
-//     SIGTERM (its 8 s grace; SIGKILL 2–6 s later if still alive, as Cloud
-//     Run does), SIGKILL, or SIGSTOP for 22 s; a new process serves on the
-//     same port
+//   - drain_restart: a drain process (the deployed entry point,
+//     functions/cmd, built at the start and listening on loopback) whose
+//     drainers are at work gets SIGTERM, and SIGKILL 10 s later if still
+//     alive, as Cloud Run stops an instance: it answers 503 from then on,
+//     its drainers finish their batches out within its 8 s grace, and what
+//     they left (their LogDrainLeft lines) is counted in the fault's line;
+//     a new process serves on the same port
+//   - drain_kill, drain_freeze: a drain process, preferably one whose
+//     session holds a turn lock, gets SIGKILL, or SIGSTOP for 22 s; a new
+//     process serves on the same port after a kill
 //
 // and the job's Service runs a whole replay at 30 % of DURATION, a partial
 // replay of the customers at 50 % and a `job drain` at 70 %, each to its
@@ -120,8 +124,6 @@
 // first by a wake-up's drain or an operation within 30 s of its commit, or
 // by the sweep only while a wake-up request to its instance that was open
 // at its answer was still in flight (a race with the drain carrying it);
-// a commit whose drain gave up behind the faults after its 25 s of
-// requeueing (the drain's stated limit) is counted apart and printed;
 // every captured event verified, with nothing pending or set
 // aside; none accepted but never published; none verified before it
 // landed; none lost; each replay published every event in its scope again

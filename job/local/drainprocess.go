@@ -45,6 +45,45 @@ type drainProcess struct {
 	// wake-up answered 2xx that started one (not coalesced), one less for
 	// each drainer line that says it ended (delivery.LogDrainRun).
 	running atomic.Int64
+	// left is what its drainers left pending when a stop ended them
+	// (delivery.LogDrainLeft).
+	left leftWork
+}
+
+// leftWork sums the delivery.LogDrainLeft lines of a drain instance's
+// processes: drainers that stopped with work left, the batches they
+// released unacknowledged, the events of those Pub/Sub had taken (to be
+// published again: duplicates), and those that stopped with wake-ups
+// after their last claim.
+type leftWork struct {
+	drainers, released, unacknowledged, unclaimed atomic.Int64
+}
+
+// leftCounts is a snapshot of leftWork.
+type leftCounts struct{ drainers, released, unacknowledged, unclaimed int64 }
+
+func (w *leftWork) snapshot() leftCounts {
+	return leftCounts{w.drainers.Load(), w.released.Load(), w.unacknowledged.Load(), w.unclaimed.Load()}
+}
+
+// since says what was left since the snapshot before.
+func (w *leftWork) since(before leftCounts) string {
+	now := w.snapshot()
+	if now.drainers == before.drainers {
+		return "nothing pending"
+	}
+	return fmt.Sprintf("%d drainers with work left (%d batches released, %d of their events published unacknowledged, %d with wake-ups unclaimed)",
+		now.drainers-before.drainers, now.released-before.released, now.unacknowledged-before.unacknowledged, now.unclaimed-before.unclaimed)
+}
+
+// add counts one LogDrainLeft line.
+func (w *leftWork) add(released, unacknowledged int64, unclaimed bool) {
+	w.drainers.Add(1)
+	w.released.Add(released)
+	w.unacknowledged.Add(unacknowledged)
+	if unclaimed {
+		w.unclaimed.Add(1)
+	}
 }
 
 // awaitDrainers waits until the process's drainers have ended, or the
@@ -73,11 +112,19 @@ func (w *drainerLines) Write(p []byte) (int, error) {
 		}
 		line := w.part[:i]
 		var l struct {
-			Message string `json:"message"`
-			Ended   bool   `json:"ended"`
+			Message        string `json:"message"`
+			Ended          bool   `json:"ended"`
+			Released       int64  `json:"released"`
+			Unacknowledged int64  `json:"unacknowledged"`
+			Unclaimed      bool   `json:"wake_ups_unclaimed"`
 		}
-		if json.Unmarshal(line, &l) == nil && l.Message == delivery.LogDrainRun && l.Ended {
-			w.d.running.Add(-1)
+		if json.Unmarshal(line, &l) == nil {
+			switch {
+			case l.Message == delivery.LogDrainRun && l.Ended:
+				w.d.running.Add(-1)
+			case l.Message == delivery.LogDrainLeft:
+				w.d.left.add(l.Released, l.Unacknowledged, l.Unclaimed)
+			}
 		}
 		w.part = w.part[i+1:]
 	}

@@ -168,8 +168,14 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	for deadline := time.Now().Add(3 * time.Second); proc == nil && time.Now().Before(deadline) && ctx.Err() == nil; {
 		holders, _ := sdkfixture.TurnHolders(ctx, l.ontology)
 		for _, p := range l.drainProcs {
-			if slices.Contains(holders, p.name) && n.claim(p) {
-				proc, held = p, true
+			// A SIGTERM is for a process in the middle of its drainers'
+			// work; a kill or freeze, for one holding a turn.
+			busy := slices.Contains(holders, p.name)
+			if s.Kind == faultDrainRestart {
+				busy = p.running.Load() > 0
+			}
+			if busy && n.claim(p) {
+				proc, held = p, slices.Contains(holders, p.name)
 				break
 			}
 		}
@@ -212,11 +218,14 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	var err error
 	switch s.Kind {
 	case faultDrainRestart:
-		killAfter := 2*time.Second + time.Duration(n.randInt64(int64(4*time.Second)))
+		// As Cloud Run stops an instance: SIGTERM, SIGKILL 10 s later; the
+		// drain's grace (8 s) lets its drainers finish their batches out.
+		running, left := proc.running.Load(), proc.left.snapshot()
 		var res restartResult
-		res, err = proc.restart(context.WithoutCancel(ctx), killAfter)
-		detail = fmt.Sprintf("SIGTERM to %s (%s) with %d wake-ups in flight; ended in %.1fs%s; a new process serves", proc.name, why, inFlight,
-			res.stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.killed])
+		res, err = proc.restart(context.WithoutCancel(ctx), 10*time.Second)
+		detail = fmt.Sprintf("SIGTERM to %s (%s) with %d drainers running and %d wake-ups in flight; ended in %.1fs%s, leaving %s; a new process serves",
+			proc.name, why, running, inFlight, res.stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.killed], proc.left.since(left))
+		effect = int(min(running, 1) + min(inFlight, 1))
 	case faultDrainKill:
 		err = proc.kill(context.WithoutCancel(ctx))
 		detail = fmt.Sprintf("SIGKILL to %s (%s) with %d wake-ups in flight; a new process serves", proc.name, why, inFlight)

@@ -23,7 +23,7 @@ type window struct {
 // product's. Another instance's promise is excused only by such a fault
 // that began after its answer (see covers): its drains outlive a turn held
 // by a frozen instance (the server ends that session after the turn's idle
-// bound, within their requeueing), but not a claim of the frozen instance
+// bound, and claim again), but not a claim of the frozen instance
 // that holds the commit after they ended.
 type excusals []window
 
@@ -61,9 +61,6 @@ type strandedCommit struct {
 type quiescentVerdict struct {
 	Stranded []strandedCommit
 	Excused  int
-	// PastLimit counts stranded events whose drain gave up behind the
-	// faults, as documented (gaveUp).
-	PastLimit int
 	// Resolved are the wake-ups whose events were all published (or
 	// excused), and Broken those with a stranded event: neither needs
 	// another check.
@@ -78,7 +75,7 @@ type quiescentVerdict struct {
 // the open wake-ups' events (history ids) found pending, not held and
 // not set aside. A stranded event whose drain instance's own fault came
 // between its answer and t is excused; any other breaks the promise.
-func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals, requests map[int][]wakeRecord) quiescentVerdict {
+func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals) quiescentVerdict {
 	var v quiescentVerdict
 	for _, w := range open {
 		done, broken := true, false
@@ -87,8 +84,6 @@ func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, p
 			case published(w.EventIDs[i]):
 			case stranded[h] && excused.covers(w.Drain, w.Fresh, w.Answered, t):
 				v.Excused++
-			case stranded[h] && gaveUp(requests[w.Drain], w.Answered):
-				v.PastLimit++
 			case stranded[h]:
 				v.Stranded = append(v.Stranded, strandedCommit{EventID: w.EventIDs[i], Drain: w.Drain, Answered: w.Answered, Found: t})
 				broken = true
@@ -120,9 +115,6 @@ type pathReport struct {
 	// drain carrying them, not a broken promise.
 	SweptPromised []string
 	SweptRacing   int
-	// PastLimit counts promised events swept or late whose drain gave up
-	// behind the faults, as documented (gaveUp).
-	PastLimit int
 	// Lags are commit → first publish of the promised wake-ups' events,
 	// outside the drain's own faults; Late those past the bound.
 	Lags []time.Duration
@@ -157,9 +149,6 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 			r.Lags = append(r.Lags, lag)
 			swept := f.Component == componentVerify && !inFlightAt(byDrain[w.Drain], w.Answered, f.At)
 			switch {
-			case (swept || lag > bound) && gaveUp(byDrain[w.Drain], w.Answered):
-				r.PastLimit++
-				continue
 			case f.Component == componentVerify && !swept:
 				r.SweptRacing++
 			case swept:
@@ -180,29 +169,6 @@ func requestsByDrain(wakes []wakeRecord) map[int][]wakeRecord {
 		out[w.Drain] = append(out[w.Drain], w)
 	}
 	return out
-}
-
-// giveUpAfter is how long a drain that gives up behind the faults has
-// been in flight at least: delivery's RequeueFor (25 s from its start)
-// less its longest backoff, with room for a busy machine's delays.
-const giveUpAfter = 20 * time.Second
-
-// gaveUp reports whether a drain a commit answered at answered may rest on
-// gave up behind the faults at the product's stated limit (delivery.Drain:
-// it queues again after a transient fault for up to 25 s within its 30 s
-// time-out, then fails): a request to the instance that was open after the
-// answer ended without a 2xx after at least giveUpAfter in flight. A drain
-// that fails sooner, or ends 2xx without the commit, gives no such excuse.
-// SPEC §3 asks the promise to hold whatever the drain meets; faults that
-// outlast a drain's time-out are past what one drain can do, so the
-// proofs count such commits apart and the report prints them.
-func gaveUp(requests []wakeRecord, answered time.Time) bool {
-	for _, q := range requests {
-		if !q.Sent.After(answered) && q.Ended.After(answered) && q.EndCode/100 != 2 && q.Ended.Sub(q.Sent) >= giveUpAfter {
-			return true
-		}
-	}
-	return false
 }
 
 // inFlightAt reports whether one of an instance's wake-up requests that

@@ -22,10 +22,7 @@ type promiseChecker struct {
 	checks   int // quiescent moments judged
 	promised int // promised wake-ups found delivered
 	excused  int
-	// pastLimit counts stranded events whose drain gave up behind the
-	// faults after its 25 s of requeueing (gaveUp).
-	pastLimit int
-	stranded  []strandedCommit
+	stranded []strandedCommit
 }
 
 // run checks every 100 ms until ctx ends (the faults' end), and then
@@ -65,7 +62,7 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 	}
 	*last = started
 	published := func(id string) bool { _, ok := p.c.l.published.firstOf(id); return ok }
-	v := judgeQuiescent(t, open, stranded, published, p.c.nemesis.excusals(), requestsByDrain(wl.records()))
+	v := judgeQuiescent(t, open, stranded, published, p.c.nemesis.excusals())
 	wl.resolve(v.Resolved)
 	wl.resolve(v.Broken) // each broken promise counted once
 	p.mu.Lock()
@@ -73,7 +70,6 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 	p.checks++
 	p.promised += len(v.Resolved)
 	p.excused += v.Excused
-	p.pastLimit += v.PastLimit
 	p.stranded = append(p.stranded, v.Stranded...)
 }
 

@@ -162,3 +162,25 @@ func (wl *wakeLedger) codes() map[string]int {
 	}
 	return out
 }
+
+// answerSummary is how long the SDK waited for the wake-ups' answers
+// (milliseconds; one it gave up on counts its whole 5 s).
+type answerSummary struct {
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	MaxMs float64 `json:"max_ms"`
+}
+
+// answers summarises the wait for every wake-up the SDK has finished with.
+func (wl *wakeLedger) answers() answerSummary {
+	wl.mu.Lock()
+	var waits []time.Duration
+	for _, w := range wl.all {
+		if !w.Answered.IsZero() {
+			waits = append(waits, min(w.Answered.Sub(w.Sent), sdkWait))
+		}
+	}
+	wl.mu.Unlock()
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	return answerSummary{P50Ms: ms(quantile(waits, 0.5)), P99Ms: ms(quantile(waits, 0.99)), MaxMs: ms(quantile(waits, 1))}
+}

@@ -371,7 +371,7 @@ func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, 
 		return nil, fmt.Errorf("database: workspace %s (%s): %w", ws.ID, ws.Database.Redacted(), err)
 	}
 	srv := p.serverLocked(p.serverKey(ws.Database, cfg))
-	p.budget(cfg, srv)
+	p.budget(cfg, srv, ws.Database.Pooled)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: workspace %s (%s): %w", ws.ID, ws.Database.Redacted(), err)

@@ -38,9 +38,9 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	cfg.MinConns = 0
 	cfg.MaxConnIdleTime = p.cfg.ConnIdleTimeout
 	if db.Pooled {
-		// Back to the pooler soon, so that its server connection serves
-		// another client (in session mode a client holds one while it is
-		// connected).
+		// Released connections are closed (see budget); one a pool keeps
+		// otherwise (dialled for a caller that gave up) goes back to the
+		// pooler soon.
 		cfg.MaxConnIdleTime = PooledIdleTimeout
 	}
 	cfg.MaxConnLifetime = 30 * time.Minute

@@ -161,11 +161,16 @@ func (p *Pools) serverLocked(key string) *server {
 }
 
 // budget makes every connection of cfg's pool go through srv's budget.
-func (p *Pools) budget(cfg *pgxpool.Config, srv *server) {
+// A pooled database's connection is closed when it is released: in session
+// mode an idle client keeps its server connection from the pooler's other
+// clients (another instance's drainer of the same workspace would wait in
+// the pooler's queue for it), so the pooler, not the process, keeps it
+// warm.
+func (p *Pools) budget(cfg *pgxpool.Config, srv *server, pooled bool) {
 	cfg.AfterRelease = func(*pgx.Conn) bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return srv.waiting == 0 // false: closed, its place handed over
+		return srv.waiting == 0 && !pooled // false: closed, its place handed over
 	}
 	dial := cfg.ConnConfig.DialFunc
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -79,7 +79,14 @@ type WorkspaceStatus struct {
 	// IdleTimeout):
 	// the wake-ups behind them wait.
 	TurnsHeld []TurnHold
+	// Sessions are the server's counts of the sessions it opened, in the
+	// workspace's database and in all of the server's (connection churn).
+	Sessions SessionsOpened
 }
+
+// SessionsOpened is what a workspace's server counts of the sessions it
+// opened (see store.SessionCounts; PerMinute gives their rate).
+type SessionsOpened = store.SessionCounts
 
 // TurnHeldAfter is how long a drain's turn may be held before Status
 // reports its holder: a gathering takes Config.Gather, a claim's
@@ -282,6 +289,9 @@ func (s *Service) status(ctx context.Context, workspaceID, generation string, se
 	}
 	holders, err := st.TurnHolders(ctx)
 	if err != nil {
+		return out, err
+	}
+	if out.Sessions, err = st.SessionCounts(ctx); err != nil {
 		return out, err
 	}
 	for _, h := range holders {

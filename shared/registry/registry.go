@@ -112,9 +112,9 @@ type Database struct {
 	// clients: the way to a server that holds many workspace databases
 	// (README, Connections to the SDK's database). The process then sends no
 	// startup parameter a pooler refuses (the session's timeouts are set
-	// after it connects) and gives a connection back to the pooler once it
-	// has been idle a second, so that the pooler's server connection serves
-	// another client. A pooler in transaction or statement mode breaks the
+	// after it connects) and closes a connection once its caller releases
+	// it (a drainer at the end of its run), so that the pooler's server
+	// connection serves another client: the pooler keeps it warm. A pooler in transaction or statement mode breaks the
 	// drain's session locks: it must run in session mode. With url only.
 	Pooled bool `json:"pooled,omitempty"`
 }
