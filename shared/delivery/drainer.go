@@ -22,31 +22,26 @@ type WakeAnswer struct {
 }
 
 // ErrDrainRetrying answers a wake-up while its workspace's drainer in this
-// process is failing (its last claim, publish or acknowledgement failed,
-// and it backs off before it claims again): the commit is left to that
-// drainer, which claims it once it recovers, but no promise is made on a
-// failing drainer (an HTTP caller gets 503, which the SDK logs as
+// process backs off after a fault: the drainer claims its commit once it
+// recovers, but promises nothing meanwhile (HTTP 503, which the SDK logs as
 // deferred).
 var ErrDrainRetrying = errors.New("the workspace's drain is retrying after a fault; this commit is left to it")
 
 // ErrShuttingDown answers a wake-up once the process has begun to stop
-// (Shutdown): its commit is left to the next wake-up or the verifier's
-// sweep (503).
+// (Shutdown; HTTP 503).
 var ErrShuttingDown = errors.New("the drain is shutting down")
 
-// drainers are this process's drainers, one per workspace that has work,
-// and what stops them.
+// drainers are this process's drainers, one per workspace that has work.
 type drainers struct {
 	mu       sync.Mutex
 	m        map[string]*drainer
 	stopping bool
 	wg       sync.WaitGroup
-	// running counts the drainers running; idle is closed while none runs.
-	running int
-	idle    chan struct{}
-	// stop is closed when the process begins to stop: drainers claim
-	// nothing more and finish their batches out; abandon when its grace
-	// has run out: they end at once, their batches released.
+	running  int           // drainers running
+	idle     chan struct{} // closed while none runs
+	// stop is closed when the process begins to stop (no more claims, the
+	// batches out finished), abandon when its grace has run out (the
+	// batches out released).
 	stop, abandon chan struct{}
 }
 
@@ -56,42 +51,31 @@ func newDrainers() *drainers {
 	return &drainers{m: map[string]*drainer{}, stop: make(chan struct{}), abandon: make(chan struct{}), idle: idle}
 }
 
-// drainer is this process's drain of one workspace. Every wake-up of the
-// workspace that reaches the process counts itself (wakes) and makes sure
-// the drainer runs; the drainer claims after the wake-ups it has counted
-// and stops only when none came after its last claim (see nextStep). Its
-// fields are guarded by mu; the run's own state is drainRun's.
+// drainer is this process's drain of one workspace: each wake-up counts
+// itself (wakes) and makes sure it runs; it claims after the wake-ups it
+// counted and stops only when none came after its last claim (nextStep).
+// mu guards its fields; the run's own state is drainRun's.
 type drainer struct {
 	svc  *Service
 	ws   registry.Workspace
 	kick chan struct{} // a wake-up came (capacity 1)
 
-	mu      sync.Mutex
-	wakes   uint64 // wake-ups counted
-	running bool
-	// failing is the fault the drainer backs off from, nil when its last
-	// step succeeded: wake-ups meanwhile are answered ErrDrainRetrying.
-	failing error
-	// arrivals is how often the workspace's wake-ups reach this process.
-	arrivals arrivals
+	mu       sync.Mutex
+	wakes    uint64 // wake-ups counted
+	running  bool
+	failing  error    // the fault it backs off from: wake-ups get ErrDrainRetrying
+	arrivals arrivals // how often the workspace's wake-ups reach this process
 }
 
 // Wake is a wake-up of a workspace's drain, which the ontology service
 // sends after every commit and awaits inside the customer's action. It
 // answers at once, with no database or network call: the workspace's
-// drainer in this process counts the wake-up and is started if it is not
-// running; it claims after every wake-up it counted, publishes, and goes
-// on while more is pending or a wake-up came after its last claim.
-//
-// Its answer is a promise (Promised): the commit is published by this
-// process's drainer, never left to a later wake-up or the verifier's sweep,
-// whatever the drainer meets (a slow Pub/Sub, a lost session, a migration
-// holding the lifecycle lock, another instance frozen while it holds the
-// events): it retries with a backoff for as long as the process lives. A
-// wake-up that comes while the drainer is failing is answered
-// ErrDrainRetrying (503): its commit is still claimed once the drainer
-// recovers, but nothing is promised. Once the process stops (Shutdown) a
-// wake-up is answered ErrShuttingDown.
+// drainer in this process counts it, and starts if it is not running.
+// The answer is a promise (Promised): this drainer claims after the
+// wake-up and publishes its commit, retrying whatever it meets for as long
+// as the process lives (see A wake-up's word in the package doc). While
+// the drainer backs off after a fault the answer is ErrDrainRetrying, once
+// the process stops ErrShuttingDown: nothing promised.
 func (s *Service) Wake(ctx context.Context, ws registry.Workspace) (WakeAnswer, error) {
 	ans := WakeAnswer{Workspace: ws.ID}
 	ds := s.drainers
@@ -133,8 +117,7 @@ func (s *Service) Wake(ctx context.Context, ws registry.Workspace) (WakeAnswer, 
 	return ans, nil
 }
 
-// snapshot reads what the drainer's rules need of the wake-ups: how many
-// were counted, and whether the workspace is busy.
+// snapshot reads the wake-ups counted, and whether the workspace is busy.
 func (d *drainer) snapshot(quiet time.Duration) (wakes uint64, busy bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -148,11 +131,9 @@ func (d *drainer) setFailing(err error) {
 	d.failing = err
 }
 
-// stop ends the drainer's run unless a wake-up came after its last claim
-// (covered: the wakes its last claim began after) and the process is not
-// stopping; it reports whether it ended. The caller's run returns (a
-// wake-up from now on starts another), and counts itself out of the
-// running drainers (ended) once its session, lease and line are done.
+// stop ends the drainer's run, unless a wake-up came after its last claim
+// (covered: the wakes it began after) and the process is not stopping; it
+// reports whether it ended (a wake-up from now on starts another run).
 func (d *drainer) stop(covered uint64) bool {
 	ds := d.svc.drainers
 	ds.mu.Lock()
@@ -166,8 +147,7 @@ func (d *drainer) stop(covered uint64) bool {
 	return true
 }
 
-// ended counts a run out of the running drainers: the last one out makes
-// the process idle (Idle).
+// ended counts a run out of the running drainers (see Idle).
 func (ds *drainers) ended() {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
@@ -176,11 +156,10 @@ func (ds *drainers) ended() {
 	}
 }
 
-// arrivals is how often a workspace's wake-ups reach this process: the
-// mean time between them, each new interval weighing a third, a pause
-// counted as maxInterval at most (so a burst after a quiet spell is busy
-// within half a dozen wake-ups, and one pause of maxInterval makes the
-// workspace quiet again).
+// arrivals is the mean time between a workspace's wake-ups at this
+// process, each new interval weighing a third and counted as maxInterval
+// at most: a burst is busy within half a dozen wake-ups, and one pause of
+// maxInterval makes the workspace quiet again.
 type arrivals struct {
 	last   time.Time
 	mean   time.Duration
@@ -210,13 +189,11 @@ func (a *arrivals) interval() time.Duration {
 	return a.mean
 }
 
-// Shutdown stops the drain as Cloud Run stops an instance (SIGTERM, and
-// SIGKILL 10 s later): wake-ups from now on are answered ErrShuttingDown;
-// each drainer claims nothing more, publishes and acknowledges its batches
-// out, and ends. When ctx ends first, the drainers still running release
-// their batches unacknowledged (published or not: a batch Pub/Sub took is
-// published again later, a duplicate) and end. Each drainer that leaves
-// work behind (wake-ups after its last claim, batches released, a fault)
+// Shutdown stops the drain as Cloud Run stops an instance (SIGTERM, then
+// SIGKILL 10 s later): wake-ups get ErrShuttingDown; each drainer claims
+// nothing more, finishes its batches out and ends. When ctx ends first,
+// the batches still out are released unacknowledged (one Pub/Sub took is
+// published again later: a duplicate). A drainer that leaves work behind
 // logs it (LogDrainLeft). It returns once every drainer has ended, with
 // ctx's error when the grace ran out.
 func (s *Service) Shutdown(ctx context.Context) error {
@@ -245,9 +222,8 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	return fmt.Errorf("delivery: stop the drainers: %w", context.Cause(ctx))
 }
 
-// Idle waits until no drainer of the process runs, or ctx ends: the
-// signal that every wake-up answered so far has been carried out (tests,
-// and the local mode's checks, wait on it).
+// Idle waits until no drainer of the process runs, or ctx ends: every
+// wake-up answered so far has been carried out.
 func (s *Service) Idle(ctx context.Context) error {
 	ds := s.drainers
 	for {

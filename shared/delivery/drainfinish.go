@@ -11,7 +11,8 @@ import (
 
 // finish finishes the ended batches without a claim.
 func (r *drainRun) finish() {
-	finish := r.takeEnded()
+	finish := r.ended
+	r.ended = nil
 	if len(finish) == 0 {
 		return
 	}
@@ -43,13 +44,6 @@ func finishOwn(ctx context.Context, ended []published) error {
 		}
 	}
 	return err
-}
-
-// takeEnded takes the ended batches to finish.
-func (r *drainRun) takeEnded() []published {
-	finish := r.ended
-	r.ended = nil
-	return finish
 }
 
 // finishing is what a session's ended batches finish with: those of its

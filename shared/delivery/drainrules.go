@@ -16,13 +16,12 @@ type drainState struct {
 	// Wanted: a wake-up came after the drainer's last claim began (or
 	// before its first): a claim is owed to it.
 	Wanted bool
-	// Busy: the workspace's wake-ups reach this process often (see
-	// Config.QuietInterval): the drainer takes the workspace's turns and
-	// gathers before it claims, so that the drainers of every process
-	// claim one after another, each for many commits.
+	// Busy: the workspace's wake-ups reach this process often
+	// (Config.QuietInterval): the drainers of every process take turns,
+	// each gathering before it claims, each claim for many commits.
 	Busy bool
-	// Legacy: the database is at protocol 3, whose claims hold the turn
-	// from their scan to their end: one batch at a time.
+	// Legacy: protocol 3, whose claims hold the turn to their end: one
+	// batch at a time.
 	Legacy bool
 	// Out is how many batches are being published, Ended how many were
 	// published and wait to be finished (acknowledged, set aside or
@@ -30,9 +29,8 @@ type drainState struct {
 	Out, Ended, MaxOut int
 	// More: the last claim took a full batch and more was pending.
 	More bool
-	// Held: the last claim found pending events that other claims hold
-	// (another instance's drainer, the sweep, a job): they are claimed
-	// again after a backoff (RetryAt), in case their holder never
+	// Held: the last claim found pending events other claims hold: looked
+	// at again after a backoff (RetryAt), in case their holder never
 	// publishes them (its process froze, or it let them go).
 	Held bool
 	// Probe: an event published alone failed, as an event of its own may
@@ -58,22 +56,12 @@ type drainState struct {
 type stepKind int
 
 const (
-	// stepStop: nothing is owed, out or to finish: the drainer ends (if no
-	// wake-up came meanwhile: see drainer.stop).
-	stepStop stepKind = iota
-	// stepFinish finishes the ended batches, without a claim.
-	stepFinish
-	// stepQueue takes the workspace's next turn, waiting in the server
-	// for the drainer ahead.
-	stepQueue
-	// stepClaim finishes the ended batches and claims the next batch, in
-	// one round trip.
-	stepClaim
-	// stepLeaveTurn lets the turns go without a claim.
-	stepLeaveTurn
-	// stepWait waits until Until (the zero time: no timer), a batch's
-	// publish ends, or a wake-up comes.
-	stepWait
+	stepStop      stepKind = iota // nothing owed, out or to finish: end (unless a wake-up came: drainer.stop)
+	stepFinish                    // finish the ended batches, without a claim
+	stepQueue                     // take the next turn, waiting in the server for the drainer ahead
+	stepClaim                     // finish the ended batches and claim the next, in one round trip
+	stepLeaveTurn                 // let the turns go without a claim
+	stepWait                      // wait until Until (zero: no timer), a publish's end, or a wake-up
 )
 
 // drainStep is a drainer's next step.

@@ -10,26 +10,22 @@ import (
 )
 
 // drainRun is one run of a drainer, from the wake-up that started it to
-// the step that ends it (nextStep's stepStop): the loop that performs the
-// rules' steps, and what it knows. Only the run's goroutine touches it.
+// nextStep's stepStop: the loop that performs the rules' steps, and what
+// it knows. Only the run's goroutine touches it.
 type drainRun struct {
 	d   *drainer
 	s   *Service
 	ctx context.Context // ends when the shutdown's grace has run out
 	end context.CancelFunc
 
-	lease  *workspaceLease
-	ss     *store.Session // the session its claims are made on (protocol 4)
-	legacy bool           // protocol 3: claims of their own (ClaimActive), one at a time
-	// covered is the wakes count its last claim began after.
-	covered uint64
+	lease   *workspaceLease
+	ss      *store.Session // its claims' session (protocol 4)
+	legacy  bool           // protocol 3: claims of their own (ClaimActive), one at a time
+	covered uint64         // the wakes its last claim began after
 	done    chan published // batches whose publish ended
 	out     int
 	ended   []published
-	// aside is a lone event's batch whose publish failed as an event of
-	// its own may, kept out (so that the claim beside it skips it) until
-	// that claim is made (see suspects).
-	aside *published
+	aside   *published // a lone event's failed batch, kept out until the claim beside it (see suspects)
 
 	more, held, probe bool
 	fault             error
@@ -51,10 +47,8 @@ type published struct {
 	out   *publishing
 }
 
-// The backoffs of a drainer: after a fault (doubling to maxFaultBackoff,
-// or maxStuckBackoff when the fault needs a person), and between looks at
-// events other claims hold (doubling to maxHeldBackoff: a holder that froze
-// is ended by the server after the store's IdleTimeout).
+// A drainer's backoffs, doubling: after a fault (to maxStuckBackoff when
+// it needs a person), and between looks at events other claims hold.
 const (
 	firstBackoff    = 100 * time.Millisecond
 	maxFaultBackoff = 5 * time.Second
@@ -62,9 +56,8 @@ const (
 	maxHeldBackoff  = 2 * time.Second
 )
 
-// roundTimeout bounds one round trip of a drainer's, waits in the server
-// for the turns (Config.TurnWait) and the store's statement timeouts
-// included: it ends a round whose server stopped answering.
+// roundTimeout ends a round trip whose server stopped answering (longer
+// than the turn's wait and the statement timeouts).
 const roundTimeout = time.Minute
 
 // run is the drainer's goroutine: one run, until its rules stop it.
@@ -119,7 +112,7 @@ func (r *drainRun) state() drainState {
 }
 
 // leased returns the workspace's store, leasing its pool for the rest of
-// the run on first use.
+// the run on first use, and makes the run's session if it has none.
 func (r *drainRun) leased() (*store.Store, error) {
 	if r.lease == nil {
 		ctx, cancel := context.WithTimeout(r.ctx, roundTimeout)
@@ -131,20 +124,10 @@ func (r *drainRun) leased() (*store.Store, error) {
 		r.lease = lease
 		r.legacy = lease.store.Legacy()
 	}
+	if !r.legacy && r.ss == nil {
+		r.ss = r.lease.store.NewSession()
+	}
 	return r.lease.store, nil
-}
-
-// session returns the run's session, new when it has none.
-func (r *drainRun) session() (*store.Session, error) {
-	if r.ss != nil {
-		return r.ss, nil
-	}
-	st, err := r.leased()
-	if err != nil {
-		return nil, err
-	}
-	r.ss = st.NewSession()
-	return r.ss, nil
 }
 
 // queue takes the workspace's next turn, waiting in the server for the
@@ -152,11 +135,11 @@ func (r *drainRun) session() (*store.Session, error) {
 // to wake-ups waits Config.Gather for more of them; one for a backlog
 // (More) does not.
 func (r *drainRun) queue() {
-	ss, err := r.session()
-	if err != nil {
+	if _, err := r.leased(); err != nil {
 		r.failed(err)
 		return
 	}
+	ss := r.ss
 	ctx, cancel := context.WithTimeout(r.ctx, roundTimeout)
 	defer cancel()
 	waited, err := ss.QueueTurn(ctx, r.s.cfg.TurnWait)
@@ -180,10 +163,8 @@ func (r *drainRun) claim() {
 		r.failed(err)
 		return
 	}
-	if !r.legacy && r.ss == nil {
-		r.ss = st.NewSession()
-	}
-	ss, finish := r.ss, r.takeEnded()
+	ss, finish := r.ss, r.ended
+	r.ended = nil
 	ctx, cancel := context.WithTimeout(r.ctx, roundTimeout)
 	ownErr := finishOwn(ctx, finish)
 	r.covered, _ = r.d.snapshot(r.s.cfg.QuietInterval) // before the claim: it sees every commit these wake-ups followed

@@ -44,10 +44,9 @@ var sqlQueueTurn = `SELECT CASE WHEN pg_try_advisory_lock(hashtext($1), 1) THEN 
            SELECT (extract(epoch FROM clock_timestamp() - bound.at) * 1000000)::bigint FROM pg_advisory_lock(hashtext($1), 2)) END AS waited
           FROM ` + sqlWaitBound + ` OFFSET 0) q`
 
-// sqlReleaseTurn lets the turn go ($1: DrainTurnClass): the statement after
-// a claim's candidates, whose try-locks then hold the claimed events. The
-// turn is held for the claim's statements only, never across a publish:
-// the next turn's holder claims what came after while this batch is out.
+// sqlReleaseTurn lets the turn go ($1: DrainTurnClass) after a claim's
+// candidates, whose try-locks then hold its events: the turn is never held
+// across a publish.
 const sqlReleaseTurn = `SELECT pg_advisory_unlock(hashtext($1), 1)`
 
 // sqlLeaveTurns lets whichever of the turn and the next turn the session
@@ -99,10 +98,9 @@ func isLockTimeout(err error) bool {
 const sqlHoldsTurn = `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted
     AND classid::int = hashtext($1) AND objid::bigint = 1 AND objsubid = 2)`
 
-// holdsTurn reports whether conn's session holds the drain's turn, after
-// a claim's first statement failed on a lock timeout: if not, the timeout
-// was the wait for the turn's, not the lifecycle lock's. It says yes when
-// it cannot tell.
+// holdsTurn reports whether conn's session holds the drain's turn after a
+// claim's first statement timed out on a lock (if not, it waited for the
+// turn, not the lifecycle lock); yes when it cannot tell.
 func holdsTurn(ctx context.Context, conn *pgxpool.Conn) bool {
 	var held bool
 	err := conn.QueryRow(ctx, sqlHoldsTurn, DrainTurnClass).Scan(&held)
