@@ -86,7 +86,12 @@ type rigConfig struct {
 	template *pgtest.Template
 	// localWarehouse answers every BigQuery query from a local warehouse.
 	localWarehouse bool
+	// publishTimeout bounds each Publish RPC (0: the publisher's default).
+	publishTimeout time.Duration
 }
+
+// withPublishTimeout bounds each Publish RPC of the rig's publisher.
+func withPublishTimeout(d time.Duration) rigOption { return func(c *rigConfig) { c.publishTimeout = d } }
 
 // withService changes the config of every Service of the rig.
 func withService(change func(*delivery.Config)) rigOption {
@@ -191,7 +196,7 @@ func newRig(tb testing.TB, maxConns int, opts ...rigOption) *rig {
 	tb.Cleanup(func() { _ = srv.Close() })
 	_, err = srv.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/p1/topics/events"})
 	require.NoError(tb, err)
-	pub, err := publish.New(ctx, publish.Config{EmulatorHost: srv.Addr})
+	pub, err := publish.New(ctx, publish.Config{EmulatorHost: srv.Addr, Timeout: cfg.publishTimeout})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = pub.Close() })
 	deadLetters, err := deadletter.New(ctx, deadletter.Config{Project: "p1", EmulatorHost: srv.Addr})

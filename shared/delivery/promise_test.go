@@ -429,3 +429,72 @@ func (r *rig) awaitTurnWaits(t *testing.T, n int64) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// hang holds every Publish in the server while on, as a Pub/Sub that
+// stops answering: the client's time-out ends each RPC.
+type hang struct {
+	on      atomic.Bool
+	release chan struct{}
+	held    atomic.Int64
+}
+
+// React implements pstest.Reactor.
+func (h *hang) React(req any) (bool, any, error) {
+	if _, ok := req.(*pubsubpb.PublishRequest); ok && h.on.Load() {
+		h.held.Add(1)
+		<-h.release
+		return true, nil, status.Error(codes.Unavailable, "injected: the hang ended")
+	}
+	return false, nil, nil
+}
+
+// failingAfter records when the latest Publish that began after a mark
+// failed.
+type failingAfter struct {
+	delivery.Publisher
+	mark   atomic.Int64 // unix nanoseconds
+	failed atomic.Bool  // one that began after mark failed
+}
+
+func (p *failingAfter) Publish(ctx context.Context, topic string, data [][]byte) ([]string, error) {
+	began := time.Now().UnixNano()
+	ids, err := p.Publisher.Publish(ctx, topic, data)
+	if err != nil && began > p.mark.Load() {
+		p.failed.Store(true)
+	}
+	return ids, err
+}
+
+// TestAPubSubHangKeepsThePromises: Pub/Sub stops answering for ten of the
+// publisher's time-outs while the SDK commits on (the 40 s hang of a
+// 10 s time-out, scaled down), and stays hung until a publish begun after
+// the last wake-up has failed too. Every wake-up is answered at once;
+// those answered 2xx are promises, and when Pub/Sub answers again the
+// drainer, which never gave up, publishes every commit with no other
+// wake-up.
+func TestAPubSubHangKeepsThePromises(t *testing.T) {
+	t.Parallel()
+	h := &hang{release: make(chan struct{})}
+	watch := &failingAfter{}
+	r := newRig(t, 2, withPublishReactor(h), withPublishTimeout(300*time.Millisecond),
+		withPublisher(func(p delivery.Publisher) delivery.Publisher { watch.Publisher = p; return watch }))
+	h.on.Store(true)
+	end := time.Now().Add(3 * time.Second)
+	var w answers
+	for time.Now().Before(end) {
+		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "during the hang"})
+		require.NoError(t, err)
+		w.wake(t, r, r.svc)
+		time.Sleep(20 * time.Millisecond) // the SDK's pace
+	}
+	watch.mark.Store(time.Now().UnixNano())
+	require.Eventually(t, watch.failed.Load, time.Minute, 10*time.Millisecond, "a claim after the last wake-up met the hang")
+	h.on.Store(false)
+	close(h.release)
+	r.settle(t)
+	t.Logf("%d promised, %d deferred", w.promised, w.errs)
+	require.Positive(t, w.promised)
+	require.Zero(t, r.pendingCount(t), "every commit acknowledged once Pub/Sub answered again")
+	require.Len(t, r.publishedTimes(t), int(r.count(t, "SELECT count(*) FROM _ontology_replication_delivery")),
+		"and every one published: nothing acknowledged that Pub/Sub did not take")
+}
