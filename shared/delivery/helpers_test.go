@@ -91,7 +91,9 @@ type rigConfig struct {
 }
 
 // withPublishTimeout bounds each Publish RPC of the rig's publisher.
-func withPublishTimeout(d time.Duration) rigOption { return func(c *rigConfig) { c.publishTimeout = d } }
+func withPublishTimeout(d time.Duration) rigOption {
+	return func(c *rigConfig) { c.publishTimeout = d }
+}
 
 // withService changes the config of every Service of the rig.
 func withService(change func(*delivery.Config)) rigOption {
