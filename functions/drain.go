@@ -33,7 +33,7 @@ var drainPath = regexp.MustCompile(`/api/internal/v1/workspaces/([^/]+)/ontology
 // own line (delivery.LogDrainRun).
 func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
-	r = traced(r)
+	r = logging.Traced(r)
 	out := outcome{ctx: r.Context(), log: s.log, message: LogDrain, refusals: &s.refused}
 	defer func() { out.write(w, started) }()
 	if s.err != nil {
@@ -110,13 +110,3 @@ const (
 	// delivery.LogVerifyWorkspace).
 	LogVerify = "replication verify"
 )
-
-// traced returns r with its trace context (traceparent or
-// X-Cloud-Trace-Context) in its context, so that every line logged for it
-// carries the trace.
-func traced(r *http.Request) *http.Request {
-	if t, ok := logging.TraceFromRequest(r); ok {
-		return r.WithContext(logging.WithTrace(r.Context(), t))
-	}
-	return r
-}

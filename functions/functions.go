@@ -319,7 +319,10 @@ func newServer(ctx context.Context, getenv func(string) string, deps dependencie
 		return nil, err
 	}
 	s.svc = opened.Service
+	report, stopReport := context.WithCancel(context.WithoutCancel(ctx))
+	go s.svc.ReportConnections(report, delivery.ConnectionsInterval)
 	s.close = func() {
+		stopReport()
 		// The drainers end before the pools and clients they use close.
 		ctx, cancel := context.WithTimeout(context.Background(), drainersCloseWait)
 		defer cancel()

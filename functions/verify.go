@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/logging"
 )
 
 // verifyRequest is the Verify function's optional JSON body: one
@@ -65,7 +66,7 @@ func parseVerifyRequest(body []byte) (verifyRequest, error) {
 // went wrong is in the log only.
 func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
-	r = traced(r)
+	r = logging.Traced(r)
 	out := outcome{ctx: r.Context(), log: s.log, message: LogVerify, refusals: &s.refused}
 	defer func() { out.write(w, started) }()
 	if err := cmp.Or(s.err, s.callerErr); err != nil {

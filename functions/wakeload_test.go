@@ -79,9 +79,12 @@ func (wb *wakeBench) drive(b *testing.B, rate int, d time.Duration, zipf, floor 
 			}
 		})
 	}
-	interval := time.Second / time.Duration(rate)
 	start := time.Now()
-	for n := 0; time.Since(start) < d; n++ {
+	if rate == 0 {
+		time.Sleep(d) // an idle workspace: nothing committed, nothing woken
+	}
+	interval := time.Second / time.Duration(max(rate, 1))
+	for n := 0; rate > 0 && time.Since(start) < d; n++ {
 		if wait := time.Until(start.Add(time.Duration(n) * interval)); wait > 0 {
 			time.Sleep(wait) // the workload's pace
 		}

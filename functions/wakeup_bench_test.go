@@ -21,7 +21,8 @@ import (
 
 // BenchmarkWakeUps drives the wake-up path as the SDK does, on one
 // workspace: 8 SDK writers commit at REPLICATION_WAKEUP_RATES commits a
-// second in all (default 150), each awaiting its commit's wake-up (HTTP,
+// second in all (default 150; 0 is an idle workspace, whose
+// statements/commit is then every statement the drain sent), each awaiting its commit's wake-up (HTTP,
 // the runtime token, the SDK's 5 s) before its next commit, to one of 4
 // instances of the drain, with Pub/Sub answering at once (pubsub=fast) and
 // with every Publish held 1 s (pubsub=slow), for REPLICATION_WAKEUP_SECONDS
@@ -81,12 +82,16 @@ func BenchmarkWakeUpsFleet(b *testing.B) {
 	}
 }
 
-// runWakeLoad warms the bench up at rate for 2 s, then measures d at the
-// rate (and, with floor, the floor's d after it), and reports.
+// runWakeLoad warms the bench up at rate, then measures d at the rate
+// (and, with floor, the floor's d after it), and reports. The warm-up is
+// 2 s, or long enough for three commits a workspace on a fleet, so that
+// what is measured is the steady state: a pooler's first server session
+// of a database, and its cold caches, are not.
 func runWakeLoad(b *testing.B, wb *wakeBench, rate int, d time.Duration, zipf, floor bool) {
 	b.Helper()
+	warm := max(2*time.Second, time.Duration(3*len(wb.spaces))*time.Second/time.Duration(max(rate, 1)))
 	for b.Loop() {
-		wb.drive(b, rate, 2*time.Second, zipf, false) // the warm-up: pools, prepared statements, turns
+		wb.drive(b, rate, warm, zipf, false) // the warm-up: pools, prepared statements, turns, the pooler's sessions
 		wb.settle(b)
 		m := wb.measure(b, rate, d, zipf, false)
 		m.report(b)

@@ -29,8 +29,7 @@ func TestTerraformMonitoringReferencesExistingMetrics(t *testing.T) {
 	}
 	google := map[string]bool{"pubsub.googleapis.com/subscription/num_undelivered_messages": true,
 		"pubsub.googleapis.com/subscription/oldest_unacked_message_age": true, "pubsub.googleapis.com/subscription/push_request_count": true,
-		"run.googleapis.com/job/completed_execution_count": true, "cloudsql.googleapis.com/database/postgresql/num_backends": true,
-		"cloudsql.googleapis.com/database/postgresql/new_connection_count": true}
+		"run.googleapis.com/job/completed_execution_count": true, "cloudsql.googleapis.com/database/postgresql/num_backends": true}
 	metricType := regexp.MustCompile(`metric\.type=\\?"([^"\\]+)\\?"`)
 	check := func(where, text string) int {
 		n := 0
@@ -92,8 +91,7 @@ func TestDashboardTilesGroupByTheirMetricsLabels(t *testing.T) {
 	t.Parallel()
 	m := parseModule(t, ".")
 	labelsOf := func(gauges bool) map[string][]string {
-		out := map[string][]string{"pubsub.googleapis.com/subscription/num_undelivered_messages": {"resource.label.subscription_id"},
-			"cloudsql.googleapis.com/database/postgresql/new_connection_count": {"resource.label.database_id"}}
+		out := map[string][]string{"pubsub.googleapis.com/subscription/num_undelivered_messages": {"resource.label.subscription_id"}}
 		counters, diags := m.locals["log_counters"].Expr.Value(nil)
 		require.False(t, diags.HasErrors())
 		for name, spec := range counters.AsValueMap() {
@@ -108,6 +106,9 @@ func TestDashboardTilesGroupByTheirMetricsLabels(t *testing.T) {
 			out[key] = []string{}
 			if spec.GetAttr("by_workspace").True() && gauges {
 				out[key] = []string{"metric.label.workspace"}
+			}
+			for _, l := range spec.GetAttr("labels").AsValueSlice() {
+				out[key] = append(out[key], "metric.label."+l.AsString())
 			}
 		}
 		return out

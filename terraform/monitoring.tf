@@ -19,6 +19,7 @@ locals {
     verify_workspace = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-verify\" AND jsonPayload.message=\"replication verify workspace\""
     verify_pass      = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"replication-verify\" AND jsonPayload.message=\"replication verify\""
     audit            = "resource.type=\"cloud_run_job\" AND resource.labels.job_name=\"replication-audit\" AND jsonPayload.message=\"replication audit\""
+    connections      = "resource.type=\"cloud_run_revision\" AND jsonPayload.message=\"replication connections\""
   }
 
   # The bands the verifier reports lags in (delivery.LagBands; a test
@@ -48,20 +49,21 @@ locals {
   # workspace (the lags and backlogs, unless var.workspace_gauges is false)
   # or for the fleet (the rates and latencies).
   log_distributions = {
-    "replication/delivery_lag"          = { line = "verify_workspace", field = "oldest_pending_age_seconds", unit = "s", by_workspace = true, description = "Age of the oldest pending event, set-aside ones apart (one value per workspace per pass)." }
-    "replication/verification_lag"      = { line = "verify_workspace", field = "oldest_unverified_age_seconds", unit = "s", by_workspace = true, description = "Time since the oldest accepted, unverified event was accepted." }
-    "replication/pending_events"        = { line = "verify_workspace", field = "pending", unit = "1", by_workspace = true, description = "Pending events (set-aside ones apart)." }
-    "replication/unverified_events"     = { line = "verify_workspace", field = "unverified", unit = "1", by_workspace = true, description = "Accepted events not verified yet." }
-    "replication/set_aside_events"      = { line = "verify_workspace", field = "set_aside", unit = "1", by_workspace = true, description = "Events set aside because they cannot be published." }
-    "replication/set_aside_lag"         = { line = "verify_workspace", field = "oldest_set_aside_age_seconds", unit = "s", by_workspace = true, description = "How long the longest set-aside event has been set aside, at least." }
-    "replication/verified_events"       = { line = "verify_workspace", field = "verified", unit = "1", by_workspace = false, description = "Events a workspace's pass verified (sum: events verified)." }
-    "replication/requeued_events"       = { line = "verify_workspace", field = "requeued", unit = "1", by_workspace = false, description = "Events a workspace's pass sent back to pending (absent 15 minutes after acceptance)." }
-    "replication/verifier_lookup_time"  = { line = "verify_workspace", field = "lookup_seconds", unit = "s", by_workspace = false, description = "Time a workspace's pass waited for BigQuery." }
-    "replication/drain_published"       = { line = "drain_run", field = "count", unit = "1", by_workspace = false, description = "Events a drainer published since its last line (a line when it ends and every minute it runs; sum: events published)." }
-    "replication/drain_published_bytes" = { line = "drain_run", field = "bytes", unit = "By", by_workspace = false, description = "Bytes a drainer published since its last line." }
-    "replication/drain_duration"        = { line = "drain", field = "duration_ms", unit = "ms", by_workspace = false, description = "Time to answer a wake-up: what every action of the ontology service waits for." }
-    "replication/drain_publish_latency" = { line = "drain_run", field = "publish_ms", unit = "ms", by_workspace = false, description = "Time a drainer spent in Pub/Sub's Publish since its last line." }
-    "replication/drain_refused"         = { line = "drain", field = "refused", unit = "1", by_workspace = false, description = "Refused calls (unauthorized, unknown workspace, bad path or method) a sampled WARNING line stands for: at most one line a second per cause and instance (sum: refused calls)." }
+    "replication/delivery_lag"          = { line = "verify_workspace", field = "oldest_pending_age_seconds", unit = "s", by_workspace = true, labels = [], description = "Age of the oldest pending event, set-aside ones apart (one value per workspace per pass)." }
+    "replication/verification_lag"      = { line = "verify_workspace", field = "oldest_unverified_age_seconds", unit = "s", by_workspace = true, labels = [], description = "Time since the oldest accepted, unverified event was accepted." }
+    "replication/pending_events"        = { line = "verify_workspace", field = "pending", unit = "1", by_workspace = true, labels = [], description = "Pending events (set-aside ones apart)." }
+    "replication/unverified_events"     = { line = "verify_workspace", field = "unverified", unit = "1", by_workspace = true, labels = [], description = "Accepted events not verified yet." }
+    "replication/set_aside_events"      = { line = "verify_workspace", field = "set_aside", unit = "1", by_workspace = true, labels = [], description = "Events set aside because they cannot be published." }
+    "replication/set_aside_lag"         = { line = "verify_workspace", field = "oldest_set_aside_age_seconds", unit = "s", by_workspace = true, labels = [], description = "How long the longest set-aside event has been set aside, at least." }
+    "replication/verified_events"       = { line = "verify_workspace", field = "verified", unit = "1", by_workspace = false, labels = [], description = "Events a workspace's pass verified (sum: events verified)." }
+    "replication/requeued_events"       = { line = "verify_workspace", field = "requeued", unit = "1", by_workspace = false, labels = [], description = "Events a workspace's pass sent back to pending (absent 15 minutes after acceptance)." }
+    "replication/verifier_lookup_time"  = { line = "verify_workspace", field = "lookup_seconds", unit = "s", by_workspace = false, labels = [], description = "Time a workspace's pass waited for BigQuery." }
+    "replication/drain_published"       = { line = "drain_run", field = "count", unit = "1", by_workspace = false, labels = [], description = "Events a drainer published since its last line (a line when it ends and every minute it runs; sum: events published)." }
+    "replication/drain_published_bytes" = { line = "drain_run", field = "bytes", unit = "By", by_workspace = false, labels = [], description = "Bytes a drainer published since its last line." }
+    "replication/drain_duration"        = { line = "drain", field = "duration_ms", unit = "ms", by_workspace = false, labels = [], description = "Time to answer a wake-up: what every action of the ontology service waits for." }
+    "replication/drain_publish_latency" = { line = "drain_run", field = "publish_ms", unit = "ms", by_workspace = false, labels = [], description = "Time a drainer spent in Pub/Sub's Publish since its last line." }
+    "replication/drain_refused"         = { line = "drain", field = "refused", unit = "1", by_workspace = false, labels = [], description = "Refused calls (unauthorized, unknown workspace, bad path or method) a sampled WARNING line stands for: at most one line a second per cause and instance (sum: refused calls)." }
+    "replication/connections_opened"    = { line = "connections", field = "opened", unit = "1", by_workspace = false, labels = ["server"], description = "Connections a process opened to a PostgreSQL server in a minute (a line a minute per server it opened any to): each is a session the server forks, logs in and warms; near 0 in steady state, about one a commit on a fleet without a pooler." }
   }
 
   metric_prefix = "logging.googleapis.com/user/"
@@ -103,14 +105,14 @@ resource "google_logging_metric" "distribution" {
     value_type  = "DISTRIBUTION"
     unit        = each.value.unit
     dynamic "labels" {
-      for_each = each.value.by_workspace && var.workspace_gauges ? ["workspace"] : []
+      for_each = concat(each.value.by_workspace && var.workspace_gauges ? ["workspace"] : [], each.value.labels)
       content {
         key        = labels.value
         value_type = "STRING"
       }
     }
   }
-  label_extractors = each.value.by_workspace && var.workspace_gauges ? { workspace = "EXTRACT(jsonPayload.workspace)" } : {}
+  label_extractors = { for l in concat(each.value.by_workspace && var.workspace_gauges ? ["workspace"] : [], each.value.labels) : l => "EXTRACT(jsonPayload.${l})" }
   bucket_options {
     exponential_buckets {
       num_finite_buckets = 32

@@ -115,7 +115,8 @@ func parseLines(t *testing.T, logs string) []map[string]any {
 }
 
 // auditLogs are the job's audit lines, one per outcome, as
-// delivery.LogAuditResult writes them.
+// delivery.LogAuditResult writes them, and a process's connections line
+// (delivery.LogConnectionsOpened).
 func auditLogs(t *testing.T) []map[string]any {
 	t.Helper()
 	var logs syncBuffer
@@ -124,6 +125,8 @@ func auditLogs(t *testing.T) []map[string]any {
 	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{Generation: "g", Equal: true}, nil)
 	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{Generation: "g", Differences: 2, Repairable: 1}, nil)
 	delivery.LogAuditResult(ctx, log, "w1", delivery.AuditReport{}, errors.New("database unreachable"))
+	// A process's minute of connections to a server (ReportConnections).
+	delivery.LogConnectionsOpened(ctx, log, "project:region:instance", 12, 3, delivery.ConnectionsInterval)
 	return parseLines(t, logs.String())
 }
 
@@ -153,7 +156,8 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 		messages[kind] = match[1]
 	}
 	require.Equal(t, map[string]string{"drain": functions.LogDrain, "drain_run": delivery.LogDrainRun, "drain_fault": delivery.LogDrainFault,
-		"verify_workspace": delivery.LogVerifyWorkspace, "verify_pass": functions.LogVerify, "audit": delivery.LogAudit}, messages,
+		"verify_workspace": delivery.LogVerifyWorkspace, "verify_pass": functions.LogVerify, "audit": delivery.LogAudit,
+		"connections": delivery.LogConnections}, messages,
 		"the filters select the code's messages")
 
 	bandsValue, diags := m.locals["lag_bands"].Expr.Value(nil)
@@ -251,6 +255,10 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 			if s["by_workspace"] == true {
 				ws, _ := l["workspace"].(string)
 				require.Equal(t, "w1", ws, "%s: its workspace label", metric)
+			}
+			for _, label := range s["labels"].([]any) {
+				v, _ := l[label.(string)].(string)
+				require.NotEmpty(t, v, "%s: its label %s on %v", metric, label, l)
 			}
 		}
 		require.Positive(t, with, "%s: no line carries %s", metric, field)

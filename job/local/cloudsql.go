@@ -78,8 +78,11 @@ func (l *local) cloudSQLProblem() string {
 // databasePath says how the components reached the database, for the
 // summary.
 func (l *local) databasePath() string {
+	if l.pooler != nil {
+		return "PostgreSQL on loopback through a PgBouncer in session mode (registry database.pooled), each component as its own role"
+	}
 	if l.cloudSQL == nil {
-		return "PostgreSQL on loopback, each component as its own role (--cloud-sql: through the Cloud SQL connector)"
+		return "PostgreSQL on loopback, each component as its own role (--cloud-sql: through the Cloud SQL connector; --pooled: a PgBouncer)"
 	}
 	logins := 0
 	for _, n := range l.cloudSQL.Logins() {

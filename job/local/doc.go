@@ -13,7 +13,10 @@
 //     ephemeral certificates on loopback, and the instance's TLS server
 //     proxy in front of the cluster's socket, where each component's IAM
 //     database user is its role); the report's database line counts the
-//     certificates and logins
+//     certificates and logins. With --pooled each component reaches it
+//     through a PgBouncer in session mode (shared/testbench/pgbouncer), its
+//     registry entries pooled, as a fleet's deployment does through Cloud
+//     SQL's Managed Connection Pooling
 //   - the ontology service waking the drain after each commit: the workload's
 //     writers: each commit, then `POST …/drain` with a runtime token, 5 s,
 //     body ignored, as the SDK's `service/replication.js` does

@@ -244,16 +244,6 @@ func (d *drainProcess) freeze(ctx context.Context, hold time.Duration) {
 	d.frozen.Store(false)
 }
 
-// pid is the running process's pid (0 when none).
-func (d *drainProcess) pid() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cmd == nil {
-		return 0
-	}
-	return d.cmd.Process.Pid
-}
-
 func (d *drainProcess) stop(killAfter time.Duration) restartResult {
 	started := time.Now()
 	if d.cmd == nil {

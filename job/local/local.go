@@ -23,6 +23,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/cloudsqlproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgbouncer"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
@@ -43,6 +44,8 @@ type localConfig struct {
 	// cloudSQL reaches the database through the Cloud SQL connector and
 	// the stand-in (--cloud-sql).
 	cloudSQL bool
+	// pooled reaches it through a PgBouncer in session mode (--pooled).
+	pooled bool
 }
 
 // The local deployment's fixed names.
@@ -83,6 +86,8 @@ type local struct {
 	bigqueryFaults *faultproxy.HTTP
 	// cloudSQL is the Cloud SQL stand-in (--cloud-sql).
 	cloudSQL *cloudsqlproxy.Instance
+	// pooler is the PgBouncer in front of the database (--pooled).
+	pooler *pgbouncer.Server
 	// drainProcs are the chaos run's drain instances.
 	drainProcs []*drainProcess
 	// logs receives the drain process's lines (with LOG_LEVEL set).
@@ -150,6 +155,7 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.StringVar(&cfg.chaos.plot, "plot", "", "with --chaos: write the run's timeline to this file, as SVG")
 	fs.IntVar(&cfg.drains, "drains", 2, "with --chaos: drain instances (processes of the deployed entry point), 1 to 8")
 	fs.BoolVar(&cfg.cloudSQL, "cloud-sql", false, "every component reaches the database as production does: through the Cloud SQL Go connector, IAM login, private IP, to a local Cloud SQL stand-in in front of PostgreSQL")
+	fs.BoolVar(&cfg.pooled, "pooled", false, "every component reaches the database through a PgBouncer in session mode, as a fleet's deployment does through a pooler (registry database.pooled)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:")
@@ -171,6 +177,9 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 		// point, and --keep's job commands others again: those reach Cloud
 		// SQL only with Google's Admin API and credentials.
 		return cfg, usageError{errors.New("local: --cloud-sql runs every component in this process: it goes without --chaos and --keep")}
+	}
+	if cfg.pooled && cfg.cloudSQL {
+		return cfg, usageError{errors.New("local: --pooled and --cloud-sql are two ways to the database: choose one")}
 	}
 	if cfg.chaos.plot != "" && cfg.chaos.duration == 0 {
 		return cfg, usageError{errors.New("local: --plot draws a chaos run: it needs --chaos")}

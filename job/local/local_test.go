@@ -196,12 +196,35 @@ func TestLocalRunCloudSQL(t *testing.T) {
 	require.True(t, sum.Audit.Equal, "the audit, through the connector too, finds nothing: %+v", sum.Audit)
 }
 
+// TestLocalRunPooled: with --pooled every component reaches the database
+// through a PgBouncer in session mode, its registry entries pooled, and
+// the run is proven as any other.
+func TestLocalRunPooled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole local pipeline")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	var stdout, stderr logbuf.Buffer
+	err := runLocal(ctx, []string{"--pooled", "--records", "200", "--writers", "3", "--json", "--timeout", "150s"},
+		func(string) string { return "" }, &stdout, &stderr)
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	var sum summary
+	require.NoError(t, json.Unmarshal([]byte(stdout.String()), &sum), stdout.String())
+	require.Contains(t, sum.Database, "PgBouncer", "the report says how the database was reached")
+	require.True(t, sum.FullyVerified, "every event verified")
+	require.Equal(t, sum.EventsWritten, sum.Verified)
+	require.NotNil(t, sum.Audit)
+	require.True(t, sum.Audit.Equal, "the audit, through the pooler too, finds nothing: %+v", sum.Audit)
+}
+
 // TestLocalUsage: stray arguments and bad flags are usage errors (the
 // command exits 2), before anything starts.
 func TestLocalUsage(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"extra"}, {"--records", "5"}, {"--no-such-flag"},
-		{"--cloud-sql", "--chaos", "1m"}, {"--cloud-sql", "--keep"}} {
+		{"--cloud-sql", "--chaos", "1m"}, {"--cloud-sql", "--keep"}, {"--pooled", "--cloud-sql"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			err := runLocal(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard)
 			require.Error(t, err)

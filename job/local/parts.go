@@ -169,6 +169,11 @@ func (l *local) startFunctions(ctx context.Context) error {
 			return err
 		}
 	}
+	if l.cfg.pooled {
+		if err := l.startPooler(ctx); err != nil {
+			return err
+		}
+	}
 	l.registry = l.registryFor("")
 	if err := l.startDrains(ctx); err != nil {
 		return err
@@ -279,8 +284,11 @@ func (l *local) registryAs(component, name string) string {
 		dbURL = u.String()
 	}
 	database := fmt.Sprintf(`{"url": %q}`, dbURL)
-	if l.cloudSQL != nil {
+	switch {
+	case l.cloudSQL != nil:
 		database = l.cloudSQLDatabase(role)
+	case l.pooler != nil:
+		database = fmt.Sprintf(`{"url": %q, "pooled": true}`, l.pooledURL(dbURL))
 	}
 	return fmt.Sprintf(`{"identity": {"issuer": %q, "audience": %q, "jwks_url": %q},
   "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": %s,
@@ -300,7 +308,15 @@ func (l *local) functionsHandler(ctx context.Context, component, sweep string) (
 	if err != nil {
 		return nil, nil, err
 	}
-	return local.Handler, local.Close, nil
+	closeLocal := func() {
+		// The drainers carry out the wake-ups answered before the parts stop
+		// (Close would release what they had not claimed yet).
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = local.Idle(ctx)
+		local.Close()
+	}
+	return local.Handler, closeLocal, nil
 }
 
 // serve serves h on a free loopback port until the run ends.

@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -119,8 +121,9 @@ type entry struct {
 // server is one PostgreSQL server's connection budget in this process.
 type server struct {
 	key     string
-	open    int // connections dialled and not yet closed (guarded by Pools.mu)
-	waiting int // dials waiting for a place (guarded by Pools.mu)
+	open    int   // connections dialled and not yet closed (guarded by Pools.mu)
+	opened  int64 // connections dialled since the process started (guarded by Pools.mu)
+	waiting int   // dials waiting for a place (guarded by Pools.mu)
 	// closed is closed and replaced when one of its connections closes.
 	closed chan struct{}
 }
@@ -358,13 +361,6 @@ func (p *Pools) closeIdle() {
 	}
 }
 
-// Open reports how many workspace pools are open.
-func (p *Pools) Open() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.pools)
-}
-
 func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, error) {
 	cfg, err := p.poolConfig(ctx, ws.Database)
 	if err != nil {
@@ -381,20 +377,41 @@ func (p *Pools) openLocked(ctx context.Context, ws registry.Workspace) (*entry, 
 	return e, nil
 }
 
-// Close closes every pool (waiting for their connections to come back)
-// and the Cloud SQL dialer.
-// Acquired is how many connections of the open pools callers hold now:
-// zero once every turn, claim and session has given its connection back.
-func (p *Pools) Acquired() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, e := range p.pools {
-		n += int(e.pool.Stat().AcquiredConns())
-	}
-	return n
+// ServerStats is what one process holds of one PostgreSQL server.
+type ServerStats struct {
+	// Server is the budget's key: the Cloud SQL instance, or the address
+	// and port (see Config.ServerMaxConns).
+	Server string
+	// Open is the connections open now, Acquired those callers hold, and
+	// Opened every connection the process dialled to the server since it
+	// started: its rate is the churn the server pays (a session each).
+	Open, Acquired int
+	Opened         int64
 }
 
+// Stats reports the process's connections by server, in key order.
+func (p *Pools) Stats() []ServerStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	byKey := make(map[string]*ServerStats, len(p.servers))
+	var out []ServerStats
+	for _, key := range slices.Sorted(maps.Keys(p.servers)) {
+		srv := p.servers[key]
+		out = append(out, ServerStats{Server: key, Open: srv.open, Opened: srv.opened})
+	}
+	for i := range out {
+		byKey[out[i].Server] = &out[i]
+	}
+	for _, e := range p.pools {
+		if st := byKey[e.server.key]; st != nil {
+			st.Acquired += int(e.pool.Stat().AcquiredConns())
+		}
+	}
+	return out
+}
+
+// Close closes every pool (waiting for their connections to come back)
+// and the Cloud SQL dialer.
 func (p *Pools) Close() {
 	p.mu.Lock()
 	if p.closed {

@@ -47,3 +47,10 @@ func ServerKeyOf(host string, port uint16, server string) string {
 	}
 	return p.serverKey(registry.Database{Server: server}, cfg)
 }
+
+// Open reports how many workspace pools are open.
+func (p *Pools) Open() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pools)
+}

@@ -182,6 +182,9 @@ func (p *Pools) budget(cfg *pgxpool.Config, srv *server, pooled bool) {
 			p.giveBack(srv)
 			return nil, err
 		}
+		p.mu.Lock()
+		srv.opened++
+		p.mu.Unlock()
 		return &budgetedConn{Conn: conn, giveBack: sync.OnceFunc(func() { p.giveBack(srv) })}, nil
 	}
 }

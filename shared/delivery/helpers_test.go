@@ -343,10 +343,17 @@ func (g *gate) release() {
 // pgxpool.Close until the package's time-out.
 func closePools(tb testing.TB, r *rig, pools *database.Pools) {
 	deadline := time.Now().Add(10 * time.Second)
-	for pools.Acquired() > 0 {
+	acquired := func() int {
+		n := 0
+		for _, st := range pools.Stats() {
+			n += st.Acquired
+		}
+		return n
+	}
+	for acquired() > 0 {
 		if time.Now().After(deadline) {
 			tb.Errorf("%d connections were never given back (a turn, a claim or a session not ended); %d locks of the turns and claims held",
-				pools.Acquired(), r.drainLocksHeld(tb))
+				acquired(), r.drainLocksHeld(tb))
 			return // left open: closing would wait for them forever
 		}
 		time.Sleep(10 * time.Millisecond) // the pools' own count is the signal

@@ -22,15 +22,6 @@ func (u *unit) sweep(ctx context.Context, batches int, startBefore time.Time) {
 	}
 }
 
-// Sweep publishes up to maxBatches batches of a workspace's pending events:
-// those no wake-up will come for (sent back by a retry, a replay or a
-// backfill). It is the drain, on claims of its own outside the wake-ups'
-// turns, repeated while more is pending. It returns how
-// many events were published.
-func (s *Service) Sweep(ctx context.Context, workspaceID string, maxBatches int) (int, error) {
-	return s.sweep(ctx, workspaceID, maxBatches, time.Time{})
-}
-
 func (s *Service) sweep(ctx context.Context, workspaceID string, maxBatches int, startBefore time.Time) (int, error) {
 	published := 0
 	for range maxBatches {

@@ -70,27 +70,6 @@ type VerifyResult struct {
 	Cause string `json:"cause,omitempty"`
 }
 
-// Verify runs verification rounds for one workspace until nothing is due or
-// ctx ends: take up to 1,000 due accepted events, look them up in one
-// warehouse query, mark the present verified and retry the absent (checked
-// ones only). A failed lookup changes nothing for its round. Ids the lookup
-// returns that were not asked for are ignored. Running out of time is not a
-// failure: what committed stays, the rest is due again.
-func (s *Service) Verify(ctx context.Context, workspaceID string) (VerifyResult, error) {
-	ws, err := s.Workspace(workspaceID)
-	if err != nil {
-		return VerifyResult{Workspace: workspaceID, Outcome: OutcomeFailed, Error: err.Error(), Cause: CauseInternal}, err
-	}
-	u := s.newUnit([]registry.Workspace{ws})
-	u.verify(ctx, time.Time{})
-	failUnanswered([]*unit{u})
-	res := u.members[0].res
-	if res.Error != "" {
-		return res, u.members[0].err
-	}
-	return res, nil
-}
-
 // The verifier's defaults, which the Verify function, `job verify` and
 // VerifyAll all use.
 const (

@@ -27,12 +27,6 @@ func (s *scanner) space() {
 // maxDepth bounds nesting, as a guard against hostile input.
 const maxDepth = 512
 
-// skipValue moves past the value at s.i, checking it.
-func (s *scanner) skipValue(depth int) error {
-	var none *objectIndex // check only, index nothing
-	return none.scan(s, depth)
-}
-
 // skipScalar moves past the string, number or literal at s.i, checking it.
 func (s *scanner) skipScalar() error {
 	if s.i >= len(s.b) {

@@ -27,12 +27,6 @@ func MessageBytes(jsonBytes int) int {
 	return len(`{"data":""}`) + base64.StdEncoding.EncodedLen(jsonBytes) + 1
 }
 
-// Oversize reports whether an event whose JSON is jsonBytes long can never fit
-// in a batch under the SDK's bound, even alone.
-func Oversize(jsonBytes int) bool {
-	return MessageBytes(jsonBytes)+BatchOverhead > MaxBatchBytes
-}
-
 // Fit is the outcome of offering an event to a SizeBound.
 type Fit int
 
@@ -72,9 +66,6 @@ func (b *SizeBound) Offer(jsonBytes int) Fit {
 
 // Bytes is the batch's size as the SDK counts it.
 func (b *SizeBound) Bytes() int { return BatchOverhead + b.bytes }
-
-// Len is the number of events counted.
-func (b *SizeBound) Len() int { return b.events }
 
 // OversizeError reports an event that cannot fit in a batch under the SDK's
 // bound even alone. The SDK fails the whole read on it; this project publishes

@@ -61,13 +61,11 @@ func TraceFromRequest(r *http.Request) (Trace, bool) {
 	return t, true
 }
 
-// Traced wraps an HTTP handler so that each request's context carries its
-// trace (see TraceFromRequest).
-func Traced(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if t, ok := TraceFromRequest(r); ok {
-			r = r.WithContext(WithTrace(r.Context(), t))
-		}
-		next.ServeHTTP(w, r)
-	})
+// Traced returns r with its trace (see TraceFromRequest) in its context,
+// so that every line logged for it carries the trace.
+func Traced(r *http.Request) *http.Request {
+	if t, ok := TraceFromRequest(r); ok {
+		return r.WithContext(WithTrace(r.Context(), t))
+	}
+	return r
 }

@@ -144,9 +144,6 @@ type AuditSource struct {
 	pages int
 }
 
-// Pages is how many page statements the source's read took.
-func (a *AuditSource) Pages() int { return a.pages }
-
 // OpenAudit reads the latest state of the records of the given entities
 // of t (each selected by t) as of watermark, page by page. The caller must
 // Close the AuditSource.

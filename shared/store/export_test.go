@@ -72,3 +72,9 @@ func CandidatesReading(idents ...string) string { return candidatesStatement(ide
 // BeforeRelease makes fn run before each claim of s on a connection of
 // its own releases its locks.
 func BeforeRelease(s *Store, fn func()) { s.beforeRelease = fn }
+
+// Out is how many of the session's claims are out.
+func (ss *Session) Out() int { return ss.out }
+
+// Pages is how many page statements the source's read took.
+func (a *AuditSource) Pages() int { return a.pages }

@@ -113,12 +113,6 @@ func (s *Store) OpenSession(ctx context.Context) (State, Target, *Session, error
 	return state, ss.target, ss, nil
 }
 
-// Target is the target the session drains (known once it has claimed).
-func (ss *Session) Target() Target { return ss.target }
-
-// Out is how many of the session's claims are out.
-func (ss *Session) Out() int { return ss.out }
-
 // Finishing is one of a session's claims to finish: the events Pub/Sub
 // accepted are acknowledged, those that cannot be published set aside (see
 // Claim.Finish); the claim's other events stay pending. With neither, the
