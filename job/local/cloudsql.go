@@ -97,5 +97,8 @@ func plural(n int, thing string) string {
 	if n == 1 {
 		return "1 " + thing
 	}
+	if strings.HasSuffix(thing, "ch") || strings.HasSuffix(thing, "s") {
+		return fmt.Sprintf("%d %ses", n, thing)
+	}
 	return fmt.Sprintf("%d %ss", n, thing)
 }

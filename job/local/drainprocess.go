@@ -72,8 +72,9 @@ func (w *leftWork) since(before leftCounts) string {
 	if now.drainers == before.drainers {
 		return "nothing pending"
 	}
-	return fmt.Sprintf("%d drainers with work left (%d batches released, %d of their events published unacknowledged, %d with wake-ups unclaimed)",
-		now.drainers-before.drainers, now.released-before.released, now.unacknowledged-before.unacknowledged, now.unclaimed-before.unclaimed)
+	return fmt.Sprintf("%s with work left (%s released, %d of their events published unacknowledged, %d with wake-ups unclaimed)",
+		plural(int(now.drainers-before.drainers), "drainer"), plural(int(now.released-before.released), "batch"),
+		now.unacknowledged-before.unacknowledged, now.unclaimed-before.unclaimed)
 }
 
 // add counts one LogDrainLeft line.

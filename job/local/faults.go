@@ -223,8 +223,9 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 		running, left := proc.running.Load(), proc.left.snapshot()
 		var res restartResult
 		res, err = proc.restart(context.WithoutCancel(ctx), 10*time.Second)
-		detail = fmt.Sprintf("SIGTERM to %s (%s) with %d drainers running and %d wake-ups in flight; ended in %.1fs%s, leaving %s; a new process serves",
-			proc.name, why, running, inFlight, res.stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.killed], proc.left.since(left))
+		detail = fmt.Sprintf("SIGTERM to %s (%s) with %s running and %d wake-ups in flight; ended in %.1fs%s, leaving %s; a new process serves",
+			proc.name, why, plural(int(running), "drainer"), inFlight, res.stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.killed],
+			proc.left.since(left))
 		effect = int(min(running, 1) + min(inFlight, 1))
 	case faultDrainKill:
 		err = proc.kill(context.WithoutCancel(ctx))
