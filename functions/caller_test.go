@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
 
@@ -194,15 +196,42 @@ func TestVerifierRemembersThatGooglesKeysAreDown(t *testing.T) {
 	client, fetches := googleKeys(t, google, &down)
 	h := newHarness(t, withCallerCheck(schedulerEmail, verifierURL, client))
 	first := fetches.Load()
-	for range 20 {
+	forged := googleToken(t, forger, nil)
+	const clients, calls = 20, 50
+	refuse := func() {
 		req := httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}"))
-		req.Header.Set("Authorization", "Bearer "+googleToken(t, forger, nil))
+		req.Header.Set("Authorization", "Bearer "+forged)
 		rec := httptest.NewRecorder()
 		h.handler.ServeHTTP(rec, req)
 		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	}
+	refuse() // the failed fetch the flood then meets
+	started := time.Now()
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for range calls {
+				refuse()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(started)
 	require.LessOrEqual(t, fetches.Load()-first, int64(2), "one fetch (its retry at most), not one a token")
-	require.Equal(t, 20, strings.Count(h.logs.String(), `"cause":"keys_unavailable"`))
+	// Each refusal has its line at DEBUG; at most one a second is a
+	// WARNING, and the WARNINGs' refused counts add up to the refusals.
+	warnings, counted := 0, 0
+	for _, l := range h.lines(LogVerify) {
+		require.Equal(t, "keys_unavailable", l["cause"])
+		if l["severity"] == "WARNING" {
+			warnings++
+			counted += int(l["refused"].(float64))
+		}
+	}
+	require.Len(t, h.lines(LogVerify), 1+clients*calls, "a line for each, most at DEBUG")
+	require.LessOrEqual(t, warnings, 2+int(elapsed/time.Second), "at most one WARNING a second (%v)", elapsed)
+	waiting := h.srv.refused.by["keys_unavailable/"+delivery.CauseKeysUnavailable].n
+	require.Equal(t, 1+clients*calls, counted+waiting, "the WARNINGs count the refusals (and the next one those since the last)")
 	require.NotContains(t, h.logs.String(), `"cause":"internal"`)
 
 	// Google's keys are back: once the memory has lapsed (10 s), the next

@@ -34,6 +34,7 @@ var drainPath = regexp.MustCompile(`/api/internal/v1/workspaces/([^/]+)/ontology
 func (s *server) serveDrain(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	r = logging.Traced(r)
+	boundBody(w, r) // the wake-up has no body: one announced is never waited for
 	out := outcome{ctx: r.Context(), log: s.log, message: LogDrain, refusals: &s.refused}
 	defer func() { out.write(w, started) }()
 	if s.err != nil {

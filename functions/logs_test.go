@@ -70,13 +70,22 @@ func (h *harness) awaitLogged(text string) {
 func (h *harness) logged(message, field string) []float64 {
 	h.t.Helper()
 	var out []float64
-	for line := range strings.SplitSeq(h.logs.String(), "\n") {
-		var l map[string]any
-		if json.Unmarshal([]byte(line), &l) != nil || l["message"] != message {
-			continue
-		}
+	for _, l := range h.lines(message) {
 		if v, ok := l[field].(float64); ok {
 			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// lines returns every line whose message is message, decoded.
+func (h *harness) lines(message string) []map[string]any {
+	h.t.Helper()
+	var out []map[string]any
+	for line := range strings.SplitSeq(h.logs.String(), "\n") {
+		var l map[string]any
+		if json.Unmarshal([]byte(line), &l) == nil && l["message"] == message {
+			out = append(out, l)
 		}
 	}
 	return out

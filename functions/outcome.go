@@ -41,26 +41,30 @@ func (o *outcome) ok(body any) {
 // write writes the invocation's line and its answer. A 503 (a later call
 // may succeed) is a WARNING, a 500 an ERROR, each with a cause (see
 // delivery.Cause) that alerts and Error Reporting group by; a 4xx is a
-// WARNING, but for refused callers (401, 403, 404, 405: sampled, see
+// WARNING. Refused callers (401, 403, 404, 405) and callers that cannot be
+// checked while the token keys are unavailable (a 503) are sampled (see
 // refusals).
 func (o *outcome) write(w http.ResponseWriter, started time.Time) {
 	fields := append(o.fields, slog.String("outcome", o.name), slog.Int("status", o.status),
 		slog.Int64("duration_ms", time.Since(started).Milliseconds()))
 	level := slog.LevelInfo
 	switch {
+	case o.refusals != nil && (refused(o.status) || o.cause == delivery.CauseKeysUnavailable):
+		// A refused request costs its caller nothing, and so does one
+		// that cannot be checked while the token keys cannot be fetched
+		// (a 503 the caller may retry at once), so a flood of them must
+		// cost nothing either: each is a DEBUG line, and at most one a
+		// second per outcome and cause a WARNING carrying how many it
+		// stands for.
+		level = slog.LevelDebug
+		if n, ok := o.refusals.admit(o.name+"/"+o.cause, time.Now()); ok {
+			level = slog.LevelWarn
+			fields = append(fields, slog.Int("refused", n))
+		}
 	case o.status == http.StatusServiceUnavailable:
 		level = slog.LevelWarn
 	case o.status >= 500:
 		level = slog.LevelError
-	case o.status >= 400 && o.refusals != nil && refused(o.status):
-		// A refused request costs its caller nothing, so a flood of them
-		// must cost nothing either: each is a DEBUG line, and at most one
-		// a second per cause a WARNING carrying how many it stands for.
-		level = slog.LevelDebug
-		if n, ok := o.refusals.admit(o.name, time.Now()); ok {
-			level = slog.LevelWarn
-			fields = append(fields, slog.Int("refused", n))
-		}
 	case o.status >= 400:
 		level = slog.LevelWarn
 	}

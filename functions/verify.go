@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -67,6 +66,7 @@ func parseVerifyRequest(body []byte) (verifyRequest, error) {
 func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	r = logging.Traced(r)
+	boundBody(w, r)
 	out := outcome{ctx: r.Context(), log: s.log, message: LogVerify, refusals: &s.refused}
 	defer func() { out.write(w, started) }()
 	if err := cmp.Or(s.err, s.callerErr); err != nil {
@@ -94,8 +94,15 @@ func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
-	if err != nil {
+	body, err := readBody(w, r)
+	switch {
+	case errors.Is(err, errBodyTooSlow):
+		out.fail(http.StatusRequestTimeout, "body_timeout", err.Error(), err)
+		return
+	case errors.Is(err, errBodyTooLarge):
+		out.fail(http.StatusRequestEntityTooLarge, "body_too_large", err.Error(), err)
+		return
+	case err != nil:
 		out.fail(http.StatusBadRequest, "bad_request", "the body could not be read", err)
 		return
 	}

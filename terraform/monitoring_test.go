@@ -70,6 +70,10 @@ func functionLogs(t *testing.T) []map[string]any {
 	rec = httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/Verify", strings.NewReader("{}")))
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	// A refused verifier call: its sampled line counts it.
+	rec = httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/Verify", nil))
+	require.Equal(t, http.StatusMethodNotAllowed, rec.Code, rec.Body.String())
 	// The verifier's grant revoked: BigQuery answers 403, and each pass
 	// says so on the workspace's line.
 	p.DenyBigQuery.Store(true)
@@ -226,7 +230,12 @@ func TestTerraformLogMetricsReadTheCodesLines(t *testing.T) {
 	// is one the "no verifier pass" alert counts as a pass.
 	e := newMonitoringEval(t)
 	ran := oneOf(t, e.conditions("verifier")["/no verifier pass"].filter, "metric.labels.outcome")
-	passes := byMessage[functions.LogVerify]
+	var passes []map[string]any
+	for _, l := range byMessage[functions.LogVerify] {
+		if _, refused := l["refused"]; !refused {
+			passes = append(passes, l)
+		}
+	}
 	require.Len(t, passes, 3)
 	for _, l := range passes {
 		require.Contains(t, ran, l["outcome"], "a pass that ran, logged as %v, would page \"no verifier pass\"", l["outcome"])
