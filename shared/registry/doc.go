@@ -48,7 +48,9 @@
 // field), two workspaces whose ids differ only in case, a key given twice in
 // one JSON object, compared as encoding/json matches keys (case and Unicode
 // simple folding: "id" then "ID" is refused, the path of the second named),
-// nesting deeper than 32, and a registry over MaxBytes (16 MiB: room for tens
+// nesting deeper than 32, a key longer than 256 bytes (no field's name is:
+// it is refused before it is folded or quoted, at a few times its own
+// size in memory), and a registry over MaxBytes (16 MiB: room for tens
 // of thousands of workspaces; the read stops there, so a wrong path such as
 // /dev/zero is an error, not an out-of-memory). An error quotes at most 64
 // characters of what it refuses. Nothing logs a connection string or a URL's

@@ -5,6 +5,7 @@ package registry
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,12 @@ import (
 // nested deeper before it walks any further.
 const maxDepth = 32
 
+// maxKeyBytes bounds a key: the registry's longest is 24 bytes, 72 in the
+// widest spelling encoding/json matches to it (each letter a 3-byte rune
+// of its fold orbit), so a longer key is no field of a registry and is
+// refused before it is folded or looked up again.
+const maxKeyBytes = 256
+
 // checkDuplicateKeys refuses an object that names a key twice, saying
 // where (a JSON path such as workspaces[1].database.url). Keys are
 // compared as encoding/json matches them to fields, case-insensitively
@@ -29,6 +36,9 @@ const maxDepth = 32
 // it.
 func checkDuplicateKeys(raw []byte) error {
 	return walkKeys(raw, func(at, key string, seen map[string]bool) error {
+		if len(key) > maxKeyBytes {
+			return fmt.Errorf("%s: the key %s is longer than any key of a registry (%d bytes at most)", cmp.Or(at, "the top level"), bounded(key), maxKeyBytes)
+		}
 		folded := foldKey(key)
 		if seen[folded] {
 			if at == "" {
@@ -161,10 +171,24 @@ func foldKey(s string) string {
 
 // cut is s cut to maxQuoted characters, for a path in an error.
 func cut(s string) string {
-	if utf8.RuneCountInString(s) <= maxQuoted {
-		return s
+	if head, whole := runePrefix(s, maxQuoted); !whole {
+		return head + "…"
 	}
-	return string([]rune(s)[:maxQuoted]) + "…"
+	return s
+}
+
+// runePrefix returns s's first n runes, and whether that is all of s,
+// reading no further than them (s may be megabytes).
+func runePrefix(s string, n int) (string, bool) {
+	end := 0
+	for range n {
+		if end == len(s) {
+			return s, true
+		}
+		_, size := utf8.DecodeRuneInString(s[end:])
+		end += size
+	}
+	return s[:end], end == len(s)
 }
 
 // maxQuoted bounds what an error quotes of a value it refuses.
@@ -174,9 +198,9 @@ const maxQuoted = 64
 // the length said) so that a hostile value cannot make a line of a
 // megabyte.
 func bounded(s string) string {
-	if utf8.RuneCountInString(s) <= maxQuoted {
+	head, whole := runePrefix(s, maxQuoted)
+	if whole {
 		return strconv.Quote(s)
 	}
-	runes := []rune(s)
-	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(string(runes[:maxQuoted])), len(s))
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(head), len(s))
 }
