@@ -1,6 +1,7 @@
 package database_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -119,10 +120,12 @@ func TestCloudSQLFailuresNameTheirCause(t *testing.T) {
 	cluster := pgtest.Shared(t)
 	name := databaseName(t, cluster.NewDatabase(t, nil))
 	user := cloudsqlproxy.IAMUser(t, cluster, "replication-job")
+	other := cloudsqlproxy.IAMUser(t, cluster, "replication-other")
 	const nobody = "replication-nobody@acme.iam"
 	for _, tc := range []struct {
 		name      string
 		login     string // the IAM user, whose token is "token"
+		as        string // the user the workspace logs in as ("": login)
 		cfg       cloudsqlproxy.Config
 		privateIP bool
 		fault     func(*cloudsqlproxy.Instance)
@@ -133,6 +136,7 @@ func TestCloudSQLFailuresNameTheirCause(t *testing.T) {
 		{name: "IAM token refused", login: user, fault: func(i *cloudsqlproxy.Instance) { i.SetTokensRefused(true) }, refused: true,
 			hint: "needs roles/cloudsql.client and roles/cloudsql.instanceUser"},
 		{name: "IAM database user missing", login: nobody, refused: true},
+		{name: "another IAM user than the token's", login: user, as: other, refused: true, hint: "the certificate is"},
 		{name: "no private IP", login: user, cfg: cloudsqlproxy.Config{PublicOnly: true}, privateIP: true, misconfig: true,
 			hint: "private_ip without a private IP"},
 		{name: "Admin API down", login: user, fault: func(i *cloudsqlproxy.Instance) { i.SetAdminDown(true) }},
@@ -148,7 +152,7 @@ func TestCloudSQLFailuresNameTheirCause(t *testing.T) {
 			pools, err := database.New(database.Config{DialerOptions: inst.DialerOptions("token")})
 			require.NoError(t, err)
 			defer pools.Close()
-			l, err := pools.Acquire(ctx, cloudSQLWorkspace("w", name, tc.login, tc.privateIP))
+			l, err := pools.Acquire(ctx, cloudSQLWorkspace("w", name, cmp.Or(tc.as, tc.login), tc.privateIP))
 			require.NoError(t, err)
 			defer l.Release()
 			err = l.Pool.Ping(ctx)

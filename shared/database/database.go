@@ -108,6 +108,9 @@ type Pools struct {
 	closed  bool
 	stop    chan struct{}
 	done    chan struct{}
+	// idleRecheck is how often a dial waiting for a place on its server
+	// looks again for an idle connection to close (defaultIdleRecheck).
+	idleRecheck time.Duration
 }
 
 type entry struct {
@@ -134,7 +137,8 @@ func New(cfg Config) (*Pools, error) {
 		return nil, fmt.Errorf("database: invalid config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	p := &Pools{cfg: cfg, pools: map[string]*entry{}, servers: map[string]*server{}, changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Pools{cfg: cfg, pools: map[string]*entry{}, servers: map[string]*server{}, changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
+		idleRecheck: defaultIdleRecheck}
 	go p.closeIdle()
 	return p, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -53,4 +54,14 @@ func (p *Pools) Open() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.pools)
+}
+
+// SetIdleRecheck sets how often a dial waiting for a place looks for an
+// idle connection to close: a test that waits for the hand-over of a
+// released connection sets it beyond the wait, so that only the hand-over
+// can end it.
+func (p *Pools) SetIdleRecheck(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.idleRecheck = d
 }

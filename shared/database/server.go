@@ -210,6 +210,7 @@ func (p *Pools) take(ctx context.Context, srv *server) error {
 		closed := srv.closed
 		siblings := p.idleOnLocked(srv)
 		srv.waiting++
+		recheckAfter := p.idleRecheck
 		p.mu.Unlock()
 		var err error
 		if !closeOneIdle(ctx, siblings) {
@@ -219,7 +220,7 @@ func (p *Pools) take(ctx context.Context, srv *server) error {
 			// dialled for a caller that has since given up), and a dial
 			// waiting only for a close would sit its whole connect timeout
 			// beside it.
-			recheck := time.NewTimer(idleRecheck)
+			recheck := time.NewTimer(recheckAfter)
 			select {
 			case <-closed:
 			case <-recheck.C:
@@ -237,9 +238,10 @@ func (p *Pools) take(ctx context.Context, srv *server) error {
 	}
 }
 
-// idleRecheck is how often a dial waiting for a place looks again for an
-// idle connection to close.
-const idleRecheck = 100 * time.Millisecond
+// defaultIdleRecheck is how often a dial waiting for a place looks again
+// for an idle connection to close: a tenth of a second, short beside a
+// connect timeout of seconds and long beside the lock it takes.
+const defaultIdleRecheck = 100 * time.Millisecond
 
 func (p *Pools) giveBack(srv *server) {
 	p.mu.Lock()

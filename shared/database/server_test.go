@@ -72,13 +72,17 @@ func TestServerBudget(t *testing.T) {
 	require.ErrorIs(t, err, database.ErrServerBusy)
 	require.Zero(t, pools.ServerWaiting())
 
-	// b waits again; a connection a releases is handed over to it.
+	// b waits again; a connection a releases is closed, not kept idle, and
+	// its place handed over to b: with no recheck of idle connections
+	// within b's wait, only the hand-over lets b in.
+	pools.SetIdleRecheck(time.Hour)
 	done := make(chan error, 1)
 	go func() { done <- use(ctx, "b") }()
 	require.Eventually(t, func() bool { return pools.ServerWaiting() == 1 }, 30*time.Second, time.Millisecond, "b waits for a place")
 	a1.Release()
 	require.NoError(t, <-done)
 	require.LessOrEqual(t, sessionsOf(t, admin, app), 2)
+	pools.SetIdleRecheck(100 * time.Millisecond)
 
 	// a's other connection goes back idle; c takes its place by closing it.
 	a2.Release()

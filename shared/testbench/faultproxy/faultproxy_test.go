@@ -264,6 +264,29 @@ func TestGRPCHoldNext(t *testing.T) {
 	default:
 	}
 
+	// Arming a hold disarms the one before: its call passes, the new
+	// one's is held.
+	first := proxy.HoldNext(matches("first"))
+	second := proxy.HoldNext(matches("second"))
+	if err := publish("first"); err != nil {
+		t.Fatalf("the call of a hold armed before another passes: %v", err)
+	}
+	select {
+	case <-first.Held():
+		t.Fatal("a hold re-armed over still held a call")
+	default:
+	}
+	go func() { done <- publish("second") }()
+	select {
+	case <-second.Held():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the re-armed hold did not hold its call within 10 s")
+	}
+	second.Release()
+	if err := <-done; err != nil {
+		t.Fatalf("the re-armed hold's call, released: %v", err)
+	}
+
 	lost := proxy.HoldNext(matches("lost"))
 	go func() { done <- publish("lost") }()
 	select {
