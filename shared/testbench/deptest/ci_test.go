@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -57,4 +58,42 @@ func TestCIChecksHoldWithoutGit(t *testing.T) {
 	out, err = run("gofmt-check")
 	require.Error(t, err)
 	require.Contains(t, out, "pkg/bad.go")
+}
+
+// TestCIDocLengthsRefuseEachExcess: .ci/doc-lengths passes docs at each of
+// its bounds and refuses one line or character past any of them.
+func TestCIDocLengthsRefuseEachExcess(t *testing.T) {
+	t.Parallel()
+	script, err := filepath.Abs(filepath.Join("..", "..", "..", ".ci", "doc-lengths"))
+	require.NoError(t, err)
+	lines := func(n int, line string) string { return strings.Repeat(line+"\n", n) }
+	prose, code := strings.Repeat("p", 120), strings.Repeat("c", 160)
+	codeBlock := "```sh\n" + code + "\n```\n"
+	cases := []struct {
+		name, readme, performance string
+		refused                   string // "" passes
+	}{
+		{"at every bound", lines(449-3, prose) + codeBlock, lines(3, strings.Repeat("r", 400)), ""},
+		{"450 README lines", lines(450, "x"), "", "README.md has 450 lines"},
+		{"a prose line of 121", prose + "p\n", "", "README.md:1: 121 characters"},
+		{"a code line of 161", "```\n" + code + "c\n```\n", "", "README.md:2: 161 characters"},
+		{"a PERFORMANCE.md line of 401", "", strings.Repeat("r", 401) + "\n", "PERFORMANCE.md:1: 401 characters"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			root := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(root, "README.md"), []byte(c.readme), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(root, "PERFORMANCE.md"), []byte(c.performance), 0o644))
+			cmd := exec.Command("bash", script)
+			cmd.Dir = root
+			out, err := cmd.CombinedOutput()
+			if c.refused == "" {
+				require.NoError(t, err, "%s", out)
+				return
+			}
+			require.Error(t, err)
+			require.Contains(t, string(out), c.refused)
+		})
+	}
 }
