@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -19,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -83,6 +86,9 @@ func TestHelp(t *testing.T) {
 		cmdOut, _, err := h.run(h.ctx, c.name, "-h")
 		require.NoError(t, err, c.name)
 		require.Contains(t, cmdOut, "usage: job "+c.name)
+		helpOut, _, err := h.run(h.ctx, "help", c.name)
+		require.NoError(t, err, c.name)
+		require.Equal(t, cmdOut, helpOut, "job help %s is job %s -h", c.name, c.name)
 		require.Contains(t, cmdOut, "--workspace")
 		for _, f := range c.flags {
 			require.Contains(t, cmdOut, "--"+f, "%s documents --%s", c.name, f)
@@ -264,4 +270,30 @@ func TestVersionNamesTheCommit(t *testing.T) {
 	out, err = exec.Command(bin, "--version").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "commit 0123abcd")
+}
+
+// TestLogFormat: log lines for a person on a terminal, JSON elsewhere or
+// when asked; another format is refused.
+func TestLogFormat(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		format  string
+		json    bool
+		refused bool
+	}{{"", true, false}, {"json", true, false}, {"text", false, false}, {"yaml", false, true}}
+	for _, c := range cases {
+		t.Run(cmp.Or(c.format, "unset, not a terminal"), func(t *testing.T) {
+			t.Parallel()
+			var buf bytes.Buffer
+			log, err := newLogger(&buf, c.format, logging.Config{Level: slog.LevelInfo})
+			if c.refused {
+				require.ErrorContains(t, err, "LOG_FORMAT")
+				return
+			}
+			require.NoError(t, err)
+			log.Info("replication audit", "workspace", "w1")
+			require.Equal(t, c.json, json.Valid(buf.Bytes()), "%s", buf.String())
+			require.Contains(t, buf.String(), "w1")
+		})
+	}
 }

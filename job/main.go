@@ -9,7 +9,13 @@
 // job killed at any moment continues where it stopped when run again. The
 // first SIGINT or SIGTERM stops it after the current page; a second stops
 // it at once. The local mode, which runs the whole pipeline on this
-// machine, is its own command: go run ./job/local.
+// machine, is its own command: go run ./job/local. `job help <command>`
+// is `job <command> -h`.
+//
+// Log lines go to stderr: on a terminal one line for a person each
+// ("15:04:05 WARNING message key=value …"), anywhere else (a Cloud Run
+// execution, a pipe, a file) Cloud Logging's JSON; LOG_FORMAT=json or text
+// chooses.
 //
 // # JSON output
 //

@@ -103,6 +103,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	switch args[0] {
 	case "-h", "--help", "help":
+		if args[0] == "help" && len(args) > 1 {
+			return run(ctx, []string{args[1], "--help"}, getenv, stdout, stderr) // job help <command>
+		}
 		fmt.Fprintln(stdout, usage())
 		return nil
 	case "--version", "version":
@@ -156,7 +159,10 @@ func (e *env) open(cmd command, workspace string, getenv func(string) string, st
 	if e.workspaces, err = shard(all, getenv); err != nil {
 		return usageError{err}
 	}
-	e.log = logging.New(stderr, logging.Config{Level: settings.LogLevel, ProjectID: settings.ProjectID, Service: "replication-job"})
+	if e.log, err = newLogger(stderr, getenv(config.EnvLogFormat), logging.Config{Level: settings.LogLevel, ProjectID: settings.ProjectID,
+		Service: "replication-job"}); err != nil {
+		return usageError{err}
+	}
 	e.progress = newProgressOutput(stderr, e.log)
 	maxOpen := e.parallel
 	if name == "verify" {
@@ -306,4 +312,21 @@ func first(s []string, n int) []string {
 		return s
 	}
 	return append(slices.Clone(s[:n]), fmt.Sprintf("and %d more", len(s)-n))
+}
+
+// newLogger is the job's logger: lines for a person on a terminal, Cloud
+// Logging's JSON anywhere else, or as format (config.EnvLogFormat) says.
+func newLogger(w io.Writer, format string, cfg logging.Config) (*slog.Logger, error) {
+	switch format {
+	case "json":
+		return logging.New(w, cfg), nil
+	case "text":
+		return logging.NewText(w, cfg), nil
+	case "":
+		if isTerminal(w) {
+			return logging.NewText(w, cfg), nil
+		}
+		return logging.New(w, cfg), nil
+	}
+	return nil, fmt.Errorf("%s=%q: json, text, or unset (text on a terminal, JSON elsewhere)", config.EnvLogFormat, format)
 }

@@ -71,9 +71,14 @@ const (
 	EnvProject = "GOOGLE_CLOUD_PROJECT"
 )
 
-// JobEnvNames lists every variable the job reads: Read's, and the task
-// variables Cloud Run sets itself.
-var JobEnvNames = append(slices.Clone(EnvNames), "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT")
+// JobEnvNames lists every variable the job reads: Read's, the task
+// variables Cloud Run sets itself, and its log format.
+var JobEnvNames = append(slices.Clone(EnvNames), "CLOUD_RUN_TASK_INDEX", "CLOUD_RUN_TASK_COUNT", EnvLogFormat)
+
+// EnvLogFormat is how the job writes its log lines: "json" (Cloud
+// Logging's shape), "text" (for a person), or empty: text on a terminal,
+// JSON anywhere else (a Cloud Run execution, a pipe, a file).
+const EnvLogFormat = "LOG_FORMAT"
 
 // EnvNames lists every variable Read reads.
 var EnvNames = []string{registry.EnvInline, registry.EnvFile, EnvLogLevel, EnvEmulatorHost, EnvPoolSize, EnvMaxOpenPools, EnvServerMaxConns, EnvRetryBudget, EnvProject}
