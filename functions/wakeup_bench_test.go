@@ -217,11 +217,15 @@ func (wb *wakeBench) record(b *testing.B, dir string, rate int, m wakeFigures) {
 	}
 	f := m.floor
 	rows := readCSV(b, filepath.Join(dir, "wakeups.csv"), []string{fmt.Sprint(ms(wb.gather)), fmt.Sprint(rate),
-		fmt.Sprint(m.drainCPU), fmt.Sprint(f.drainCPU), fmt.Sprint(m.p50), fmt.Sprint(m.p99), fmt.Sprint(f.p50), fmt.Sprint(f.p99)})
+		fmt.Sprint(m.drainCPU), fmt.Sprint(f.drainCPU), fmt.Sprint(m.p50), fmt.Sprint(m.p99), fmt.Sprint(f.p50), fmt.Sprint(f.p99), fmt.Sprint(m.writerCPU)})
 	var pts []plots.FrontierPoint
 	for _, r := range rows {
 		v := floats(b, r)
-		pts = append(pts, plots.FrontierPoint{GatherMS: v[0], Rate: v[1], DrainMS: v[2], FloorMS: v[3], DrainP50: v[4], DrainP99: v[5], FloorP50: v[6], FloorP99: v[7]})
+		pt := plots.FrontierPoint{GatherMS: v[0], Rate: v[1], DrainMS: v[2], FloorMS: v[3], DrainP50: v[4], DrainP99: v[5], FloorP50: v[6], FloorP99: v[7]}
+		if len(v) > 8 { // rows recorded before the writers' CPU was have 8
+			pt.WritersMS = v[8]
+		}
+		pts = append(pts, pt)
 	}
 	require.NoError(b, plots.SaveFrontier(filepath.Join(dir, "frontier.svg"), pts, 150, float64(delivery.DefaultGather.Milliseconds())))
 }
@@ -238,7 +242,9 @@ func readCSV(b *testing.B, path string, row []string) [][]string {
 	require.NoError(b, w.Error())
 	_, err = f.Seek(0, 0)
 	require.NoError(b, err)
-	rows, err := csv.NewReader(f).ReadAll()
+	r := csv.NewReader(f)
+	r.FieldsPerRecord = -1 // rows of an older bench may have fewer columns
+	rows, err := r.ReadAll()
 	require.NoError(b, err)
 	return rows
 }

@@ -3,6 +3,8 @@ package plots_test
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,6 +33,51 @@ func TestSaveTimeline(t *testing.T) {
 	for _, want := range []string{"<svg", "commits/s", "delivery lag", "pubsub_hang", "drain_kill", "replay", "faults end"} {
 		require.Contains(t, string(raw), want)
 	}
+	requireValidColours(t, raw)
+	// The window is shaded in its lane and behind both panels: three
+	// translucent polygons (the event, a tick in its lane, is one more).
+	require.Equal(t, 4, strings.Count(string(raw), "fill-opacity:"), "pubsub_hang's window in its lane and behind each panel")
+}
+
+// colour matches an SVG fill or stroke colour and what follows it.
+var colour = regexp.MustCompile(`(?:fill|stroke):(#[0-9A-Fa-f]*|[a-z]+)`)
+
+// requireValidColours fails on a colour an SVG renderer cannot read: a
+// hex colour is #RGB or #RRGGBB (opacity is written apart).
+func requireValidColours(t *testing.T, svg []byte) {
+	t.Helper()
+	found := 0
+	for _, m := range colour.FindAllStringSubmatch(string(svg), -1) {
+		found++
+		c := m[1]
+		if !strings.HasPrefix(c, "#") {
+			require.Contains(t, []string{"none", "black", "white"}, c)
+			continue
+		}
+		require.Contains(t, []int{4, 7}, len(c), "colour %s is not #RGB or #RRGGBB", c)
+	}
+	require.Positive(t, found, "the SVG has colours")
+}
+
+// TestLabelsDoNotOverprint: markers closer than a label's width get rows
+// of their own; those a label apart share the first.
+func TestLabelsDoNotOverprint(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		markers []plots.Marker
+		rows    []int
+	}{
+		{"far apart", []plots.Marker{{"a", 0}, {"b", 50}, {"c", 99}}, []int{0, 0, 0}},
+		{"two close", []plots.Marker{{"faults end", 60}, {"every event verified", 62}}, []int{0, 1}},
+		{"three close, out of order", []plots.Marker{{"c", 4}, {"a", 0}, {"b", 2}}, []int{2, 0, 1}},
+		{"a row freed again", []plots.Marker{{"a", 0}, {"b", 1}, {"c", 15}}, []int{0, 1, 0}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.rows, plots.LabelRows(c.markers, 100))
+		})
+	}
 }
 
 // TestSaveFrontier writes an SVG of both charts.
@@ -40,14 +87,16 @@ func TestSaveFrontier(t *testing.T) {
 	pts := []plots.FrontierPoint{
 		{GatherMS: 25, Rate: 150, DrainMS: 0.4, FloorMS: 0.2, DrainP50: 15, DrainP99: 31, FloorP50: 13, FloorP99: 26},
 		{GatherMS: 85, Rate: 150, DrainMS: 0.23, FloorMS: 0.09, DrainP50: 46, DrainP99: 88, FloorP50: 43, FloorP99: 86},
-		{GatherMS: 85, Rate: 500, DrainMS: 0.11, FloorMS: 0.05, DrainP50: 47, DrainP99: 88, FloorP50: 43, FloorP99: 86},
+		{GatherMS: 85, Rate: 500, DrainMS: 0.11, FloorMS: 0.05, DrainP50: 47, DrainP99: 88, FloorP50: 43, FloorP99: 86, WritersMS: 0.6},
 	}
 	require.NoError(t, plots.SaveFrontier(path, pts, 150, 85))
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
-	for _, want := range []string{"<svg", "drain p99", "floor p50", "85 ms", "commits per second"} {
+	for _, want := range []string{"<svg", "drain p99", "floor p50", "85 ms", "commits per second", "SPEC bar: p99 100 ms",
+		"SPEC bar: 0.3× the writers", "floor: the least SQL"} {
 		require.Contains(t, string(raw), want)
 	}
+	requireValidColours(t, raw)
 }
 
 // TestSaveFrontierAsItGrows: the benchmark draws the frontier after each
@@ -79,4 +128,5 @@ func TestSaveAnswers(t *testing.T) {
 	for _, want := range []string{"<svg", "before, fast", "commit → accepted", "p99 bar 20 ms"} {
 		require.Contains(t, string(raw), want)
 	}
+	requireValidColours(t, raw)
 }

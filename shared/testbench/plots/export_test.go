@@ -1,0 +1,4 @@
+package plots
+
+// LabelRows is labelRows, for the tests.
+var LabelRows = labelRows
