@@ -297,3 +297,35 @@ func TestLogFormat(t *testing.T) {
 		})
 	}
 }
+
+// TestFailureSaysWhatHappened: the command's last line counts the failed
+// workspaces truly, and an interrupted command says how to resume.
+func TestFailureSaysWhatHappened(t *testing.T) {
+	t.Parallel()
+	ok := workspaceLine{Workspace: "w1", OK: true}
+	bad := func(ws string) workspaceLine {
+		return workspaceLine{Workspace: ws, Error: "the database is unavailable"}
+	}
+	cases := []struct {
+		name        string
+		lines       []workspaceLine
+		interrupted bool
+		want        string // "" : no error
+	}{
+		{"all finished", []workspaceLine{ok}, false, ""},
+		{"the one failed", []workspaceLine{bad("w2")}, false, "status failed for w2: the database is unavailable"},
+		{"some failed", []workspaceLine{ok, bad("w2")}, false, "status failed for 1 of 2 workspaces (the others finished): w2: "},
+		{"all failed", []workspaceLine{bad("w1"), bad("w2")}, false, "status failed for all 2 workspaces: w1: "},
+		{"interrupted", []workspaceLine{ok, bad("w2")}, true, "status interrupted; everything done so far is committed: resume (1 of 2 workspaces not finished: w2)"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := failure("status", c.lines, c.interrupted, "resume")
+			if c.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+}

@@ -19,7 +19,7 @@ import (
 // flagHelp documents each flag.
 var flagHelp = map[string]string{
 	"workspace":       "only this workspace (default: every workspace of the registry, split across Cloud Run tasks)",
-	"retry-budget":    "how long to retry a step that meets a transient fault, 1s to 1h (default: REPLICATION_RETRY_BUDGET, or 2m; status: 10s)",
+	"retry-budget":    "how long a step that meets a transient fault is retried, from its first failed attempt's start, 1s to 1h (default: REPLICATION_RETRY_BUDGET, or 2m; status: 10s)",
 	"generation":      "this generation instead of the active one (needs --workspace)",
 	"parallel":        "how many workspaces at once (default 4): each holds one pool of DATABASE_POOL_SIZE connections",
 	"json":            "write the result as one JSON document",

@@ -246,8 +246,10 @@ func (e *env) summarise(name string, results []delivery.WorkspaceResult) error {
 		if r.Err != nil {
 			lines[i].Error = oneLine(r.Err.Error())
 			// A first SIGINT or SIGTERM cancels the command's context: work
-			// cut by it (a replay's set-up, say) was interrupted, not failed.
-			stopped := e.ctx.Err() != nil && errors.Is(r.Err, context.Canceled)
+			// that failed once it was (a replay's set-up, a status whose
+			// query the cancel cut, however the driver words it) was
+			// interrupted, not failed.
+			stopped := e.ctx.Err() != nil && !errors.Is(r.Err, delivery.ErrInterrupted)
 			if stopped {
 				lines[i].Error = "interrupted before it finished"
 			}
@@ -300,6 +302,9 @@ func failure(name string, lines []workspaceLine, interrupted bool, resume string
 			name, resume, len(failed), len(results), strings.Join(first(failed, 10), ", "))
 	case len(results) == 1:
 		return fmt.Errorf("%s failed for %s", name, causes[0])
+	}
+	if len(failed) == len(results) {
+		return fmt.Errorf("%s failed for all %d workspaces: %s", name, len(results), strings.Join(first(causes, 5), "; "))
 	}
 	return fmt.Errorf("%s failed for %d of %d workspaces (the others finished): %s", name, len(failed), len(results), strings.Join(first(causes, 5), "; "))
 }

@@ -28,7 +28,9 @@ type RetryPolicy struct {
 	Initial time.Duration
 	// Max bounds one pause. Default: 10s.
 	Max time.Duration
-	// Budget bounds the time a step keeps being retried. Default: 2m.
+	// Budget bounds the time a step keeps being retried, from the start
+	// of its first failed attempt; an attempt that would end past it, as
+	// long as the last one took, is not started. Default: 2m.
 	Budget time.Duration
 }
 
@@ -61,8 +63,9 @@ func (p RetryPolicy) Validate() error {
 func (s *Service) retrying(ctx context.Context, operation, workspaceID string, step func() error) error {
 	policy := s.cfg.Retry.withDefaults()
 	var (
-		first   time.Time
-		attempt int
+		first, started time.Time
+		lastTook       time.Duration
+		attempt        int
 	)
 	// A step cancelled from outside (the command interrupted, or a sibling
 	// drain failed) is not retried: only its own faults are.
@@ -70,14 +73,22 @@ func (s *Service) retrying(ctx context.Context, operation, workspaceID string, s
 	retryer := gax.OnErrorFunc(gax.Backoff{Initial: policy.Initial, Max: policy.Max, Multiplier: 2}, retryable)
 	err := gax.Invoke(ctx, func(context.Context, gax.CallSettings) error {
 		attempt++
-		return step()
+		started = time.Now()
+		err := step()
+		lastTook = time.Since(started)
+		return err
 	}, gax.WithRetry(func() gax.Retryer {
 		return retryerFunc(func(err error) (time.Duration, bool) {
 			pause, ok := retryer.Retry(err)
+			// The budget counts from the start of the first failed attempt
+			// (a connection to a silent server fails only at its connect
+			// timeout), and no attempt starts that would end past it if it
+			// took as long as the last: a command facing a silent database
+			// ends within its budget, not a budget and two connects later.
 			if first.IsZero() {
-				first = time.Now()
+				first = started
 			}
-			if !ok || time.Since(first)+pause > policy.Budget {
+			if !ok || time.Since(first)+pause+lastTook > policy.Budget {
 				return 0, false
 			}
 			s.log.WarnContext(ctx, "replication: a transient fault; retrying",

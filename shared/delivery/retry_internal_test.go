@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"github.com/stretchr/testify/require"
 	"io"
 	"log/slog"
 	"testing"
@@ -68,4 +69,29 @@ func TestRetrying(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRetryingEndsWithinTheBudget: attempts that each fail only after a
+// while (a connect to a silent server) end the step within the budget,
+// counted from the first attempt's start, not a budget after its failure
+// and an attempt more.
+func TestRetryingEndsWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	const budget, attemptTakes = 600 * time.Millisecond, 250 * time.Millisecond
+	s := &Service{cfg: Config{Retry: RetryPolicy{Initial: time.Millisecond, Max: 2 * time.Millisecond, Budget: budget}},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	started := time.Now()
+	attempts := 0
+	err := s.retrying(context.Background(), "test", "w1", func() error {
+		attempts++
+		time.Sleep(attemptTakes) // the connect timeout being waited out
+		return &pgconn.PgError{Code: "40001"}
+	})
+	took := time.Since(started)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, attempts, 2, "retried while the budget allowed")
+	// Each attempt takes attemptTakes at least: the last that started
+	// did so with room for one more of its length before the budget.
+	require.LessOrEqual(t, time.Duration(attempts)*attemptTakes, budget, "%d attempts of %v: one started that ended past the budget", attempts, attemptTakes)
+	t.Logf("%d attempts in %v (budget %v)", attempts, took, budget)
 }
