@@ -145,6 +145,7 @@ func (c *chaosRun) prove(ctx context.Context) error {
 			rep.FaultsEffective[e.Kind]++
 		}
 	}
+	c.proveInjected()
 	rep.PassesFailed = c.failedPasses.Load()
 	c.checker.mu.Lock()
 	found, checks := c.checker.found, c.checker.checks
@@ -308,9 +309,11 @@ func (c *chaosRun) provePromise(excused excusals) {
 	path := judgePath(wakes, first, excused, deliveryLagBound)
 	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep, SweptRacing: path.SweptRacing,
 		LagMaxSecs: quantile(path.Lags, 1).Seconds(), LagP99Secs: quantile(path.Lags, 0.99).Seconds()}
+	judged := rep.Promise.Promised + len(stranded) + rep.Promise.Excused
 	rep.add("every promised commit published by a drain in flight", len(stranded) == 0 && p.checks > 0,
-		fmt.Sprintf("%d wake-ups answered 2xx, checked at %d pauses of the SDK with no drain in flight: %d commits stranded, %d excused by the drain's own faults%s",
-			rep.Promise.Promised+len(stranded), p.checks, len(stranded), rep.Promise.Excused, describeStranded(stranded)))
+		fmt.Sprintf("%d wake-ups answered 2xx judged at %d moments with no wake-up or drainer running: %d commits stranded, %d excused (%.1f%%: "+
+			"their process killed, frozen or stopped with work left after the answer, SPEC §3)%s",
+			judged, p.checks, len(stranded), rep.Promise.Excused, 100*float64(rep.Promise.Excused)/float64(max(judged, 1)), describeStranded(stranded)))
 	rep.add("the wake-up path delivered", len(path.SweptPromised) == 0 && len(path.Late) == 0 && path.ByWakeUps > 0,
 		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d the sweep published first after every drain that could carry them had ended (%d while one was in flight), %d later than %v after their commit (max %.1fs, p99 %.1fs)%s",
 			path.ByWakeUps, path.ByOperations, path.BySweep, len(path.SweptPromised), path.SweptRacing, len(path.Late), deliveryLagBound,

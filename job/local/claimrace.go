@@ -37,10 +37,7 @@ import (
 //     live checks see within a second.
 //
 // The promise's checks judge it, before the next race, as any wake-up
-// (a race after it would take its commit if it was stranded), with one
-// difference: as the instance had nothing in flight when the race
-// began, its promises rest only on drains started since, and a fault of
-// the instance before then does not excuse them (wakeRecord.Fresh).
+// (a race after it would take its commit if it was stranded).
 type claimRace struct {
 	c     *chaosRun
 	sends sync.WaitGroup
@@ -81,16 +78,14 @@ func (r *claimRace) run(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(c.l.cfg.chaos.seed, 0x72616365))
 	var ids []string
 	wk := &localWriter{l: c.l, rng: rng, ww: c.l.writer.OnCommit(func(h []string) { ids = h })}
-	commit := func(drain int, fresh time.Time) (*wakeRecord, error) {
+	commit := func(drain int) (*wakeRecord, error) {
 		ids = nil
 		if _, err := c.commitOnce(ctx, wk); err != nil {
 			return nil, err
 		}
 		c.commits.Add(1)
 		c.l.commits.Add(1)
-		rec := c.wakeRecordOf(ids, time.Now(), drain)
-		rec.Fresh = fresh
-		return rec, nil
+		return c.wakeRecordOf(ids, time.Now(), drain), nil
 	}
 	for ctx.Err() == nil {
 		if !r.awaitPause(ctx) {
@@ -170,7 +165,7 @@ func (r *claimRace) awaitPause(ctx context.Context) bool {
 
 // race makes one claim race (see claimRace): it returns why it could not
 // send its wake-up while the claim before it was held ("" when it did).
-func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int, time.Time) (*wakeRecord, error)) string {
+func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int) (*wakeRecord, error)) string {
 	c := r.c
 	drain, ok := r.idleInstance(rng)
 	if !ok {
@@ -185,10 +180,9 @@ func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int, t
 		return "no token"
 	}
 	url := c.l.urls.drains[drain]
-	fresh := time.Now()
 	var hold *faultproxy.Hold
 	for k := range claimRaceWarmUps {
-		rec, err := commit(drain, fresh)
+		rec, err := commit(drain)
 		if err != nil {
 			return "a commit failed"
 		}
@@ -205,7 +199,7 @@ func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int, t
 	case <-ctx.Done():
 		return "the run ended"
 	}
-	rec, err := commit(drain, fresh)
+	rec, err := commit(drain)
 	if err != nil {
 		return "a commit failed"
 	}

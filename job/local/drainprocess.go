@@ -41,6 +41,10 @@ type drainProcess struct {
 	// the instance is answered by the process of its start.
 	starts atomic.Int64
 	frozen atomic.Bool
+	// stopped, killed and stoppedSeen count the processes a restart saw
+	// exit, those a kill saw exit, and the freezes seen in the kernel's
+	// process state: the faults as the processes took them.
+	stopped, killed, stoppedSeen atomic.Int64
 	// running counts the process's drainers running: one more for each
 	// wake-up answered 2xx that started one (not coalesced), one less for
 	// each drainer line that says it ended (delivery.LogDrainRun).
@@ -212,6 +216,9 @@ type restartResult struct {
 func (d *drainProcess) restart(ctx context.Context, killAfter time.Duration) (restartResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.cmd != nil {
+		d.stopped.Add(1) // stop returns once the process has exited
+	}
 	res := d.stop(killAfter)
 	return res, d.start(ctx)
 }
@@ -224,6 +231,7 @@ func (d *drainProcess) kill(ctx context.Context) error {
 	if d.cmd != nil {
 		_ = d.cmd.Process.Kill()
 		<-d.exited
+		d.killed.Add(1)
 		d.cmd = nil
 	}
 	return d.start(ctx)
@@ -240,6 +248,9 @@ func (d *drainProcess) freeze(ctx context.Context, hold time.Duration) {
 	}
 	d.frozen.Store(true)
 	_ = cmd.Process.Signal(syscall.SIGSTOP)
+	if processStopped(cmd.Process.Pid, time.Second) {
+		d.stoppedSeen.Add(1)
+	}
 	sleepUntil(ctx, time.Now().Add(hold))
 	_ = cmd.Process.Signal(syscall.SIGCONT)
 	d.frozen.Store(false)
@@ -263,6 +274,22 @@ func (d *drainProcess) stop(killAfter time.Duration) restartResult {
 	d.cmd = nil
 	res.stopped = time.Since(started)
 	return res
+}
+
+// processStopped waits, up to within, for the kernel to report process pid
+// stopped (state T in /proc/<pid>/stat).
+func processStopped(pid int, within time.Duration) bool {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		// pid (comm) state …: the state follows the last ')'.
+		if i := bytes.LastIndexByte(raw, ')'); i >= 0 && i+2 < len(raw) && raw[i+2] == 'T' {
+			return true
+		}
+	}
+	return false
 }
 
 // Close stops the process.

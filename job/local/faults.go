@@ -202,11 +202,6 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	}
 	defer n.release(proc)
 	started := time.Now()
-	// A promise resting on the instance may be broken from now until its
-	// drains' 30 s time-out has passed after the fault: the span is open
-	// while the fault lasts (a freeze, a kill's new process starting), so
-	// that a check during it excuses it.
-	own := n.openOwn(s.Kind, proc.index, started)
 	inFlight := n.c.wakes.perDrain[proc.index].Load()
 	why := map[bool]string{true: "holding a turn lock", false: "holding no turn lock"}[held]
 	// It met something if it held a turn, or cut wake-ups in flight.
@@ -227,35 +222,31 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 			proc.name, why, plural(int(running), "drainer"), inFlight, res.stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.killed],
 			proc.left.since(left))
 		effect = int(min(running, 1) + min(inFlight, 1))
+		// A stop within the grace that left nothing keeps every promise
+		// (SPEC §3): only one that was killed or said it left work may
+		// break one.
+		if res.killed || proc.left.snapshot().drainers > left.drainers {
+			n.recordOwn(s.Kind, proc.index, started)
+		}
 	case faultDrainKill:
+		n.recordOwn(s.Kind, proc.index, started)
 		err = proc.kill(context.WithoutCancel(ctx))
 		detail = fmt.Sprintf("SIGKILL to %s (%s) with %d wake-ups in flight; a new process serves", proc.name, why, inFlight)
 	case faultDrainFreeze:
+		n.recordOwn(s.Kind, proc.index, started)
 		proc.freeze(ctx, s.For)
 		detail = fmt.Sprintf("SIGSTOP to %s (%s) for %.0fs, then SIGCONT", proc.name, why, s.For.Seconds())
 	}
-	n.closeOwn(own, time.Now().Add(30*time.Second))
 	return detail, effect, err != nil
 }
 
-// openOwn records the span of a fault of drain instance drain that began
-// at from, open until closeOwn ends it; it returns the span's index.
-func (n *nemesis) openOwn(kind string, drain int, from time.Time) int {
+// recordOwn records a fault of drain instance drain at from that may break
+// its promises made before it (see excusals).
+func (n *nemesis) recordOwn(kind string, drain int, from time.Time) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.own = append(n.own, window{Kind: kind, Drain: drain, From: from, To: farFuture})
-	return len(n.own) - 1
+	n.own = append(n.own, window{Kind: kind, Drain: drain, From: from})
 }
-
-// closeOwn ends the span openOwn returned i for at to.
-func (n *nemesis) closeOwn(i int, to time.Time) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.own[i].To = to
-}
-
-// farFuture is the end of a span still open.
-var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // claim marks an instance as held by a fault, unless another holds it.
 func (n *nemesis) claim(p *drainProcess) bool {

@@ -10,37 +10,28 @@ import (
 // are pure functions of what the run recorded, so that their tests can
 // hand them fabricated wake-ups and publishes and require them to fail.
 
-// window is a time span of a fault of one drain instance.
+// window is a fault of one drain instance: its process killed, frozen,
+// or stopped leaving work it said it left (delivery.LogDrainLeft), at From.
 type window struct {
-	Kind     string
-	Drain    int // the instance's index
-	From, To time.Time
+	Kind  string
+	Drain int // the instance's index
+	From  time.Time
 }
 
-// excusals are the spans of the drain's own faults (an instance killed,
-// frozen or restarted), when the drain a promise rests on may itself be
-// gone: a promise of that instance broken then is the fault's, not the
-// product's. Another instance's promise is excused only by such a fault
-// that began after its answer (see covers): its drains outlive a turn held
-// by a frozen instance (the server ends that session after the turn's idle
-// bound, and claim again), but not a claim of the frozen instance
-// that holds the commit after they ended.
+// excusals are the faults that may break a promise, by the SPEC's own
+// words (§3: "its commit is published by a drain that is alive … whatever
+// that drain meets"): the promising process killed, frozen, or stopped by
+// the platform with work left, after its answer. Nothing in a process's
+// memory outlives that. Nothing else excuses a broken promise: not a fault
+// of another instance, not a fault's aftermath, not Pub/Sub, BigQuery or
+// the database.
 type excusals []window
 
-// covers reports whether a fault excuses a promise of instance drain
-// judged over [from, to]: a fault of that instance that overlaps it and
-// began no sooner than since (zero: any; see wakeRecord.Fresh), or a fault
-// of another instance that began within it. A drain leaves the events
-// another drain's claim holds to that claim, so a commit promised by one
-// instance may be held by another's claim when that instance is frozen or
-// killed: it then waits for the server to end the session, past the
-// promising drain's end.
-func (e excusals) covers(drain int, since, from, to time.Time) bool {
+// covers reports whether a fault of instance drain came after a promise it
+// answered at answered and no later than t, when the promise was judged.
+func (e excusals) covers(drain int, answered, t time.Time) bool {
 	for _, w := range e {
-		switch {
-		case w.Drain == drain && !w.To.Before(from) && !w.From.After(to) && !w.From.Before(since):
-			return true
-		case w.Drain != drain && !w.From.Before(from) && !w.From.After(to):
+		if w.Drain == drain && w.From.After(answered) && !w.From.After(t) {
 			return true
 		}
 	}
@@ -68,13 +59,14 @@ type quiescentVerdict struct {
 }
 
 // judgeQuiescent checks the promise at t, a moment when no wake-up request
-// was in flight (so no wake-up's drain ran): every event of each promised
-// wake-up answered before t (open) must have been published (published
-// says, by wire id), unless it is held (a claim of another drain, an
-// operation's or the sweep's, holds it, or it is set aside). stranded are
-// the open wake-ups' events (history ids) found pending, not held and
-// not set aside. A stranded event whose drain instance's own fault came
-// between its answer and t is excused; any other breaks the promise.
+// was in flight and no drainer ran in any instance: every event of each
+// promised wake-up answered before t (open) must have been published
+// (published says, by wire id), unless it is held (a claim of an
+// operation's or the sweep's holds it, or it is set aside). stranded are
+// the open wake-ups' events (history ids) found pending, not held and not
+// set aside. A stranded event whose promising process was killed, frozen
+// or stopped with work left between its answer and t is excused (see
+// excusals); any other breaks the promise.
 func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals) quiescentVerdict {
 	var v quiescentVerdict
 	for _, w := range open {
@@ -82,7 +74,7 @@ func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, p
 		for i, h := range w.HistoryIDs {
 			switch {
 			case published(w.EventIDs[i]):
-			case stranded[h] && excused.covers(w.Drain, w.Fresh, w.Answered, t):
+			case stranded[h] && excused.covers(w.Drain, w.Answered, t):
 				v.Excused++
 			case stranded[h]:
 				v.Stranded = append(v.Stranded, strandedCommit{EventID: w.EventIDs[i], Drain: w.Drain, Answered: w.Answered, Found: t})
@@ -142,7 +134,7 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 			default:
 				r.BySweep++
 			}
-			if !w.promised() || excused.covers(w.Drain, w.Fresh, w.Committed, f.At) {
+			if !w.promised() || excused.covers(w.Drain, w.Answered, f.At) {
 				continue
 			}
 			lag := f.At.Sub(w.Committed)

@@ -8,13 +8,13 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
-// promiseChecker checks a wake-up's promise live: whenever no wake-up
-// request is in flight (so no wake-up's drain runs: at every pause of the
-// SDK's traffic), every promised wake-up's commit must have been published,
-// or be held by a claim (an operation's, the sweep's) or set aside
-// (judgeQuiescent). Checked this way, a drain that answers coalesced
+// promiseChecker checks a wake-up's promise live (SPEC §3): whenever no
+// drain can be carrying one (quiescent: at the SDK's pauses, once the
+// drainers have ended), every promised wake-up's commit must have been
+// published, or be held by a claim (an operation's, the sweep's) or set
+// aside (judgeQuiescent). Checked this way, a drain that answers
 // wake-ups and never claims, or one that lets a wake-up join after its
-// claim, fails at the first pause.
+// claim, fails at the first such moment.
 type promiseChecker struct {
 	c *chaosRun
 
@@ -33,10 +33,10 @@ func (p *promiseChecker) run(ctx context.Context) {
 }
 
 // final checks once more after the run: it waits, a minute at most, for
-// every wake-up to end.
+// every wake-up and every drainer to end.
 func (p *promiseChecker) final(ctx context.Context) {
-	for deadline := time.Now().Add(time.Minute); p.c.wakes.inFlight.Load() != 0 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond) // the requests' own ends: the signal is the counter
+	for deadline := time.Now().Add(time.Minute); !p.quiescent() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond) // the requests' and drainers' own ends: the signal is the counters
 	}
 	last := int64(-1)
 	p.check(ctx, &last)
@@ -80,13 +80,15 @@ func (p *promiseChecker) judged() int {
 	return p.checks
 }
 
-// quiescent reports that no wake-up's drain can be running: no wake-up
-// request is in flight to an instance that is not frozen. A frozen
-// instance's drains carry nothing while it is stopped, and a promise
-// resting on them is excused by the freeze (a drain's own fault).
+// quiescent reports that no drain can be carrying a promise: no wake-up
+// request is in flight, no drainer runs in any instance (the product's
+// own lines: a drainer starts with a 2xx answer that was not coalesced and
+// ends with its delivery.LogDrainRun line), and no drain fault is under
+// way (a freeze, a stop or a kill, whose promises the fault may excuse
+// only once it is recorded).
 func (p *promiseChecker) quiescent() bool {
 	for i, proc := range p.c.l.drainProcs {
-		if p.c.wakes.perDrain[i].Load() != 0 && !proc.frozen.Load() {
+		if p.c.wakes.perDrain[i].Load() != 0 || proc.running.Load() > 0 || p.c.nemesis.holds(i) {
 			return false
 		}
 	}

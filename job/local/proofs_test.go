@@ -63,11 +63,12 @@ func TestReplayProofNamesTheEventNotSentAgain(t *testing.T) {
 	require.True(t, c.report.Proofs[0].OK, "kept: %+v", c.report.Proofs[0])
 }
 
-// TestPromiseProofNamesTheStrandedCommit: at a pause with no drain in
-// flight, a promised wake-up's event that is pending, unheld and was never
-// published is stranded (named), unless a drain's own fault came between
-// its answer and the pause; a published one resolves its wake-up; a held
-// one is looked at again.
+// TestPromiseProofNamesTheStrandedCommit: at a moment no drain can be
+// carrying it, a promised wake-up's event that is pending, unheld and was
+// never published is stranded (named); a published one resolves its
+// wake-up; a held one is looked at again. Only the promising process
+// killed, frozen or stopped with work left after its answer excuses it
+// (SPEC §3): no other instance's fault, no fault before the answer.
 func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
@@ -84,40 +85,31 @@ func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	require.Equal(t, []*wakeRecord{open[0]}, v.Resolved, "the delivered one is resolved; the held one is looked at again")
 	require.Equal(t, []*wakeRecord{open[1]}, v.Broken)
 
-	killed := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
-	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, killed)
-	require.Empty(t, v.Stranded, "the drain's own fault excuses it")
-	require.Equal(t, 1, v.Excused)
-
-	other := excusals{{Kind: faultDrainFreeze, Drain: 0, From: t0.Add(-500 * time.Millisecond), To: t0.Add(30 * time.Second)}}
-	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, other)
-	require.Len(t, v.Stranded, 1, "another instance's fault that began before the answer excuses nothing")
-	// One that began after it may have frozen the claim that held the
-	// commit: a drain leaves what another's claim holds to that claim.
-	other[0].From = t0.Add(500 * time.Millisecond)
-	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, other)
-	require.Empty(t, v.Stranded, "another instance's fault after the answer excuses it")
-
-	before := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(-time.Minute), To: t0.Add(-time.Second)}}
-	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, before)
-	require.Len(t, v.Stranded, 1, "a fault over before the answer excuses nothing")
-
-	// A claim race's wake-up (Fresh: its instance had nothing in flight
-	// and no fault on it) rests only on drains started after Fresh: a
-	// fault before it, though its 30 s span still lasts, excuses nothing;
-	// one after it does.
-	race := func(fresh time.Time) *wakeRecord {
-		w := wake("stranded")
-		w.Fresh = fresh
-		return w
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	cases := []struct {
+		name    string
+		fault   window
+		excused bool
+	}{
+		{"its process killed after the answer", window{Kind: faultDrainKill, Drain: 1, From: at(500 * time.Millisecond)}, true},
+		{"its process frozen after the answer", window{Kind: faultDrainFreeze, Drain: 1, From: at(500 * time.Millisecond)}, true},
+		{"its process stopped with work left", window{Kind: faultDrainRestart, Drain: 1, From: at(500 * time.Millisecond)}, true},
+		{"its process killed before the answer", window{Kind: faultDrainKill, Drain: 1, From: at(-time.Second)}, false},
+		{"its process killed after the check", window{Kind: faultDrainKill, Drain: 1, From: at(2 * time.Second)}, false},
+		{"another instance frozen after the answer", window{Kind: faultDrainFreeze, Drain: 0, From: at(500 * time.Millisecond)}, false},
 	}
-	earlier := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(-5 * time.Second), To: t0.Add(25 * time.Second)}}
-	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{race(t0.Add(-time.Second))}, stranded, published, earlier)
-	require.Len(t, v.Stranded, 1, "a fault before the race's start excuses nothing")
-	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, earlier)
-	require.Empty(t, v.Stranded, "the same fault excuses a wake-up of the SDK's traffic")
-	v = judgeQuiescent(t0.Add(time.Second), []*wakeRecord{race(t0.Add(-time.Second))}, stranded, published, killed)
-	require.Empty(t, v.Stranded, "a fault after the race's start excuses it")
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, excusals{c.fault})
+			if c.excused {
+				require.Empty(t, v.Stranded)
+				require.Equal(t, 1, v.Excused)
+				return
+			}
+			require.Len(t, v.Stranded, 1)
+			require.Zero(t, v.Excused)
+		})
+	}
 }
 
 // TestPathProofNamesWhatOnlyTheSweepPublished: a promised commit that the

@@ -24,11 +24,6 @@ type wakeRecord struct {
 	Committed            time.Time
 	// Drain is the instance the wake-up was sent to.
 	Drain int
-	// Fresh, when set, is a moment before the commit when the instance had
-	// no request in flight and no fault on it (the claim race's): the
-	// promise rests only on drains started after it, so a fault of the
-	// instance that began before it does not excuse the promise.
-	Fresh time.Time
 	// Code is the status the SDK saw within its 5 s (0: none), and
 	// Answered when.
 	Code     int

@@ -82,6 +82,9 @@ func TestGRPCFaults(t *testing.T) {
 			if proxy.Count(c.fault) == 0 {
 				t.Fatalf("the fault was not counted")
 			}
+			if armed := proxy.Armed(c.fault); c.fault != faultproxy.Pass && armed == 0 {
+				t.Fatalf("the fault set was not counted as armed")
+			}
 		})
 	}
 	t.Run("reset", func(t *testing.T) {
@@ -94,8 +97,9 @@ func TestGRPCFaults(t *testing.T) {
 		for proxy.Count(faultproxy.Hang) < 2 {
 			time.Sleep(5 * time.Millisecond)
 		}
-		if n := proxy.Reset(); n == 0 {
-			t.Fatal("no connection reset")
+		resets := proxy.Resets()
+		if n := proxy.Reset(); n == 0 || proxy.Resets() != resets+1 {
+			t.Fatalf("%d connections reset, Resets %d then %d: want some, counted once", n, resets, proxy.Resets())
 		}
 		if err := <-errc; status.Code(err) != codes.Unavailable {
 			t.Fatalf("a call on a reset connection: %v, want UNAVAILABLE", err)
@@ -118,7 +122,11 @@ func TestHTTPFaults(t *testing.T) {
 		code  int
 	}{{faultproxy.HTTPPass, http.StatusTeapot}, {faultproxy.HTTPError, http.StatusServiceUnavailable}, {faultproxy.HTTPSlow, 0}, {faultproxy.HTTPFail, http.StatusBadRequest}} {
 		t.Run(c.fault.String(), func(t *testing.T) {
+			armed := h.Armed(c.fault)
 			h.Set(c.fault)
+			if c.fault != faultproxy.HTTPPass && h.Armed(c.fault) != armed+1 {
+				t.Fatalf("the fault set was not counted as armed")
+			}
 			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 			defer cancel()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)

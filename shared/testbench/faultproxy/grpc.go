@@ -64,6 +64,10 @@ type GRPC struct {
 	fault   atomic.Int32
 	delay   atomic.Int64
 	counts  [faultKinds]atomic.Int64
+	// armed counts the Sets of each fault, resets the Resets: what a
+	// harness asked of the proxy, seen by the proxy.
+	armed  [faultKinds]atomic.Int64
+	resets atomic.Int64
 	// observe, when set, sees every finished call (see Observe).
 	observe atomic.Pointer[func(method string, request []byte, ok bool)]
 	// hold, when set, is the call to hold (see HoldNext).
@@ -92,7 +96,19 @@ func NewGRPC(backend string, faulted func(method string) bool) (*GRPC, error) {
 
 // Set makes the faulted methods' calls from now on get f (Pass ends the
 // fault; calls already held stay held until their callers give up).
-func (p *GRPC) Set(f Fault) { p.fault.Store(int32(f)) }
+func (p *GRPC) Set(f Fault) {
+	if f != Pass {
+		p.armed[f].Add(1)
+	}
+	p.fault.Store(int32(f))
+}
+
+// Armed is how many times f was set: a fault set is a fault injected,
+// whether or not a call met it (Count).
+func (p *GRPC) Armed(f Fault) int64 { return p.armed[f].Load() }
+
+// Resets is how many times Reset was called.
+func (p *GRPC) Resets() int64 { return p.resets.Load() }
 
 // SetDelay sets how long Delay holds a call.
 func (p *GRPC) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
@@ -109,7 +125,10 @@ func (p *GRPC) Observe(fn func(method string, request []byte, ok bool)) { p.obse
 // Reset closes every client connection at once with a TCP reset, as a
 // network fault does; the calls on them fail and the clients reconnect.
 // It returns how many connections it reset.
-func (p *GRPC) Reset() int { return p.ln.resetAll() }
+func (p *GRPC) Reset() int {
+	p.resets.Add(1)
+	return p.ln.resetAll()
+}
 
 // Close stops the proxy.
 func (p *GRPC) Close() {

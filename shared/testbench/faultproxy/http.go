@@ -36,10 +36,19 @@ type HTTP struct {
 	Hold   time.Duration
 	fault  atomic.Int32
 	counts [httpFaultKinds]atomic.Int64
+	armed  [httpFaultKinds]atomic.Int64
 }
 
 // Set makes the requests from now on get f.
-func (h *HTTP) Set(f HTTPFault) { h.fault.Store(int32(f)) }
+func (h *HTTP) Set(f HTTPFault) {
+	if f != HTTPPass {
+		h.armed[f].Add(1)
+	}
+	h.fault.Store(int32(f))
+}
+
+// Armed is how many times f was set, whether or not a request met it.
+func (h *HTTP) Armed(f HTTPFault) int64 { return h.armed[f].Load() }
 
 // Count is how many requests got f so far.
 func (h *HTTP) Count(f HTTPFault) int64 { return h.counts[f].Load() }

@@ -52,7 +52,9 @@ type Cluster struct {
 	disposable bool
 	// restart starts an owned cluster's server again on its port (Restart).
 	restart func(ctx context.Context) (*Cluster, error)
-	mu      sync.Mutex // guards process and exited across a Restart
+	mu      sync.Mutex // guards process, exited and restarts across a Restart
+	// restarts counts the servers Restart started again.
+	restarts int
 }
 
 // Start returns a cluster: $DATABASE_URL's server when that is set, otherwise
@@ -367,7 +369,15 @@ func (c *Cluster) Restart(ctx context.Context) (int, error) {
 		return sessions, err
 	}
 	c.process, c.exited = next.process, next.exited
+	c.restarts++
 	return sessions, nil
+}
+
+// Restarts is how many times Restart started the server again.
+func (c *Cluster) Restarts() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restarts
 }
 
 // Stop shuts a throwaway cluster down and removes its files; on a

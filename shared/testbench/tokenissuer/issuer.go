@@ -29,6 +29,8 @@ type Issuer struct {
 	mu    sync.RWMutex
 	kid   string
 	key   *ecdsa.PrivateKey
+	// rotations counts the Rotates.
+	rotations int
 }
 
 // New returns an issuer with a fresh key.
@@ -51,7 +53,15 @@ func (i *Issuer) Rotate(keyID string) error {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	i.kid, i.key = keyID, key
+	i.rotations++
 	return nil
+}
+
+// Rotations is how many times Rotate replaced the key.
+func (i *Issuer) Rotations() int {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return i.rotations
 }
 
 // CurrentKeyID is the kid of the key in use.
