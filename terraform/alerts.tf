@@ -24,7 +24,10 @@ locals {
   ])
   # The job's commands as the runbook runs them in production.
   job_command = "gcloud run jobs execute replication-job --project=${var.project} --region=${var.region} --async --args="
-  workspace   = "$${metric.label.workspace}"
+  # Pasted alone, such a command prints only that the execution started:
+  # each documentation that gives one says where its output is.
+  job_output = " Each `gcloud run jobs execute` above starts an execution and prints its name; its output is in that execution's logs: terraform/README.md, Runbook, gives the commands (`gcloud logging read … --format='value(textPayload)'`)."
+  workspace  = "$${metric.label.workspace}"
 
   # Alert policies on a lag band: a workspace's passes reporting its lag in
   # a band over the threshold, for five minutes.
@@ -33,19 +36,19 @@ locals {
       label   = "delivery_lag_band"
       minutes = tostring(var.delivery_lag_alert_minutes)
       name    = "Ontology replication: delivery stalled"
-      doc     = "The oldest pending event of workspace ${local.workspace} has waited more than ${var.delivery_lag_alert_minutes} minutes to be published. Check the drain's invocations (replication/drain_invocations by outcome and cause) and Pub/Sub; then `${local.job_command}status,--workspace=${local.workspace}`, and `${local.job_command}drain,--workspace=${local.workspace}` publishes the backlog."
+      doc     = "The oldest pending event of workspace ${local.workspace} has waited more than ${var.delivery_lag_alert_minutes} minutes to be published. Check the drain's invocations (replication/drain_invocations by outcome and cause) and Pub/Sub; then `${local.job_command}status,--workspace=${local.workspace}`, and `${local.job_command}drain,--workspace=${local.workspace}` publishes the backlog.${local.job_output}"
     }
     verification_lag = {
       label   = "verification_lag_band"
       minutes = tostring(var.verification_lag_alert_minutes)
       name    = "Ontology replication: verification lagging"
-      doc     = "The oldest accepted event of workspace ${local.workspace} has not been found in BigQuery for more than ${var.verification_lag_alert_minutes} minutes. Check its BigQuery subscription (the subscription alert) and its dead letters: `${local.job_command}dead-letter,--workspace=${local.workspace}`; and whether the verifier reaches it (the not-reached alert)."
+      doc     = "The oldest accepted event of workspace ${local.workspace} has not been found in BigQuery for more than ${var.verification_lag_alert_minutes} minutes. Check its BigQuery subscription (the subscription alert) and its dead letters: `${local.job_command}dead-letter,--workspace=${local.workspace}`; and whether the verifier reaches it (the not-reached alert).${local.job_output}"
     }
     set_aside = {
       label   = "set_aside_lag_band"
       minutes = tostring(var.set_aside_alert_minutes)
       name    = "Ontology replication: events set aside"
-      doc     = "Workspace ${local.workspace} has events set aside for more than ${var.set_aside_alert_minutes} minutes: events the drain cannot publish (their history row gone, their capture malformed, too large for Pub/Sub, refused by it). They will not arrive on their own. `${local.job_command}set-aside,--workspace=${local.workspace}` lists them with their reasons; once the cause is fixed, `${local.job_command}set-aside,--workspace=${local.workspace},--retry` sends them again."
+      doc     = "Workspace ${local.workspace} has events set aside for more than ${var.set_aside_alert_minutes} minutes: events the drain cannot publish (their history row gone, their capture malformed, too large for Pub/Sub, refused by it). They will not arrive on their own. `${local.job_command}set-aside,--workspace=${local.workspace}` lists them with their reasons; once the cause is fixed, `${local.job_command}set-aside,--workspace=${local.workspace},--retry` sends them again.${local.job_output}"
     }
   }
 }
@@ -90,7 +93,7 @@ resource "google_monitoring_alert_policy" "dead_letters" {
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: dead letters in $${resource.label.subscription_id}"
-    content   = "The BigQuery subscription dead-lettered messages into $${resource.label.subscription_id}: events BigQuery refused. `${local.job_command}dead-letter,--workspace=<the workspace of that topic>` lists them by event; after fixing the cause, `--republish` sends them again."
+    content   = "The BigQuery subscription dead-lettered messages into $${resource.label.subscription_id}: events BigQuery refused. `${local.job_command}dead-letter,--workspace=<the workspace of that topic>` lists them by event; after fixing the cause, `--republish` sends them again.${local.job_output}"
     mime_type = "text/markdown"
   }
   conditions {
@@ -199,7 +202,7 @@ resource "google_monitoring_alert_policy" "drain_failures" {
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: drain failing for ${local.workspace}"
-    content   = "More than ${var.drain_failure_ratio_alert * 100}% of workspace ${local.workspace}'s drain invocations, and at least ${var.drain_failure_min_count}, failed (500, logged at ERROR) or were unavailable (503, logged at WARNING) over 10 minutes. The lines (jsonPayload.message=\"replication drain\", jsonPayload.workspace=\"${local.workspace}\") carry the cause: pubsub_unavailable, database_unavailable, database_busy, …; Error Reporting groups the 500s. `${local.job_command}status,--workspace=${local.workspace}` shows the backlog."
+    content   = "More than ${var.drain_failure_ratio_alert * 100}% of workspace ${local.workspace}'s drain invocations, and at least ${var.drain_failure_min_count}, failed (500, logged at ERROR) or were unavailable (503, logged at WARNING) over 10 minutes. The lines (jsonPayload.message=\"replication drain\", jsonPayload.workspace=\"${local.workspace}\") carry the cause: pubsub_unavailable, database_unavailable, database_busy, …; Error Reporting groups the 500s. `${local.job_command}status,--workspace=${local.workspace}` shows the backlog.${local.job_output}"
     mime_type = "text/markdown"
   }
   conditions {
@@ -221,7 +224,7 @@ resource "google_monitoring_alert_policy" "audit" {
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: warehouse differs from source in ${local.workspace}"
-    content   = "The scheduled audit (audit_schedule) found that workspace ${local.workspace}'s warehouse differs from its source, or could not audit it. Its log line (jsonPayload.message=\"replication audit\") has the counts or the cause; `${local.job_command}audit,--workspace=${local.workspace}` lists the records, and `${local.job_command}repair,--workspace=${local.workspace}` re-delivers the missing, stale and deleted ones. Audits run by hand are not counted."
+    content   = "The scheduled audit (audit_schedule) found that workspace ${local.workspace}'s warehouse differs from its source, or could not audit it. Its log line (jsonPayload.message=\"replication audit\") has the counts or the cause; `${local.job_command}audit,--workspace=${local.workspace}` lists the records, and `${local.job_command}repair,--workspace=${local.workspace}` re-delivers the missing, stale and deleted ones. Audits run by hand are not counted.${local.job_output}"
     mime_type = "text/markdown"
   }
   # One condition per outcome that needs a person, each by workspace.
@@ -303,7 +306,7 @@ resource "google_monitoring_alert_policy" "workspace_failing" {
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: workspace ${local.workspace} failing ($${metric.label.cause})"
-    content   = "The verifier could not serve workspace ${local.workspace} on ${var.verifier_failure_passes} passes in a row (cause $${metric.label.cause}): its events are neither verified nor, if its database is unreachable, published. The cause says which part failed: warehouse_denied (the BigQuery grant), warehouse_not_found, database_unavailable, database_denied, schema, …; the line's error (jsonPayload.message=\"replication verify workspace\") says how. `${local.job_command}status,--workspace=${local.workspace}` and `${local.job_command}verify,--workspace=${local.workspace}` show it from the job."
+    content   = "The verifier could not serve workspace ${local.workspace} on ${var.verifier_failure_passes} passes in a row (cause $${metric.label.cause}): its events are neither verified nor, if its database is unreachable, published. The cause says which part failed: warehouse_denied (the BigQuery grant), warehouse_not_found, database_unavailable, database_denied, schema, …; the line's error (jsonPayload.message=\"replication verify workspace\") says how. `${local.job_command}status,--workspace=${local.workspace}` and `${local.job_command}verify,--workspace=${local.workspace}` show it from the job.${local.job_output}"
     mime_type = "text/markdown"
   }
   conditions {
@@ -441,7 +444,7 @@ resource "google_monitoring_alert_policy" "slo_burn" {
   user_labels           = var.labels
   documentation {
     subject   = "Ontology replication: SLO ${each.value.name}"
-    content   = "The error budget of \"${google_monitoring_slo.verified_in_time.display_name}\" is burning ${each.value.rate}× too fast over ${each.value.long}s and still over the last ${each.value.short}s: workspaces have events waiting longer than ${var.slo_minutes} minutes (pending, unverified or set aside). The lag alerts name them; the dashboard's lag charts show which; `${local.job_command}status` lists every workspace."
+    content   = "The error budget of \"${google_monitoring_slo.verified_in_time.display_name}\" is burning ${each.value.rate}× too fast over ${each.value.long}s and still over the last ${each.value.short}s: workspaces have events waiting longer than ${var.slo_minutes} minutes (pending, unverified or set aside). The lag alerts name them; the dashboard's lag charts show which; `${local.job_command}status` lists every workspace.${local.job_output}"
     mime_type = "text/markdown"
   }
   dynamic "conditions" {

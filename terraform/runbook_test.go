@@ -106,3 +106,27 @@ func TestTerraformRunbookAgreesWithTheAlerts(t *testing.T) {
 		require.Contains(t, vars, "`"+name+"`", "terraform/README.md's Variables table names var.%s", name)
 	}
 }
+
+// TestTerraformAlertsSayWhereAJobsOutputIs: an alert's documentation that
+// gives a `gcloud run jobs execute … --async` command (which, pasted
+// alone, prints only that the execution started) says where its output
+// is, and the runbook gives commands that print it.
+func TestTerraformAlertsSayWhereAJobsOutputIs(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("alerts.tf")
+	require.NoError(t, err)
+	giving := 0
+	for i, line := range strings.Split(string(raw), "\n") {
+		if !strings.Contains(line, "${local.job_command}") {
+			continue
+		}
+		giving++
+		require.Contains(t, line, "${local.job_output}", "alerts.tf:%d gives a job command without where its output is", i+1)
+	}
+	require.GreaterOrEqual(t, giving, 8)
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for _, want := range []string{"--format='value(textPayload)'", "--format='json(jsonPayload)'", "status.failedCount.yesno(no=0)"} {
+		require.Contains(t, string(readme), want, "the runbook reads an execution's output")
+	}
+}
