@@ -7,6 +7,8 @@ import (
 
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/stretchr/testify/require"
+
+	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
 // publishGate holds every Publish request until opened; held receives a
@@ -47,20 +49,29 @@ func TestWakeUpsAnswerAtOnce(t *testing.T) {
 	h.products("w1", 1)
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false}, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false, "run": 1.0, "wake": 1.0}, body)
 	<-gate.held // the first batch is out
-	for range 3 {
+	for i := range 3 {
 		h.products("w1", 1)
 		code, body = h.wake("w1")
 		require.Equal(t, http.StatusOK, code, body)
-		require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": true}, body)
+		require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": true, "run": 1.0, "wake": float64(i + 2)}, body,
+			"joined the first run, as the next wake-up")
 	}
 	code, body = h.wakeOn(other, "w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false}, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false, "run": 1.0, "wake": 1.0}, body, "another process counts its own")
 	require.Contains(t, h.logs.String(), `"coalesced":true`)
 	gate.release()
 	h.settle()
+	// Each run's last line says it covered every wake-up it answered.
+	covered := 0.0
+	for _, l := range h.lines(delivery.LogDrainRun) {
+		if l["ended"] == true && l["run"] == 1.0 {
+			covered = max(covered, l["covered"].(float64))
+		}
+	}
+	require.GreaterOrEqual(t, covered, 4.0, "the first run's last claim came after its fourth wake-up")
 	require.Zero(t, h.count("w1", "SELECT count(*) FROM _ontology_replication_delivery WHERE accepted_at IS NULL"))
 	require.Equal(t, 4, h.runs("w1").count)
 }

@@ -75,7 +75,7 @@ func TestDrainPublishesTheOldestEventsInBatches(t *testing.T) {
 	// pending.
 	code, body := h.wake("w1")
 	require.Equal(t, http.StatusOK, code, body)
-	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false}, body)
+	require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false, "run": 1.0, "wake": 1.0}, body)
 	h.settle()
 	run := h.runs("w1")
 	require.Equal(t, 250, run.count)

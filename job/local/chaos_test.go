@@ -62,7 +62,7 @@ func TestChaosRun(t *testing.T) {
 	}
 	for _, want := range []string{"every promised commit published by a drain in flight", "the wake-up path delivered", "the claim race was run", "every captured event verified", "none accepted but never published", "none verified before it landed", "receipts agree with the delivery rows", "none lost",
 		"the replay published its events again", "the partial_replay published its events again", "no set-aside event left",
-		"views equal to the source, every column", "job audit equal", "every fault reported was injected"} {
+		"views equal to the source, every column", "job audit equal", "every fault reported was injected", "every promise covered by the run it named"} {
 		require.True(t, names[want], "proof %q in the report", want)
 	}
 	require.True(t, strings.Contains(stderr.String(), "chaos ") && strings.Contains(stderr.String(), faultDrainFreeze), "the timeline printed as it goes")

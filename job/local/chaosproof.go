@@ -314,6 +314,22 @@ func (c *chaosRun) provePromise(excused excusals) {
 		fmt.Sprintf("%d wake-ups answered 2xx judged at %d moments with no wake-up or drainer running: %d commits stranded, %d excused (%.1f%%: "+
 			"their process killed, frozen or stopped with work left after the answer, SPEC §3)%s",
 			judged, p.checks, len(stranded), rep.Promise.Excused, 100*float64(rep.Promise.Excused)/float64(max(judged, 1)), describeStranded(stranded)))
+	ends := func(drain int, k runKey) (runEnd, bool) {
+		if drain >= len(c.l.drainProcs) {
+			return runEnd{}, false
+		}
+		return c.l.drainProcs[drain].runEnds.get(k)
+	}
+	runBreaks, runExcused := judgeRuns(wakes, ends, excused, time.Now())
+	promised := 0
+	for _, w := range wakes {
+		if w.promised() {
+			promised++
+		}
+	}
+	rep.add("every promise covered by the run it named", len(runBreaks) == 0,
+		fmt.Sprintf("%d promised wake-ups; %d not covered by the drainer run their answer named, %d excused (their process killed, frozen or stopped with work left)%s",
+			promised, len(runBreaks), runExcused, describeRunBreak(runBreaks)))
 	rep.add("the wake-up path delivered", len(path.SweptPromised) == 0 && len(path.Late) == 0 && path.ByWakeUps > 0,
 		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d the sweep published first after every drain that could carry them had ended (%d while one was in flight), %d later than %v after their commit (max %.1fs, p99 %.1fs)%s",
 			path.ByWakeUps, path.ByOperations, path.BySweep, len(path.SweptPromised), path.SweptRacing, len(path.Late), deliveryLagBound,

@@ -52,6 +52,43 @@ type drainProcess struct {
 	// left is what its drainers left pending when a stop ended them
 	// (delivery.LogDrainLeft).
 	left leftWork
+	// runEnds are its drainers' runs that ended, by process and run, with
+	// the wake-ups their last claims covered (delivery.LogDrainRun).
+	runEnds runEnds
+}
+
+// runKey is a drainer run of one process of an instance.
+type runKey struct {
+	start int64
+	run   uint64
+}
+
+// runEnd is when a run ended and the wake-ups its last claim covered.
+type runEnd struct {
+	at      time.Time
+	covered uint64
+}
+
+// runEnds records the runs' ends.
+type runEnds struct {
+	mu sync.Mutex
+	m  map[runKey]runEnd
+}
+
+func (r *runEnds) add(k runKey, e runEnd) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[runKey]runEnd{}
+	}
+	r.m[k] = e
+}
+
+func (r *runEnds) get(k runKey) (runEnd, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.m[k]
+	return e, ok
 }
 
 // leftWork sums the delivery.LogDrainLeft lines of a drain instance's
@@ -122,10 +159,13 @@ func (w *drainerLines) Write(p []byte) (int, error) {
 			Released       int64  `json:"released"`
 			Unacknowledged int64  `json:"unacknowledged"`
 			Unclaimed      bool   `json:"wake_ups_unclaimed"`
+			Run            uint64 `json:"run"`
+			Covered        uint64 `json:"covered"`
 		}
 		if json.Unmarshal(line, &l) == nil {
 			switch {
 			case l.Message == delivery.LogDrainRun && l.Ended:
+				w.d.runEnds.add(runKey{w.d.starts.Load(), l.Run}, runEnd{at: time.Now(), covered: l.Covered})
 				w.d.running.Add(-1)
 			case l.Message == delivery.LogDrainLeft:
 				w.d.left.add(l.Released, l.Unacknowledged, l.Unclaimed)

@@ -293,6 +293,9 @@ func (l *local) wake(ctx context.Context, url, token string) int {
 type wakeAnswer struct {
 	status  int
 	started bool
+	// run and wake are the answer's drainer run and the wake-up's place
+	// (delivery.WakeAnswer).
+	run, wake uint64
 }
 
 // post sends a wake-up to url and returns its answer.
@@ -305,14 +308,17 @@ func (l *local) post(ctx context.Context, url, token string) wakeAnswer {
 		l.log.Warn("ontology.replication.deferred", slog.Any("error", err))
 		return wakeAnswer{}
 	}
-	var body struct{ Promised, Coalesced bool }
+	var body struct {
+		Promised, Coalesced bool
+		Run, Wake           uint64
+	}
 	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&body)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		l.log.Info("ontology.replication.deferred", slog.Int("status", resp.StatusCode))
 	}
-	return wakeAnswer{status: resp.StatusCode, started: resp.StatusCode/100 == 2 && body.Promised && !body.Coalesced}
+	return wakeAnswer{status: resp.StatusCode, started: resp.StatusCode/100 == 2 && body.Promised && !body.Coalesced, run: body.Run, wake: body.Wake}
 }
 
 func (l *local) printKeep(w io.Writer) {

@@ -222,3 +222,57 @@ func describePathBreak(swept, late []string, wakes []wakeRecord, first map[strin
 	}
 	return " (for example event " + id + ")"
 }
+
+// runBreak is a promised wake-up its run did not cover: the run named by
+// its answer ended before a claim that came after it (Covered < Wake), or
+// never ended, or the answer named no run.
+type runBreak struct {
+	EventIDs  []string
+	Drain     int
+	Run, Wake uint64
+	Covered   uint64
+	Ended     bool
+}
+
+// judgeRuns checks each promised wake-up against the product's own word:
+// its answer names the drainer run that carries it and its place among
+// the wake-ups (delivery.WakeAnswer), and the run's last line says which
+// wake-ups its last claim came after. A promise is kept by its run if the
+// run ended having covered it; a run that ended short of it, or never
+// ended, broke it, unless its process was killed, frozen or stopped with
+// work left after the answer and before the run's end (or the run's
+// check, at). A promise answered with no run breaks it too. ends finds a
+// run's end by instance.
+func judgeRuns(wakes []wakeRecord, ends func(drain int, k runKey) (runEnd, bool), excused excusals, at time.Time) (broken []runBreak, excusedN int) {
+	for _, w := range wakes {
+		if !w.promised() || w.Answered.IsZero() {
+			continue
+		}
+		e, ok := ends(w.Drain, runKey{start: w.Start, run: w.Run})
+		switch {
+		case w.Run == 0:
+		case ok && e.covered >= w.Wake:
+			continue
+		case ok && excused.covers(w.Drain, w.Answered, e.at), !ok && excused.covers(w.Drain, w.Answered, at):
+			excusedN++
+			continue
+		}
+		broken = append(broken, runBreak{EventIDs: w.EventIDs, Drain: w.Drain, Run: w.Run, Wake: w.Wake, Covered: e.covered, Ended: ok})
+	}
+	return broken, excusedN
+}
+
+// describeRunBreak names the first promise its run did not cover.
+func describeRunBreak(b []runBreak) string {
+	if len(b) == 0 {
+		return ""
+	}
+	f := b[0]
+	switch {
+	case f.Run == 0:
+		return fmt.Sprintf(" (for example a wake-up of drain %d answered 2xx naming no run)", f.Drain+1)
+	case !f.Ended:
+		return fmt.Sprintf(" (for example wake-up %d of drain %d: its run %d never ended)", f.Wake, f.Drain+1, f.Run)
+	}
+	return fmt.Sprintf(" (for example wake-up %d of drain %d: its run %d ended after covering %d)", f.Wake, f.Drain+1, f.Run, f.Covered)
+}

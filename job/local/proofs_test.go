@@ -170,3 +170,41 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	require.False(t, path.OK, "%+v", path)
 	require.Contains(t, path.Detail, "by-sweep")
 }
+
+// TestRunProofHoldsEachPromiseToItsRun: a promise is kept by the run its
+// answer named if that run's last claim came after it; a run that ended
+// short of it, never ended, or an answer naming no run breaks it, unless
+// its process was killed, frozen or stopped with work left after the
+// answer.
+func TestRunProofHoldsEachPromiseToItsRun(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	wake := func(run, n uint64) wakeRecord {
+		return wakeRecord{EventIDs: []string{"e"}, Drain: 1, Start: 1, Run: run, Wake: n, Code: 200, Answered: t0}
+	}
+	ends := map[runKey]runEnd{{1, 7}: {at: t0.Add(time.Second), covered: 12}}
+	find := func(_ int, k runKey) (runEnd, bool) { e, ok := ends[k]; return e, ok }
+	killed := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(500 * time.Millisecond)}}
+	cases := []struct {
+		name    string
+		w       wakeRecord
+		excused excusals
+		broken  bool
+	}{
+		{"covered by its run", wake(7, 12), nil, false},
+		{"its run ended short of it", wake(7, 13), nil, true},
+		{"its run never ended", wake(8, 13), nil, true},
+		{"no run named", wake(0, 0), nil, true},
+		{"its run never ended, its process killed after the answer", wake(8, 13), killed, false},
+		{"an answer that was not a promise", wakeRecord{Drain: 1, Code: 503, Answered: t0}, nil, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			broken, _ := judgeRuns([]wakeRecord{c.w}, find, c.excused, t0.Add(2*time.Second))
+			require.Equal(t, c.broken, len(broken) == 1, "%+v", broken)
+			if c.broken {
+				require.NotEmpty(t, describeRunBreak(broken))
+			}
+		})
+	}
+}

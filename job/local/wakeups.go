@@ -24,6 +24,11 @@ type wakeRecord struct {
 	Committed            time.Time
 	// Drain is the instance the wake-up was sent to.
 	Drain int
+	// Start is the instance's process the request went to (its count of
+	// starts), Run and Wake the answer's drainer run and place
+	// (delivery.WakeAnswer).
+	Start     int64
+	Run, Wake uint64
 	// Code is the status the SDK saw within its 5 s (0: none), and
 	// Answered when.
 	Code     int
@@ -81,6 +86,9 @@ func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec
 		if ans.started {
 			proc.running.Add(1)
 		}
+		wl.mu.Lock()
+		rec.Start, rec.Run, rec.Wake = starts, ans.run, ans.wake
+		wl.mu.Unlock()
 		answer <- ans.status
 		// The drain's end: the instance's drainers have ended (their
 		// lines say so), or the process ended with them, or a minute.

@@ -19,6 +19,12 @@ type WakeAnswer struct {
 	// Coalesced: the drainer was already running; the wake-up joined it
 	// and started nothing.
 	Coalesced bool `json:"coalesced"`
+	// Run is the drainer run that carries it, this process's nth run of
+	// the workspace's drainer, and Wake its place among the workspace's
+	// wake-ups at this process: the run's last line (LogDrainRun, ended)
+	// reports the wake-ups its last claim covered, at least Wake.
+	Run  uint64 `json:"run"`
+	Wake uint64 `json:"wake"`
 }
 
 // ErrDrainRetrying answers a wake-up while its workspace's drainer in this
@@ -62,6 +68,7 @@ type drainer struct {
 
 	mu       sync.Mutex
 	wakes    uint64 // wake-ups counted
+	runs     uint64 // runs started
 	running  bool
 	failing  error    // the fault it backs off from: wake-ups get ErrDrainRetrying
 	arrivals arrivals // how often the workspace's wake-ups reach this process
@@ -96,6 +103,7 @@ func (s *Service) Wake(ctx context.Context, ws registry.Workspace) (WakeAnswer, 
 	ans.Coalesced = d.running
 	if !d.running {
 		d.running = true
+		d.runs++
 		if ds.running == 0 {
 			ds.idle = make(chan struct{})
 		}
@@ -108,6 +116,7 @@ func (s *Service) Wake(ctx context.Context, ws registry.Workspace) (WakeAnswer, 
 		default:
 		}
 	}
+	ans.Run, ans.Wake = d.runs, d.wakes
 	d.mu.Unlock()
 	ds.mu.Unlock()
 	if failing != nil {

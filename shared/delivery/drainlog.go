@@ -12,8 +12,10 @@ import (
 // LogDrainRun is a drainer's line: what it published since its last line,
 // written when its run ends and every runLineEvery while it runs (the
 // fields count, batches, bytes, set_aside, claims, requests, publish_ms,
-// turn_wait_ms, faults, duration_ms; state and generation). terraform's
-// delivery metrics read it.
+// turn_wait_ms, faults, duration_ms; state and generation; run, the
+// run's number, and covered, the wake-ups its last claim began after: a
+// run that ended covered every wake-up it answered, WakeAnswer.Wake).
+// terraform's delivery metrics read it.
 const LogDrainRun = "replication drain run"
 
 // LogDrainFault is the warning of a drainer step that failed (ERROR when
@@ -92,5 +94,6 @@ func (t *runTally) write(r *drainRun, ended bool) {
 		slog.String("state", t.state), slog.Int("count", t.published), slog.Int("batches", t.batches), slog.Int("bytes", t.bytes),
 		slog.Int("set_aside", t.setAside), slog.Int("claims", t.claims), slog.Int("requests", t.requests),
 		slog.Int64("publish_ms", t.publishTime.Milliseconds()), slog.Int64("turn_wait_ms", t.waited.Milliseconds()),
-		slog.Int("faults", t.faults), slog.Int64("duration_ms", time.Since(t.since).Milliseconds()), slog.Bool("ended", ended))
+		slog.Int("faults", t.faults), slog.Int64("duration_ms", time.Since(t.since).Milliseconds()), slog.Bool("ended", ended),
+		slog.Uint64("run", r.run), slog.Uint64("covered", r.covered))
 }

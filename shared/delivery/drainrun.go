@@ -21,6 +21,7 @@ type drainRun struct {
 	lease   *workspaceLease
 	ss      *store.Session // its claims' session (protocol 4)
 	legacy  bool           // protocol 3: claims of their own (ClaimActive), one at a time
+	run     uint64         // its number among the drainer's runs (WakeAnswer.Run)
 	covered uint64         // the wakes its last claim began after
 	done    chan published // batches whose publish ended
 	out     int
@@ -66,7 +67,10 @@ func (d *drainer) run(ctx context.Context) {
 	defer ds.wg.Done()
 	defer ds.ended()
 	ctx, end := context.WithCancel(ctx)
-	r := &drainRun{d: d, s: d.svc, ctx: ctx, end: end, done: make(chan published, d.svc.cfg.BatchesOut+1),
+	d.mu.Lock()
+	run := d.runs // no other run starts before this one ends
+	d.mu.Unlock()
+	r := &drainRun{d: d, s: d.svc, ctx: ctx, end: end, run: run, done: make(chan published, d.svc.cfg.BatchesOut+1),
 		backoff: firstBackoff, heldBackoff: firstBackoff, tally: runTally{since: time.Now()}}
 	defer r.close()
 	r.loop()
