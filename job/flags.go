@@ -8,11 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/cliflags"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
@@ -80,7 +80,7 @@ func (e *env) parseFlags(cmd command, args []string) (workspace, help string, er
 		if errors.Is(err, flag.ErrHelp) {
 			return "", commandUsage(cmd, fs), nil
 		}
-		return "", "", usagef("%s: %s (job %s -h lists its flags)", name, dashes(err.Error()), name)
+		return "", "", usagef("%s: %s (job %s -h lists its flags)", name, cliflags.Dashes(err.Error()), name)
 	}
 	if fs.NArg() > 0 {
 		return "", "", usagef("%s: unexpected argument %q", name, fs.Arg(0))
@@ -139,14 +139,7 @@ func listFlag(list *[]string) func(string) error {
 }
 
 func commandUsage(c command, fs *flag.FlagSet) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "usage: job %s [flags]\n\n%s\n\nflags:\n", c.name, c.summary)
-	width := 0
-	fs.VisitAll(func(f *flag.Flag) { width = max(width, len(f.Name)) })
-	fs.VisitAll(func(f *flag.Flag) {
-		fmt.Fprintf(&b, "  --%-*s  %s\n", width, f.Name, f.Usage)
-	})
-	return strings.TrimRight(b.String(), "\n")
+	return fmt.Sprintf("usage: job %s [flags]\n\n%s\n\nflags:\n%s", c.name, c.summary, cliflags.Usage(fs))
 }
 
 // statusRetryBudget is status's retry budget unless one is set: a person
@@ -167,10 +160,3 @@ func (e *env) retryBudgetFor(command string, env time.Duration) time.Duration {
 	}
 	return 0
 }
-
-// flagNames are Go's flag package's single-dash flag names in its errors
-// ("flag provided but not defined: -bogus").
-var flagNames = regexp.MustCompile(`(^|[ :])-([a-z][a-z-]*)`)
-
-// dashes spells the flags of a flag error as the help does: --bogus.
-func dashes(msg string) string { return flagNames.ReplaceAllString(msg, "$1--$2") }

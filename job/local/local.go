@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/segmentstream/ontology-replication/shared/cliflags"
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/logging"
 	"github.com/segmentstream/ontology-replication/shared/testbench/cloudsqlproxy"
@@ -158,12 +159,11 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.BoolVar(&cfg.pooled, "pooled", false, "every component reaches the database through a PgBouncer in session mode, as a fleet's deployment does through a pooler (registry database.pooled)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
+			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:\n"+
+				cliflags.Usage(fs))
 			return cfg, err
 		}
-		return cfg, usageError{fmt.Errorf("local: %w (go run ./job/local -h lists the flags)", err)}
+		return cfg, usageError{fmt.Errorf("local: %s (go run ./job/local -h lists the flags)", cliflags.Dashes(err.Error()))}
 	}
 	if fs.NArg() > 0 {
 		return cfg, usageError{fmt.Errorf("local: unexpected argument %q (go run ./job/local -h lists the flags)", fs.Arg(0))}
