@@ -64,6 +64,18 @@ func TestDestroyFinishes(t *testing.T) {
 	for _, want := range []string{"REVOKE ALL", "DROP ROLE", "deletion_policy"} {
 		require.Contains(t, readme, want, "the README's teardown")
 	}
+	// The views dataset goes with the views `job views` made in it; the
+	// events dataset never goes with the events table, the evidence.
+	ws := parseModule(t, "modules/workspace")
+	views := ws.resources["google_bigquery_dataset.views"]
+	require.NotNil(t, views)
+	d, ok := views.Body.Attributes["delete_contents_on_destroy"]
+	require.True(t, ok, "the views dataset is destroyed with its views")
+	v, diags := d.Expr.Value(nil)
+	require.False(t, diags.HasErrors())
+	require.True(t, v.True())
+	_, ok = ws.resources["google_bigquery_dataset.internal"].Body.Attributes["delete_contents_on_destroy"]
+	require.False(t, ok, "the events dataset is never emptied by a destroy")
 }
 
 // TestOperatorCommandsRunOnce: replication-job (what people execute)

@@ -79,6 +79,9 @@ resource "google_bigquery_dataset" "views" {
   project    = var.bigquery_project
   dataset_id = var.views_dataset_id
   location   = var.location
+  # It holds only the views `job views` made, derived and made again on
+  # demand: a destroy takes them with it rather than failing on them.
+  delete_contents_on_destroy = true
 }
 
 resource "google_bigquery_dataset_access" "views" {
