@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -102,4 +103,34 @@ func copyModule(t *testing.T, src, dst string) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// TestTerraformProviderFloorIsTested: the google providers' floor in
+// versions.tf is no lower than the oldest version the tests run (an older
+// provider may lack an argument the module sets).
+func TestTerraformProviderFloorIsTested(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("versions.tf")
+	require.NoError(t, err)
+	floors := regexp.MustCompile(`(?s)(google(?:-beta)?) = \{[^}]*?version\s*=\s*">= (\d+)\.(\d+)`).FindAllStringSubmatch(string(raw), -1)
+	require.Len(t, floors, 2, "google and google-beta")
+	for _, f := range floors {
+		var tested string
+		for _, p := range offlineProviders {
+			if p.name == f[1] {
+				tested = p.version
+			}
+		}
+		require.NotEmpty(t, tested, f[1])
+		var major, minor, testedMajor, testedMinor int
+		_, err := fmt.Sscanf(f[2]+"."+f[3], "%d.%d", &major, &minor)
+		require.NoError(t, err)
+		_, err = fmt.Sscanf(tested, "%d.%d", &testedMajor, &testedMinor)
+		require.NoError(t, err)
+		require.Equal(t, testedMajor, major, f[1])
+		// The oldest version tested anywhere: 7.45 (google-beta here,
+		// google in terraform/tests' Cloud Build step).
+		require.GreaterOrEqual(t, minor, 45, "%s: floor %d.%d is older than any version tested", f[1], major, minor)
+		require.LessOrEqual(t, minor, testedMinor, "%s: floor %d.%d is newer than the version tested, %s", f[1], major, minor, tested)
+	}
 }

@@ -4,16 +4,16 @@ terraform {
   required_providers {
     google = {
       source = "hashicorp/google"
-      # Tested against 7.45–7.46 (terraform/tests, and the Go test that
-      # checks every resource against the 7.46 schema). 6.13 is the first
-      # to know a new service account's email at plan; 8.0 may rename.
-      version = ">= 7.0, < 8.0"
+      # The floor is the version tested (terraform/tests, and the Go test
+      # that checks every resource against the 7.46 schema): an older
+      # provider may lack an argument this module sets. 8.0 may rename.
+      version = ">= 7.45, < 8.0"
     }
     # For google_project_service_identity alone (the Pub/Sub service agent
     # made before its grants), which only the beta provider has.
     google-beta = {
       source  = "hashicorp/google-beta"
-      version = ">= 7.0, < 8.0"
+      version = ">= 7.45, < 8.0"
     }
     # time_sleep: the wait for IAM grants to propagate on a first apply.
     time = {
