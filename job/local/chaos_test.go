@@ -101,6 +101,20 @@ func TestChaosSchedule(t *testing.T) {
 	}
 }
 
+// TestChaosRetriesKeepTheRotationsSpaced: a fault that met nothing is
+// tried again, but a key rotation never is: a second one 4 s after the
+// first would break the schedule's spacing (rotationSpacing).
+func TestChaosRetriesKeepTheRotationsSpaced(t *testing.T) {
+	t.Parallel()
+	for _, kind := range faultKinds {
+		want := 3
+		if kind == faultKeyRotation {
+			want = 1
+		}
+		require.Equal(t, want, attemptsOf(kind), kind)
+	}
+}
+
 // TestChaosFlags: the chaos flags' bounds.
 func TestChaosFlags(t *testing.T) {
 	t.Parallel()

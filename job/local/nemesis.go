@@ -226,8 +226,8 @@ func (n *nemesis) run(ctx, opsCtx context.Context) {
 		}
 		windows.Go(func() {
 			// A fault that met nothing (the SDK paused, say) is tried
-			// again, twice at most: only a fault that took effect counts.
-			for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
+			// again (attemptsOf): only a fault that took effect counts.
+			for attempt := 0; attempt < attemptsOf(s.Kind) && ctx.Err() == nil; attempt++ {
 				if n.inject(ctx, s) > 0 || !sleepUntil(ctx, time.Now().Add(4*time.Second)) {
 					return
 				}
@@ -235,6 +235,17 @@ func (n *nemesis) run(ctx, opsCtx context.Context) {
 		})
 	}
 	<-ctx.Done()
+}
+
+// attemptsOf is how many times a fault of kind is tried while it meets
+// nothing: three, but a key rotation once, as the schedule spaces them
+// (rotationSpacing): one more 4 s later would have every wake-up refused
+// until the drain may fetch the keys again.
+func attemptsOf(kind string) int {
+	if kind == faultKeyRotation {
+		return 1
+	}
+	return 3
 }
 
 func sleepUntil(ctx context.Context, t time.Time) bool {
