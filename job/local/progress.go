@@ -127,10 +127,13 @@ func (p *progress) sample(ctx context.Context) string {
 	if l.agedDeadLetter.Load() && verifyLag >= 15*time.Minute {
 		verifyNote += " (the dead-lettered event, moved 16 minutes back)"
 	}
-	return p.phaseLine(fmt.Sprintf("%d commits · %d published · %d landed · %d of %d verified · delivery lag %s · verification lag %s",
-		p.commits(), published, landed, status.Verified, status.Total, seconds(pendingLag), verifyNote))
+	return p.phaseLine(fmt.Sprintf("lags %s / %s · %d commits · %d published · %d landed · %d/%d verified",
+		seconds(pendingLag), verifyNote, p.commits(), published, landed, status.Verified, status.Total))
 }
 
+// phaseLine is the live line: the figures first, led by the delivery and
+// verification lags (what a person watches, and what a narrow terminal
+// must not cut), then the phase and why it waits.
 func (p *progress) phaseLine(figures string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -139,7 +142,7 @@ func (p *progress) phaseLine(figures string) string {
 		line += " (" + p.why + ")"
 	}
 	if figures != "" {
-		line += ": " + figures
+		line = figures + " · " + line
 	}
 	return line
 }
