@@ -126,7 +126,7 @@ func TestFunctionTargetAsCloudRunRunsIt(t *testing.T) {
 		auth := map[string]string{"x-segmentstream-runtime-identity": token, "x-segmentstream-organization-id": pipeline.Organization}
 		code, body := call(t, http.MethodPost, base+"/api/internal/v1/workspaces/w1/ontology/replication/drain", auth)
 		require.Equal(t, http.StatusOK, code, body)
-		require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false}, body)
+		require.Equal(t, map[string]any{"workspace": "w1", "promised": true, "coalesced": false, "run": 1.0, "wake": 1.0}, body)
 		awaitMessages(t, p, 5) // published behind the answer
 		for _, path := range []string{"/", "/Verify"} {
 			code, _ = call(t, http.MethodPost, base+path, auth)
