@@ -76,9 +76,10 @@ const LogServerStopped = "replication functions stopped"
 // ShutdownGrace (Cloud Run sends SIGTERM and, 10 s later, SIGKILL): the
 // drain answers wake-ups 503 from then on, the server accepts no more
 // connections and waits for the requests in flight (each answers at once),
-// and each drainer claims nothing more, publishes and acknowledges its
-// batches out, and ends (delivery.Service.Shutdown). What is still out when
-// the grace runs out is released unacknowledged: nothing is acknowledged
+// and each drainer still claims what it promised (at once, no gathering),
+// publishes and acknowledges its batches, and ends
+// (delivery.Service.Shutdown). What is still out when the grace runs out
+// is released unacknowledged: nothing is acknowledged
 // that Pub/Sub did not accept, and each drainer that left work logs it
 // (delivery.LogDrainLeft). It releases the functions' pools and clients
 // before it returns.

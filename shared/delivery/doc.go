@@ -75,9 +75,9 @@
 // drainer carries nothing, and what it left pending (nothing is
 // acknowledged that was not published) waits for the next wake-up, any
 // instance's, or the verifier's sweep. Shutdown (Cloud Run's SIGTERM) stops
-// taking wake-ups (ErrShuttingDown, 503), lets each drainer publish and
-// acknowledge its batches out within the grace, and logs what it left
-// (LogDrainLeft). The chaos proof (`go run ./job/local --chaos`) measures
+// taking wake-ups (ErrShuttingDown, 503), lets each drainer claim what it
+// promised and publish and acknowledge its batches within the grace, and
+// logs what it left when the grace ran out (LogDrainLeft). The chaos proof (`go run ./job/local --chaos`) measures
 // how many promised commits only the sweep delivered.
 //
 // At protocol 3 a claim holds the turn from its scan to its end (the

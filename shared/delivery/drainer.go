@@ -199,9 +199,11 @@ func (a *arrivals) interval() time.Duration {
 }
 
 // Shutdown stops the drain as Cloud Run stops an instance (SIGTERM, then
-// SIGKILL 10 s later): wake-ups get ErrShuttingDown; each drainer claims
-// nothing more, finishes its batches out and ends. When ctx ends first,
-// the batches still out are released unacknowledged (one Pub/Sub took is
+// SIGKILL 10 s later): wake-ups get ErrShuttingDown; each drainer still
+// claims what it promised (the wake-ups it answered 2xx), at once, finishes
+// its batches and ends (SPEC §3: it ends its work within the grace). When
+// ctx ends first, whatever step a drainer is in is cut and the batches
+// still out are released unacknowledged (one Pub/Sub took is
 // published again later: a duplicate). A drainer that leaves work behind
 // logs it (LogDrainLeft). It returns once every drainer has ended, with
 // ctx's error when the grace ran out.

@@ -10,9 +10,14 @@ import "time"
 // drainState is what a drainer knows when it chooses its next step.
 type drainState struct {
 	Now time.Time
-	// Stopping: the process stops (Service.Shutdown): nothing more is
-	// claimed; the batches out are published and finished.
+	// Stopping: the process stops (Service.Shutdown): no wake-up is
+	// counted any more, but what was promised is still claimed, at once
+	// (no gathering), published and finished, within the grace (SPEC §3:
+	// on SIGTERM the drain ends its work within the grace period).
 	Stopping bool
+	// Abandoned: the grace ran out: nothing is claimed or waited for; the
+	// batches out were released unacknowledged.
+	Abandoned bool
 	// Wanted: a wake-up came after the drainer's last claim began (or
 	// before its first): a claim is owed to it.
 	Wanted bool
@@ -79,7 +84,7 @@ func nextStep(s drainState) drainStep {
 	owed := s.Wanted || s.More || s.Probe || s.Fault || s.Held
 	// A fault holds every claim back until its backoff has passed; held
 	// events are looked at again only then.
-	mayClaim := !s.Stopping && owed && !(s.Fault && backingOff) &&
+	mayClaim := !s.Abandoned && owed && !(s.Fault && backingOff) &&
 		(s.Wanted || s.More || s.Probe || !backingOff)
 	room := s.Out < s.MaxOut && !(s.Legacy && s.Out+s.Ended > 0)
 	switch {
@@ -89,12 +94,12 @@ func nextStep(s drainState) drainStep {
 		// The wait for the turn may last several drainers' gatherings:
 		// what Pub/Sub accepted is acknowledged first.
 		return drainStep{Kind: stepFinish}
-	case mayClaim && room && s.Busy && !s.Legacy && !s.HoldsNext && s.Out > 0 && s.Now.Before(s.AckBy):
+	case mayClaim && room && s.Busy && !s.Legacy && !s.HoldsNext && s.Out > 0 && s.Now.Before(s.AckBy) && !s.Stopping:
 		// So are the batches out whose publish ends before AckBy.
 		return drainStep{Kind: stepWait, Until: s.AckBy}
 	case mayClaim && room && s.Busy && !s.Legacy && !s.HoldsNext:
 		return drainStep{Kind: stepQueue}
-	case mayClaim && room && s.HoldsNext && s.Now.Before(s.GatherUntil):
+	case mayClaim && room && s.HoldsNext && s.Now.Before(s.GatherUntil) && !s.Stopping:
 		return drainStep{Kind: stepWait, Until: s.GatherUntil}
 	case mayClaim && room:
 		return drainStep{Kind: stepClaim}
@@ -102,7 +107,7 @@ func nextStep(s drainState) drainStep {
 		return drainStep{Kind: stepFinish}
 	case s.Out > 0:
 		return drainStep{Kind: stepWait}
-	case !s.Stopping && owed && backingOff:
+	case !s.Abandoned && owed && backingOff:
 		return drainStep{Kind: stepWait, Until: s.RetryAt}
 	}
 	return drainStep{Kind: stepStop}

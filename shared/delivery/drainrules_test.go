@@ -59,12 +59,17 @@ func TestNextStep(t *testing.T) {
 		{"protocol 3: one batch at a time", legacy(drainState{Wanted: true, Out: 1}), drainStep{Kind: stepWait}},
 		{"protocol 3: the batch finished before the next claim", legacy(drainState{Wanted: true, Ended: 1}), drainStep{Kind: stepFinish}},
 
-		// The process stops.
-		{"stopping: no claim, though one is owed", quiet(drainState{Stopping: true, Wanted: true, More: true}), drainStep{Kind: stepStop}},
-		{"stopping: the batches out are published", quiet(drainState{Stopping: true, Wanted: true, Out: 2}), drainStep{Kind: stepWait}},
+		// The process stops: what was promised is still claimed, within
+		// the grace; once the grace has run out, nothing is.
+		{"stopping: a claim owed is still made", quiet(drainState{Stopping: true, Wanted: true, More: true}), drainStep{Kind: stepClaim}},
+		{"stopping: no gathering before it", busy(drainState{Stopping: true, Wanted: true, HoldsNext: true, GatherUntil: later}), drainStep{Kind: stepClaim}},
+		{"stopping: nothing owed, the batches out are published", quiet(drainState{Stopping: true, Out: 2}), drainStep{Kind: stepWait}},
 		{"stopping: the ended ones are finished", quiet(drainState{Stopping: true, Ended: 2}), drainStep{Kind: stepFinish}},
-		{"stopping: a held next turn is let go", busy(drainState{Stopping: true, Wanted: true, HoldsNext: true}), drainStep{Kind: stepLeaveTurn}},
-		{"stopping: no backoff is waited for", quiet(drainState{Stopping: true, Fault: true, RetryAt: later}), drainStep{Kind: stepStop}},
+		{"stopping: a fault's backoff is waited for", quiet(drainState{Stopping: true, Fault: true, RetryAt: later}), drainStep{Kind: stepWait, Until: later}},
+		{"stopping, nothing owed or out: it ends", quiet(drainState{Stopping: true}), drainStep{Kind: stepStop}},
+		{"abandoned: no claim, though one is owed", quiet(drainState{Stopping: true, Abandoned: true, Wanted: true, More: true}), drainStep{Kind: stepStop}},
+		{"abandoned: a held next turn is let go", busy(drainState{Stopping: true, Abandoned: true, Wanted: true, HoldsNext: true}), drainStep{Kind: stepLeaveTurn}},
+		{"abandoned: no backoff is waited for", quiet(drainState{Stopping: true, Abandoned: true, Fault: true, RetryAt: later}), drainStep{Kind: stepStop}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := nextStep(tc.state); got != tc.want {

@@ -72,6 +72,15 @@ func (d *drainer) run(ctx context.Context) {
 	d.mu.Unlock()
 	r := &drainRun{d: d, s: d.svc, ctx: ctx, end: end, run: run, done: make(chan published, d.svc.cfg.BatchesOut+1),
 		backoff: firstBackoff, heldBackoff: firstBackoff, tally: runTally{since: time.Now()}}
+	// The grace running out ends the step the run is in (a claim, a wait
+	// for the turn), not only its waits: a stopping drainer still claims.
+	go func() {
+		select {
+		case <-ds.abandon:
+			end()
+		case <-ctx.Done():
+		}
+	}()
 	defer r.close()
 	r.loop()
 }
@@ -103,7 +112,7 @@ func (r *drainRun) loop() {
 // state is what the rules decide on.
 func (r *drainRun) state() drainState {
 	wakes, busy := r.d.snapshot(r.s.cfg.QuietInterval)
-	st := drainState{Now: time.Now(), Stopping: r.stopping || r.abandoned, Wanted: wakes != r.covered, Busy: busy, Legacy: r.legacy,
+	st := drainState{Now: time.Now(), Stopping: r.stopping, Abandoned: r.abandoned, Wanted: wakes != r.covered, Busy: busy, Legacy: r.legacy,
 		Out: r.out, Ended: len(r.ended), MaxOut: r.s.cfg.BatchesOut, More: r.more, Held: r.held, Probe: r.probe,
 		Fault: r.fault != nil, RetryAt: r.retryAt, GatherUntil: r.gatherUntil, AckBy: r.claimedAt.Add(r.s.cfg.Gather)}
 	if r.ss != nil {
@@ -250,6 +259,14 @@ func (r *drainRun) claimed(c *store.Claim, ss *store.Session) {
 // failed records a fault: the drainer answers wake-ups 503 and claims
 // again after a backoff. The fault is logged, with its cause.
 func (r *drainRun) failed(err error) {
+	select {
+	case <-r.s.drainers.abandon:
+		// The grace ran out in the middle of the step (its context ended
+		// with it): not a fault; what is out is given up.
+		r.abandon()
+		return
+	default:
+	}
 	r.fault = err
 	r.tally.faults++
 	backoff := r.backoff
