@@ -124,9 +124,12 @@ func (c *liveChecker) run(ctx context.Context) {
 	})
 }
 
-// deliveryLagBound is the delivery-lag bound of a promised commit outside
-// the drain's own faults: the drain's time-out (30 s), within which a
-// drain that carries it publishes it whatever it meets.
+// deliveryLagBound is the delivery lag past which a promised commit is
+// reported late. It is a figure, not a proof: the SPEC (§3) bounds no
+// delivery under faults; a drainer that is alive retries for as long as
+// they last (a turn held by a frozen instance until the server ends its
+// session, a migration holding the lifecycle lock, Pub/Sub hanging, one
+// after another), and the run and path proofs hold it to its promise.
 const deliveryLagBound = 30 * time.Second
 
 // prove checks every promise once the run is over and fills the report.
@@ -289,9 +292,10 @@ func example(ids map[string]bool) string {
 }
 
 // provePromise adds the wake-up path's proofs: no promised commit stranded
-// at a pause (promiseChecker), and every promised commit published first by
-// a drain (not the sweep) within deliveryLagBound, the drain's own faults
-// excused.
+// at a pause (promiseChecker), every promise covered by its run, and every
+// promised commit published first by a drain, not by the sweep once the
+// drains that could carry it had ended (its own process's faults excused);
+// how late they came is reported.
 func (c *chaosRun) provePromise(excused excusals) {
 	rep := c.report
 	p := &c.promise
@@ -304,7 +308,16 @@ func (c *chaosRun) provePromise(excused excusals) {
 			AnsweredSeconds: s.Answered.Sub(c.started).Seconds(), FoundSeconds: s.Found.Sub(c.started).Seconds()})
 	}
 	rep.ClaimRaces = c.race.summary()
-	rep.add("the claim race was run", rep.ClaimRaces.Sent > 0, rep.ClaimRaces.String()+", each judged with the rest")
+	// Every claimRaceLoseEvery-th race loses its held publish, and the
+	// proxy counts what it did lose: a race that reports losses it never
+	// made fails here.
+	var lostByProxy int64
+	if p, ok := c.l.pubsubProxies[componentDrain]; ok {
+		lostByProxy = p.Losses()
+	}
+	raced := rep.ClaimRaces
+	rep.add("the claim race was run", raced.Sent > 0 && raced.Lost >= raced.Sent/claimRaceLoseEvery && lostByProxy >= int64(raced.Lost),
+		fmt.Sprintf("%s, each judged with the rest; the proxy lost %d held publishes", raced.String(), lostByProxy))
 	wakes, first := c.wakes.records(), c.l.published.snapshot()
 	path := judgePath(wakes, first, excused, deliveryLagBound)
 	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep, SweptRacing: path.SweptRacing,
@@ -330,8 +343,8 @@ func (c *chaosRun) provePromise(excused excusals) {
 	rep.add("every promise covered by the run it named", len(runBreaks) == 0,
 		fmt.Sprintf("%d promised wake-ups; %d not covered by the drainer run their answer named, %d excused (their process killed, frozen or stopped with work left)%s",
 			promised, len(runBreaks), runExcused, describeRunBreak(runBreaks)))
-	rep.add("the wake-up path delivered", len(path.SweptPromised) == 0 && len(path.Late) == 0 && path.ByWakeUps > 0,
-		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d the sweep published first after every drain that could carry them had ended (%d while one was in flight), %d later than %v after their commit (max %.1fs, p99 %.1fs)%s",
+	rep.add("the wake-up path delivered", len(path.SweptPromised) == 0 && path.ByWakeUps > 0,
+		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d the sweep published first after every drain that could carry them had ended (%d while one was in flight); %d published later than %v after their commit, a figure (max %.1fs, p99 %.1fs)%s",
 			path.ByWakeUps, path.ByOperations, path.BySweep, len(path.SweptPromised), path.SweptRacing, len(path.Late), deliveryLagBound,
-			rep.Path.LagMaxSecs, rep.Path.LagP99Secs, describePathBreak(path.SweptPromised, path.Late, wakes, first, c.started)))
+			rep.Path.LagMaxSecs, rep.Path.LagP99Secs, describePathBreak(path.SweptPromised, nil, wakes, first, c.started)))
 }

@@ -21,8 +21,9 @@ type window struct {
 // excusals are the faults that may break a promise, by the SPEC's own
 // words (§3: "its commit is published by a drain that is alive … whatever
 // that drain meets"): the promising process killed, frozen, or stopped by
-// the platform with work left, after its answer. Nothing in a process's
-// memory outlives that. Nothing else excuses a broken promise: not a fault
+// the platform with work left (a stop claims what was promised: only one
+// whose grace ran out leaves work, and says so, delivery.LogDrainLeft),
+// after its answer. Nothing in a process's memory outlives that. Nothing else excuses a broken promise: not a fault
 // of another instance, not a fault's aftermath, not Pub/Sub, BigQuery or
 // the database.
 type excusals []window

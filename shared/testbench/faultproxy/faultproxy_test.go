@@ -302,8 +302,12 @@ func TestGRPCHoldNext(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call to lose was not held within 10 s")
 	}
+	losses := proxy.Losses()
 	lost.Lose()
 	if err := <-done; status.Code(err) != codes.DeadlineExceeded || stored("lost") {
 		t.Fatalf("a lost call gave %v (stored %v), want DEADLINE_EXCEEDED and never forwarded", err, stored("lost"))
+	}
+	if proxy.Losses() != losses+1 {
+		t.Fatalf("the lost call was not counted: %d, then %d", losses, proxy.Losses())
 	}
 }

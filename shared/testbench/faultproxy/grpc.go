@@ -68,6 +68,8 @@ type GRPC struct {
 	// harness asked of the proxy, seen by the proxy.
 	armed  [faultKinds]atomic.Int64
 	resets atomic.Int64
+	// losses counts the held calls let go as lost (Hold.Lose).
+	losses atomic.Int64
 	// observe, when set, sees every finished call (see Observe).
 	observe atomic.Pointer[func(method string, request []byte, ok bool)]
 	// hold, when set, is the call to hold (see HoldNext).
@@ -109,6 +111,10 @@ func (p *GRPC) Armed(f Fault) int64 { return p.armed[f].Load() }
 
 // Resets is how many times Reset was called.
 func (p *GRPC) Resets() int64 { return p.resets.Load() }
+
+// Losses is how many held calls were let go as lost (Hold.Lose), never
+// forwarded.
+func (p *GRPC) Losses() int64 { return p.losses.Load() }
 
 // SetDelay sets how long Delay holds a call.
 func (p *GRPC) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }

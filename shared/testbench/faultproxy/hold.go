@@ -66,6 +66,7 @@ func (p *GRPC) holdIfMatched(ctx context.Context, request []byte) error {
 	select {
 	case <-h.released:
 		if h.lost.Load() {
+			p.losses.Add(1)
 			return status.Error(codes.DeadlineExceeded, "faultproxy: the held call was lost on the way")
 		}
 		return nil
