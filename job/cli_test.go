@@ -310,22 +310,28 @@ func TestFailureSaysWhatHappened(t *testing.T) {
 		name        string
 		lines       []workspaceLine
 		interrupted bool
+		shown       bool   // the causes are on the table above, on a terminal
 		want        string // "" : no error
 	}{
-		{"all finished", []workspaceLine{ok}, false, ""},
-		{"the one failed", []workspaceLine{bad("w2")}, false, "status failed for w2: the database is unavailable"},
-		{"some failed", []workspaceLine{ok, bad("w2")}, false, "status failed for 1 of 2 workspaces (the others finished): w2: "},
-		{"all failed", []workspaceLine{bad("w1"), bad("w2")}, false, "status failed for all 2 workspaces: w1: "},
-		{"interrupted", []workspaceLine{ok, bad("w2")}, true, "status interrupted; everything done so far is committed: resume (1 of 2 workspaces not finished: w2)"},
+		{"all finished", []workspaceLine{ok}, false, false, ""},
+		{"the one failed", []workspaceLine{bad("w2")}, false, false, "status failed for w2: the database is unavailable"},
+		{"some failed", []workspaceLine{ok, bad("w2")}, false, false, "status failed for 1 of 2 workspaces (the others finished): w2: "},
+		{"all failed", []workspaceLine{bad("w1"), bad("w2")}, false, false, "status failed for all 2 workspaces: w1: "},
+		{"interrupted", []workspaceLine{ok, bad("w2")}, true, false, "status interrupted; everything done so far is committed: resume (1 of 2 workspaces not finished: w2)"},
+		{"the one failed, its cause shown", []workspaceLine{bad("w2")}, false, true, "status failed for w2 (the cause is on its line above)"},
+		{"some failed, their causes shown", []workspaceLine{ok, bad("w2")}, false, true, "status failed for 1 of 2 workspaces: w2 (each cause is on its line above)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := failure("status", c.lines, c.interrupted, "resume")
+			err := failure("status", c.lines, c.interrupted, "resume", c.shown)
 			if c.want == "" {
 				require.NoError(t, err)
 				return
 			}
 			require.ErrorContains(t, err, c.want)
+			if c.shown {
+				require.NotContains(t, err.Error(), "unavailable", "a cause shown above is not printed again")
+			}
 		})
 	}
 }

@@ -280,12 +280,19 @@ func (e *env) summarise(name string, results []delivery.WorkspaceResult) error {
 	if name == "replay" && e.selection().Partial() && e.before.IsZero() {
 		resume = "to resume, run the same command with the --accepted-before its workspace's line gives"
 	}
-	return failure(name, lines, interrupted, resume)
+	return failure(name, lines, interrupted, resume, e.causesShown())
 }
 
+// causesShown reports whether the summary just written shows each failed
+// workspace's cause to the person reading the command's error: a table on
+// the same terminal. The error then names the workspaces only, so that a
+// cause is not printed twice.
+func (e *env) causesShown() bool { return !e.json && isTerminal(e.stdout) }
+
 // failure is a command's error when workspaces failed, naming them: with
-// their causes, or, when interrupted, saying how to resume.
-func failure(name string, lines []workspaceLine, interrupted bool, resume string) error {
+// their causes (unless shown, on the lines above), or, when interrupted,
+// saying how to resume.
+func failure(name string, lines []workspaceLine, interrupted bool, resume string, shown bool) error {
 	var failed, causes []string
 	for _, l := range lines {
 		if !l.OK {
@@ -300,6 +307,11 @@ func failure(name string, lines []workspaceLine, interrupted bool, resume string
 	case interrupted:
 		return fmt.Errorf("%s interrupted; everything done so far is committed: %s (%d of %d workspaces not finished: %s)",
 			name, resume, len(failed), len(results), strings.Join(first(failed, 10), ", "))
+	case shown && len(results) == 1:
+		return fmt.Errorf("%s failed for %s (the cause is on its line above)", name, failed[0])
+	case shown:
+		return fmt.Errorf("%s failed for %d of %d workspaces: %s (each cause is on its line above)", name, len(failed), len(results),
+			strings.Join(first(failed, 10), ", "))
 	case len(results) == 1:
 		return fmt.Errorf("%s failed for %s", name, causes[0])
 	}

@@ -176,7 +176,7 @@ func runStatus(e *env) error {
 			return err
 		}
 		if e.watch == 0 {
-			return failure("status", lines, false, "")
+			return failure("status", lines, false, "", e.causesShown())
 		}
 		select {
 		case <-e.ctx.Done():
