@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -332,6 +333,52 @@ func TestFailureSaysWhatHappened(t *testing.T) {
 			if c.shown {
 				require.NotContains(t, err.Error(), "unavailable", "a cause shown above is not printed again")
 			}
+		})
+	}
+}
+
+// TestASilentDatabaseEndsACommandWithinItsBudget: against a server that
+// accepts connections and never answers, a command ends within its retry
+// budget and a second, whatever the connect timeout: a connect is given
+// no longer than the budget, and no attempt starts that would end past it.
+func TestASilentDatabaseEndsACommandWithinItsBudget(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	registry := fmt.Sprintf(`{"workspaces": [{"id": "w1", "database": {"url": "postgres://u@%s/db?sslmode=disable"},
+		"pubsub": {"project": "p1", "topic": "events-w1"}, "bigquery": {"project": "p1", "location": "EU"}}]}`, l.Addr())
+	getenv := func(k string) string {
+		return map[string]string{"REPLICATION_WORKSPACES": registry, "PUBSUB_EMULATOR_HOST": "127.0.0.1:1"}[k]
+	}
+	for _, budget := range []time.Duration{2 * time.Second, 4 * time.Second} {
+		t.Run(budget.String(), func(t *testing.T) {
+			started := time.Now()
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), []string{"status", "--retry-budget", budget.String()}, getenv, &stdout, &stderr)
+			took := time.Since(started)
+			require.Error(t, err)
+			require.Less(t, took, budget+time.Second, "a silent database held the command past its budget: %v", err)
 		})
 	}
 }

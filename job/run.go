@@ -164,6 +164,7 @@ func (e *env) open(cmd command, workspace string, getenv func(string) string, st
 		return usageError{err}
 	}
 	e.progress = newProgressOutput(stderr, e.log)
+	budget := e.retryBudgetFor(name, settings.RetryBudget)
 	maxOpen := e.parallel
 	if name == "verify" {
 		maxOpen = e.parallel * delivery.VerifyUnitSize
@@ -177,9 +178,11 @@ func (e *env) open(cmd command, workspace string, getenv func(string) string, st
 		// verifies up to VerifyUnitSize workspaces sharing an events table
 		// together, holding their pools); connections to one server are
 		// bounded by DATABASE_SERVER_MAX_CONNS whatever the pools.
+		// A connect is given no longer than the retry budget: a silent
+		// server ends the command within it, not a connect timeout later.
 		Pools: database.Config{MaxConns: settings.PoolSize, MaxOpen: cmp.Or(settings.MaxOpenPools, maxOpen), IdleTimeout: -1,
-			ServerMaxConns: settings.ServerMaxConns},
-		Retry:            delivery.RetryPolicy{Budget: e.retryBudgetFor(name, settings.RetryBudget)},
+			ServerMaxConns: settings.ServerMaxConns, ConnectTimeout: min(database.DefaultConnectTimeout, budget)},
+		Retry:            delivery.RetryPolicy{Budget: budget},
 		Logger:           e.log,
 		DeadLetterReader: name == "dead-letter" || name == "status",
 		// The read-only commands (status, audit, set-aside) never open a

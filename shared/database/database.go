@@ -58,7 +58,15 @@ type Config struct {
 	// on one server when they name the same Cloud SQL instance, or the same
 	// host and port. Default: DefaultServerMaxConns.
 	ServerMaxConns int
+	// ConnectTimeout bounds a connection's dial and log-in, unless the
+	// database's URL sets connect_timeout. Default: DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 }
+
+// DefaultConnectTimeout is the default bound on a connection's dial and
+// log-in: long enough for a Cloud SQL connector's first certificate, short
+// enough that a silent server is given up within seconds.
+const DefaultConnectTimeout = 10 * time.Second
 
 // DefaultServerMaxConns is the default bound on a process's connections to
 // one PostgreSQL server: a drain or verifier instance stays a handful of
@@ -71,6 +79,7 @@ func (c Config) withDefaults() Config {
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, 5*time.Minute)
 	c.ConnIdleTimeout = cmp.Or(c.ConnIdleTimeout, 30*time.Second)
 	c.ServerMaxConns = cmp.Or(c.ServerMaxConns, DefaultServerMaxConns)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
 	return c
 }
 

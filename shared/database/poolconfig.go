@@ -46,7 +46,7 @@ func (p *Pools) poolConfig(ctx context.Context, db registry.Database) (*pgxpool.
 	cfg.MaxConnLifetime = 30 * time.Minute
 	cfg.HealthCheckPeriod = min(cfg.MaxConnIdleTime, time.Minute)
 	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+		cfg.ConnConfig.ConnectTimeout = p.cfg.ConnectTimeout
 	}
 	if p.cfg.Tracer != nil {
 		cfg.ConnConfig.Tracer = p.cfg.Tracer
