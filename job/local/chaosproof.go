@@ -341,8 +341,8 @@ func (c *chaosRun) provePromise(excused excusals) {
 		}
 	}
 	rep.add("every promise covered by the run it named", len(runBreaks) == 0,
-		fmt.Sprintf("%d promised wake-ups; %d not covered by the drainer run their answer named, %d excused (their process killed, frozen or stopped with work left)%s",
-			promised, len(runBreaks), runExcused, describeRunBreak(runBreaks)))
+		fmt.Sprintf("%d promised wake-ups; %d not covered by the drainer run their answer named; %d (%.1f%%) whose run was cut by its process's kill, freeze or stop before its last line (their commits judged by the proof above)%s",
+			promised, len(runBreaks), runExcused, 100*float64(runExcused)/float64(max(promised, 1)), describeRunBreak(runBreaks)))
 	rep.add("the wake-up path delivered", len(path.SweptPromised) == 0 && path.ByWakeUps > 0,
 		fmt.Sprintf("published first by the wake-ups' drains %d, by operations %d, by the sweep %d; promised commits: %d the sweep published first after every drain that could carry them had ended (%d while one was in flight); %d published later than %v after their commit, a figure (max %.1fs, p99 %.1fs)%s",
 			path.ByWakeUps, path.ByOperations, path.BySweep, len(path.SweptPromised), path.SweptRacing, len(path.Late), deliveryLagBound,

@@ -225,7 +225,23 @@ func panel(pn Panel, t Timeline, kinds []string, end float64) (*plot.Plot, error
 		p.Legend.Add(s.Name, line)
 	}
 	p.Y.Min, p.Y.Max = 0, top*1.1
-	return p, addMoments(p, t.Moments, 0, top*1.1)
+	// The moments' lines without their labels, which the fault lanes
+	// above carry: here they would overprint the legend.
+	return p, addMarks(p, t.Moments, 0, top*1.1)
+}
+
+// addMarks draws each moment as an unlabelled vertical dashed line.
+func addMarks(p *plot.Plot, moments []Marker, from, to float64) error {
+	for _, m := range moments {
+		line, err := plotter.NewLine(plotter.XYs{{X: m.At, Y: from}, {X: m.At, Y: to}})
+		if err != nil {
+			return err
+		}
+		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		line.Color = color.Black
+		p.Add(line)
+	}
+	return nil
 }
 
 // addMoments draws each moment as a labelled vertical dashed line, a
