@@ -130,3 +130,16 @@ func TestSaveAnswers(t *testing.T) {
 	}
 	requireValidColours(t, raw)
 }
+
+// TestTheCommittedPicturesHaveValidColours: the pictures the READMEs show
+// (drawn by runs, committed) have only colours an SVG renderer reads.
+func TestTheCommittedPicturesHaveValidColours(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"job/local/chaos.svg", "functions/wakeup-frontier.svg", "functions/wakeup-answers.svg"} {
+		t.Run(path, func(t *testing.T) {
+			raw, err := os.ReadFile(filepath.Join("..", "..", "..", path))
+			require.NoError(t, err)
+			requireValidColours(t, raw)
+		})
+	}
+}
