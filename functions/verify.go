@@ -56,6 +56,30 @@ func parseVerifyRequest(body []byte) (verifyRequest, error) {
 	return req, nil
 }
 
+// readVerifyRequest reads and parses a verifier call's body (boundBody),
+// failing out with the client's status when it cannot: 408 for a body too
+// slow, 413 for one too large, 400 otherwise.
+func readVerifyRequest(w http.ResponseWriter, r *http.Request, out *outcome) (verifyRequest, bool) {
+	body, err := readBody(w, r)
+	switch {
+	case errors.Is(err, errBodyTooSlow):
+		out.fail(http.StatusRequestTimeout, "body_timeout", err.Error(), err)
+		return verifyRequest{}, false
+	case errors.Is(err, errBodyTooLarge):
+		out.fail(http.StatusRequestEntityTooLarge, "body_too_large", err.Error(), err)
+		return verifyRequest{}, false
+	case err != nil:
+		out.fail(http.StatusBadRequest, "bad_request", "the body could not be read", err)
+		return verifyRequest{}, false
+	}
+	req, err := parseVerifyRequest(body)
+	if err != nil {
+		out.fail(http.StatusBadRequest, "bad_request", err.Error(), err)
+		return verifyRequest{}, false
+	}
+	return req, true
+}
+
 // serveVerify is the Verify function, run by Cloud Scheduler every minute
 // (the service is private: Cloud Run checks the scheduler's OIDC token, and
 // so does this function, see callerCheck). For every workspace, or those
@@ -94,21 +118,8 @@ func (s *server) serveVerify(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	body, err := readBody(w, r)
-	switch {
-	case errors.Is(err, errBodyTooSlow):
-		out.fail(http.StatusRequestTimeout, "body_timeout", err.Error(), err)
-		return
-	case errors.Is(err, errBodyTooLarge):
-		out.fail(http.StatusRequestEntityTooLarge, "body_too_large", err.Error(), err)
-		return
-	case err != nil:
-		out.fail(http.StatusBadRequest, "bad_request", "the body could not be read", err)
-		return
-	}
-	req, err := parseVerifyRequest(body)
-	if err != nil {
-		out.fail(http.StatusBadRequest, "bad_request", err.Error(), err)
+	req, ok := readVerifyRequest(w, r, &out)
+	if !ok {
 		return
 	}
 	opts := delivery.VerifyAllOptions{Budget: s.verifyBudget, SweepBatches: s.sweepBatches, Workers: s.verifyWorkers}

@@ -49,6 +49,26 @@ func SaveFrontier(path string, pts []FrontierPoint, rate, gather float64) error 
 	}
 	sort.Slice(byGather, func(i, j int) bool { return byGather[i].GatherMS < byGather[j].GatherMS })
 	sort.Slice(byRate, func(i, j int) bool { return byRate[i].Rate < byRate[j].Rate })
+	latency, err := latencyChart(byGather, rate)
+	if err != nil {
+		return err
+	}
+	cost, err := costChart(byRate, gather)
+	if err != nil {
+		return err
+	}
+	c := vgsvg.New(30*vg.Centimeter, 24*vg.Centimeter)
+	dc := draw.New(c)
+	canvases := plot.Align([][]*plot.Plot{{latency}, {cost}}, draw.Tiles{Rows: 2, Cols: 1, PadTop: 5 * vg.Millimeter,
+		PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 5 * vg.Millimeter, PadY: 8 * vg.Millimeter}, dc)
+	latency.Draw(canvases[0][0])
+	cost.Draw(canvases[1][0])
+	return save(path, c)
+}
+
+// latencyChart is cost against latency by gather at one rate: the drain's
+// and the floor's p50 and p99, with the SPEC's bars.
+func latencyChart(byGather []FrontierPoint, rate float64) (*plot.Plot, error) {
 	latency := plot.New()
 	latency.Title.Text = fmt.Sprintf("cost against latency, by gather, at %.0f commits/s\n%s", rate, frontierFloor)
 	latency.X.Label.Text = "commit → accepted, ms"
@@ -73,16 +93,19 @@ func SaveFrontier(path string, pts []FrontierPoint, rate, gather float64) error 
 			labels[j] = fmt.Sprintf("%.0f ms", p.GatherMS)
 		}
 		if err := addCurve(latency, c.name, xys, labels, i); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := addCostBar(latency, byGather, nil, maxOf(byGather, func(p FrontierPoint) float64 { return max(p.DrainP99, p.FloorP99, specP99MS) })); err != nil {
-		return err
+		return nil, err
 	}
-	if err := addMoments(latency, []Marker{{Name: fmt.Sprintf("SPEC bar: p99 %d ms", specP99MS), At: specP99MS}}, 0, maxOf(byGather,
-		func(p FrontierPoint) float64 { return max(p.DrainMS, p.FloorMS, p.WritersMS*specCostShare) })*1.1); err != nil {
-		return err
-	}
+	top := maxOf(byGather, func(p FrontierPoint) float64 { return max(p.DrainMS, p.FloorMS, p.WritersMS*specCostShare) }) * 1.1
+	return latency, addMoments(latency, []Marker{{Name: fmt.Sprintf("SPEC bar: p99 %d ms", specP99MS), At: specP99MS}}, 0, top)
+}
+
+// costChart is cost against the commit rate at one gather, the drain's and
+// the floor's, with the SPEC's cost bar.
+func costChart(byRate []FrontierPoint, gather float64) (*plot.Plot, error) {
 	cost := plot.New()
 	cost.Title.Text = fmt.Sprintf("cost against the commit rate, gather %.0f ms", gather)
 	cost.X.Label.Text = "commits per second"
@@ -110,22 +133,12 @@ func SaveFrontier(path string, pts []FrontierPoint, rate, gather float64) error 
 		labels := make([]string, len(byRate))
 		for j, p := range byRate {
 			xys[j] = plotter.XY{X: p.Rate, Y: c.y(p)}
-			labels[j] = ""
 		}
 		if err := addCurve(cost, c.name, xys, labels, i*2); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if err := addCostBar(cost, byRate, func(p FrontierPoint) float64 { return p.Rate }, 0); err != nil {
-		return err
-	}
-	c := vgsvg.New(30*vg.Centimeter, 24*vg.Centimeter)
-	dc := draw.New(c)
-	canvases := plot.Align([][]*plot.Plot{{latency}, {cost}}, draw.Tiles{Rows: 2, Cols: 1, PadTop: 5 * vg.Millimeter,
-		PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 5 * vg.Millimeter, PadY: 8 * vg.Millimeter}, dc)
-	latency.Draw(canvases[0][0])
-	cost.Draw(canvases[1][0])
-	return save(path, c)
+	return cost, addCostBar(cost, byRate, func(p FrontierPoint) float64 { return p.Rate }, 0)
 }
 
 // addCostBar draws the SPEC's cost bar, 0.3× the writers' CPU a commit,
