@@ -22,14 +22,7 @@ func TestShutdownFinishesTheBatchesOut(t *testing.T) {
 	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "out"})
 	require.NoError(t, err)
 	r.drainHeld(t, g)
-	shutdown := make(chan error, 1)
-	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
-	defer cancel()
-	go func() { shutdown <- r.svc.Shutdown(ctx) }()
-	require.Eventually(t, func() bool {
-		_, err := r.wake(t, r.svc)
-		return err != nil
-	}, time.Minute, time.Millisecond)
+	shutdown := r.beginShutdown(t)
 	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "after the stop began"})
 	require.NoError(t, err)
 	_, err = r.wake(t, r.svc)
@@ -60,16 +53,25 @@ func TestAStopClaimsWhatWasPromised(t *testing.T) {
 	require.NoError(t, err)
 	ans := r.wakeOK(t, r.svc)
 	require.True(t, ans.Promised && ans.Coalesced, "%+v", ans)
+	shutdown := r.beginShutdown(t)
+	g.release()
+	require.NoError(t, <-shutdown)
+	require.Zero(t, r.pendingCount(t), "the promised commit was claimed after the stop began")
+	require.EqualValues(t, 2, r.acceptedCount(t))
+}
+
+// beginShutdown stops the rig's service (a grace of a minute) and returns
+// once it refuses wake-ups: the stop has begun. The channel gets
+// Shutdown's result.
+func (r *rig) beginShutdown(t *testing.T) <-chan error {
+	t.Helper()
 	shutdown := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	go func() { shutdown <- r.svc.Shutdown(ctx) }()
 	require.Eventually(t, func() bool {
 		_, err := r.wake(t, r.svc)
 		return err != nil
 	}, time.Minute, time.Millisecond, "the stop has begun")
-	g.release()
-	require.NoError(t, <-shutdown)
-	require.Zero(t, r.pendingCount(t), "the promised commit was claimed after the stop began")
-	require.EqualValues(t, 2, r.acceptedCount(t))
+	return shutdown
 }
