@@ -247,15 +247,11 @@ func addMarks(p *plot.Plot, moments []Marker, from, to float64) error {
 // addMoments draws each moment as a labelled vertical dashed line, a
 // label that would overprint the one before it a row lower.
 func addMoments(p *plot.Plot, moments []Marker, from, to float64) error {
+	if err := addMarks(p, moments, from, to); err != nil {
+		return err
+	}
 	rows := labelRows(moments, p.X.Max)
 	for i, m := range moments {
-		line, err := plotter.NewLine(plotter.XYs{{X: m.At, Y: from}, {X: m.At, Y: to}})
-		if err != nil {
-			return err
-		}
-		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		line.Color = color.Black
-		p.Add(line)
 		at := to - float64(rows[i])*(to-from)*0.08
 		l, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: m.At, Y: at}}, Labels: []string{m.Name}})
 		if err != nil {

@@ -7,8 +7,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgsvg"
 )
 
 // FrontierPoint is one measured setting of the wake-up path: the drain's
@@ -57,13 +55,7 @@ func SaveFrontier(path string, pts []FrontierPoint, rate, gather float64) error 
 	if err != nil {
 		return err
 	}
-	c := vgsvg.New(30*vg.Centimeter, 24*vg.Centimeter)
-	dc := draw.New(c)
-	canvases := plot.Align([][]*plot.Plot{{latency}, {cost}}, draw.Tiles{Rows: 2, Cols: 1, PadTop: 5 * vg.Millimeter,
-		PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 5 * vg.Millimeter, PadY: 8 * vg.Millimeter}, dc)
-	latency.Draw(canvases[0][0])
-	cost.Draw(canvases[1][0])
-	return save(path, c)
+	return saveStacked(path, latency, cost)
 }
 
 // latencyChart is cost against latency by gather at one rate: the drain's
@@ -238,13 +230,7 @@ func SaveAnswers(path string, runs []AnswerRun) error {
 	if err != nil {
 		return err
 	}
-	c := vgsvg.New(30*vg.Centimeter, 24*vg.Centimeter)
-	dc := draw.New(c)
-	canvases := plot.Align([][]*plot.Plot{{answers}, {accepted}}, draw.Tiles{Rows: 2, Cols: 1, PadTop: 5 * vg.Millimeter,
-		PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 5 * vg.Millimeter, PadY: 8 * vg.Millimeter}, dc)
-	answers.Draw(canvases[0][0])
-	accepted.Draw(canvases[1][0])
-	return save(path, c)
+	return saveStacked(path, answers, accepted)
 }
 
 // runCurve is one figure of AnswerRun, drawn across the runs.
