@@ -352,13 +352,7 @@ func (c *Cluster) Stop() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_ = c.process.Process.Signal(syscall.SIGINT) // fast shutdown
-	select {
-	case <-c.exited:
-	case <-time.After(15 * time.Second):
-		_ = c.process.Process.Signal(syscall.SIGQUIT)
-		<-c.exited
-	}
+	c.stopServerLocked()
 	if err := os.RemoveAll(c.dir); err != nil {
 		return fmt.Errorf("pgtest: remove %s: %w", c.dir, err)
 	}

@@ -25,13 +25,7 @@ func (c *Cluster) Restart(ctx context.Context) (int, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_ = c.process.Process.Signal(syscall.SIGINT) // fast shutdown
-	select {
-	case <-c.exited:
-	case <-time.After(15 * time.Second):
-		_ = c.process.Process.Signal(syscall.SIGQUIT)
-		<-c.exited
-	}
+	c.stopServerLocked()
 	next, err := c.restart(ctx)
 	if err != nil {
 		return sessions, err
@@ -46,4 +40,17 @@ func (c *Cluster) Restarts() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.restarts
+}
+
+// stopServerLocked stops the owned server as `pg_ctl stop -m fast` does
+// (SIGINT: every session ended), SIGQUIT if it is still up 15 s later, and
+// waits for it to exit. c.mu is held.
+func (c *Cluster) stopServerLocked() {
+	_ = c.process.Process.Signal(syscall.SIGINT) // fast shutdown
+	select {
+	case <-c.exited:
+	case <-time.After(15 * time.Second):
+		_ = c.process.Process.Signal(syscall.SIGQUIT)
+		<-c.exited
+	}
 }
