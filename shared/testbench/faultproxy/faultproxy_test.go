@@ -240,11 +240,7 @@ func TestGRPCHoldNext(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- publish("held") }()
-	select {
-	case <-hold.Held():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the matching call was not held within 10 s")
-	}
+	awaitHeld(t, hold, "the matching call was not held")
 	if stored("held") {
 		t.Fatal("the held call reached the server before Release")
 	}
@@ -266,11 +262,7 @@ func TestGRPCHoldNext(t *testing.T) {
 	if err := publish("late"); err != nil {
 		t.Fatalf("a released hold that held nothing holds nothing more: %v", err)
 	}
-	select {
-	case <-disarmed.Held():
-		t.Fatal("a hold released before any call still held one")
-	default:
-	}
+	requireNotHeld(t, disarmed, "a hold released before any call still held one")
 
 	// Arming a hold disarms the one before: its call passes, the new
 	// one's is held.
@@ -279,17 +271,9 @@ func TestGRPCHoldNext(t *testing.T) {
 	if err := publish("first"); err != nil {
 		t.Fatalf("the call of a hold armed before another passes: %v", err)
 	}
-	select {
-	case <-first.Held():
-		t.Fatal("a hold re-armed over still held a call")
-	default:
-	}
+	requireNotHeld(t, first, "a hold re-armed over still held a call")
 	go func() { done <- publish("second") }()
-	select {
-	case <-second.Held():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the re-armed hold did not hold its call within 10 s")
-	}
+	awaitHeld(t, second, "the re-armed hold did not hold its call")
 	second.Release()
 	if err := <-done; err != nil {
 		t.Fatalf("the re-armed hold's call, released: %v", err)
@@ -297,11 +281,7 @@ func TestGRPCHoldNext(t *testing.T) {
 
 	lost := proxy.HoldNext(matches("lost"))
 	go func() { done <- publish("lost") }()
-	select {
-	case <-lost.Held():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the call to lose was not held within 10 s")
-	}
+	awaitHeld(t, lost, "the call to lose was not held")
 	losses := proxy.Losses()
 	lost.Lose()
 	if err := <-done; status.Code(err) != codes.DeadlineExceeded || stored("lost") {
@@ -309,5 +289,25 @@ func TestGRPCHoldNext(t *testing.T) {
 	}
 	if proxy.Losses() != losses+1 {
 		t.Fatalf("the lost call was not counted: %d, then %d", losses, proxy.Losses())
+	}
+}
+
+// awaitHeld waits up to 10 s for h to hold a call, or fails naming what.
+func awaitHeld(t *testing.T, h *faultproxy.Hold, what string) {
+	t.Helper()
+	select {
+	case <-h.Held():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s within 10 s", what)
+	}
+}
+
+// requireNotHeld fails, saying why, if h holds a call.
+func requireNotHeld(t *testing.T, h *faultproxy.Hold, why string) {
+	t.Helper()
+	select {
+	case <-h.Held():
+		t.Fatal(why)
+	default:
 	}
 }
