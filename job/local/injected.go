@@ -56,6 +56,8 @@ func leastOfProxies(l *local, count func(*faultproxy.GRPC) int64) int {
 	return max(least, 0)
 }
 
+// drainsSeen counts a drain fault as the instances' processes took it,
+// summed over the instances.
 func drainsSeen(count func(*drainProcess) int64) func(l *local) int {
 	return func(l *local) int {
 		n := 0
