@@ -78,13 +78,9 @@ func TestWakeUpsCoalesceAcrossInstances(t *testing.T) {
 // at once, beside the batch out, and publishes it in a batch of its own.
 func TestAWakeUpAfterTheClaimGetsAClaimOfItsOwn(t *testing.T) {
 	t.Parallel()
-	g := newGate()
-	r := newRig(t, 2, withGate(g))
-	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "first"})
-	require.NoError(t, err)
-	r.drainHeld(t, g)
+	r, g := newRigWithABatchOut(t, "first")
 	defer g.release()
-	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "after the claim"})
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "after the claim"})
 	require.NoError(t, err)
 	require.True(t, r.wakeOK(t, r.svc).Coalesced, "the running drainer takes it")
 	await.Receive(t, g.entered, "the second batch's publish, while the first is out")

@@ -330,6 +330,18 @@ func (r *rig) drainHeld(tb testing.TB, g *gate) {
 	await.Receive(tb, g.entered, "the batch's publish")
 }
 
+// newRigWithABatchOut is a rig (batches of 2) whose drainer has one batch
+// out, a product titled title, its publish held at the gate.
+func newRigWithABatchOut(t *testing.T, title string) (*rig, *gate) {
+	t.Helper()
+	g := newGate()
+	r := newRig(t, 2, withGate(g))
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": title})
+	require.NoError(t, err)
+	r.drainHeld(t, g)
+	return r, g
+}
+
 // release lets every held request, and every later one, through.
 func (g *gate) release() {
 	g.held.Store(false)

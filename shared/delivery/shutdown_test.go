@@ -17,13 +17,9 @@ import (
 // for the next wake-up or the sweep.
 func TestShutdownFinishesTheBatchesOut(t *testing.T) {
 	t.Parallel()
-	g := newGate()
-	r := newRig(t, 2, withGate(g))
-	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "out"})
-	require.NoError(t, err)
-	r.drainHeld(t, g)
+	r, g := newRigWithABatchOut(t, "out")
 	shutdown := r.beginShutdown(t)
-	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "after the stop began"})
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "after the stop began"})
 	require.NoError(t, err)
 	_, err = r.wake(t, r.svc)
 	require.ErrorIs(t, err, delivery.ErrShuttingDown)
@@ -44,12 +40,8 @@ func TestShutdownFinishesTheBatchesOut(t *testing.T) {
 // drain ends its work, it does not leave a promise to the sweep.
 func TestAStopClaimsWhatWasPromised(t *testing.T) {
 	t.Parallel()
-	g := newGate()
-	r := newRig(t, 2, withGate(g))
-	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "out"})
-	require.NoError(t, err)
-	r.drainHeld(t, g)
-	_, err = r.w.Create(r.ctx, "product", map[string]any{"title": "promised"})
+	r, g := newRigWithABatchOut(t, "out")
+	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "promised"})
 	require.NoError(t, err)
 	ans := r.wakeOK(t, r.svc)
 	require.True(t, ans.Promised && ans.Coalesced, "%+v", ans)
