@@ -1,8 +1,10 @@
 // Command schemaprovider is a terraform provider that knows nothing but
 // its schema: it serves the recorded `terraform providers schema -json` of
 // a real provider (hashicorp/google, google-beta or time, beside the
-// terraform tests in terraform/testdata) and answers every other call with
-// nothing to do. It exists for `terraform validate` and `terraform test`
+// terraform tests in terraform/testdata), validates a configuration as far
+// as the schema says (terraform core checks the rest against the schema;
+// the provider refuses attributes only it sets: validate.go), and answers
+// every other call with nothing to do. It exists for `terraform validate` and `terraform test`
 // with `mock_provider`, which take a provider's schema from the provider
 // itself, on machines that cannot download providers: terraform/ installs
 // it from a filesystem mirror made at test time (TestTerraformRunsOffline).
@@ -108,12 +110,20 @@ func (p *provider) StopProvider(context.Context, *tfprotov5.StopProviderRequest)
 	return &tfprotov5.StopProviderResponse{}, nil
 }
 
-func (p *provider) ValidateResourceTypeConfig(context.Context, *tfprotov5.ValidateResourceTypeConfigRequest) (*tfprotov5.ValidateResourceTypeConfigResponse, error) {
-	return &tfprotov5.ValidateResourceTypeConfigResponse{}, nil
+func (p *provider) ValidateResourceTypeConfig(_ context.Context, req *tfprotov5.ValidateResourceTypeConfigRequest) (*tfprotov5.ValidateResourceTypeConfigResponse, error) {
+	s := p.schema.ResourceSchemas[req.TypeName]
+	if s == nil {
+		return nil, fmt.Errorf("schemaprovider: no resource %s in the recorded schema", req.TypeName)
+	}
+	return &tfprotov5.ValidateResourceTypeConfigResponse{Diagnostics: unconfigurable(s.Block, req.Config)}, nil
 }
 
-func (p *provider) ValidateDataSourceConfig(context.Context, *tfprotov5.ValidateDataSourceConfigRequest) (*tfprotov5.ValidateDataSourceConfigResponse, error) {
-	return &tfprotov5.ValidateDataSourceConfigResponse{}, nil
+func (p *provider) ValidateDataSourceConfig(_ context.Context, req *tfprotov5.ValidateDataSourceConfigRequest) (*tfprotov5.ValidateDataSourceConfigResponse, error) {
+	s := p.schema.DataSourceSchemas[req.TypeName]
+	if s == nil {
+		return nil, fmt.Errorf("schemaprovider: no data source %s in the recorded schema", req.TypeName)
+	}
+	return &tfprotov5.ValidateDataSourceConfigResponse{Diagnostics: unconfigurable(s.Block, req.Config)}, nil
 }
 
 func (p *provider) GetFunctions(context.Context, *tfprotov5.GetFunctionsRequest) (*tfprotov5.GetFunctionsResponse, error) {
