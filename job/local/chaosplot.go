@@ -22,15 +22,28 @@ func (s *chaosSeries) add(x sampled) {
 	s.samples = append(s.samples, x)
 }
 
-// plotChaos draws the run's timeline to path: commits and publishes a
-// second, the delivery and verification lags, every fault window in a lane
-// of its kind, the operations, the faults' end and full verification.
+// plotChaos draws the run's timeline to path (see chaosTimeline).
 func (c *chaosRun) plotChaos(path string, faultsOff time.Time) error {
 	s := &c.series
 	s.mu.Lock()
 	samples := append([]sampled(nil), s.samples...)
 	s.mu.Unlock()
-	at := func(t time.Time) float64 { return t.Sub(c.started).Seconds() }
+	title := "chaos: " + c.l.cfg.chaos.duration.String() + " of faults, seed " + itoa(c.l.cfg.chaos.seed)
+	verified := -1.0
+	if c.report.FullyVerified {
+		verified = c.report.VerifiedAfterFaultsSecs
+	}
+	return plots.SaveTimeline(path, chaosTimeline(title, c.started, samples, c.report.Timeline, faultsOff, verified))
+}
+
+// chaosTimeline is the run's picture: commits and publishes a second, the
+// delivery and verification lags, every fault window in a lane of its
+// kind (from its start for its length; an event, of no length, a tick),
+// the operations' starts and ends, the faults' end and, when verifiedAfter
+// is not negative, full verification that many seconds after it.
+func chaosTimeline(title string, started time.Time, samples []sampled, timeline []timelineEntry, faultsOff time.Time,
+	verifiedAfter float64) plots.Timeline {
+	at := func(t time.Time) float64 { return t.Sub(started).Seconds() }
 	var commits, published, delivery, verification []plots.XY
 	for i, x := range samples {
 		delivery = append(delivery, plots.XY{X: at(x.at), Y: x.deliveryLag.Seconds()})
@@ -46,7 +59,7 @@ func (c *chaosRun) plotChaos(path string, faultsOff time.Time) error {
 		}
 	}
 	t := plots.Timeline{
-		Title: "chaos: " + c.l.cfg.chaos.duration.String() + " of faults, seed " + itoa(c.l.cfg.chaos.seed),
+		Title: title,
 		Panels: []plots.Panel{
 			{Title: "the SDK's commits and the messages published", YLabel: "per second", Series: []plots.Series{
 				{Name: "commits/s", Points: commits}, {Name: "messages published/s", Points: published}}},
@@ -55,10 +68,10 @@ func (c *chaosRun) plotChaos(path string, faultsOff time.Time) error {
 		},
 		Moments: []plots.Marker{{Name: "faults end", At: at(faultsOff)}},
 	}
-	if c.report.FullyVerified {
-		t.Moments = append(t.Moments, plots.Marker{Name: "every event verified", At: at(faultsOff) + c.report.VerifiedAfterFaultsSecs})
+	if verifiedAfter >= 0 {
+		t.Moments = append(t.Moments, plots.Marker{Name: "every event verified", At: at(faultsOff) + verifiedAfter})
 	}
-	for _, e := range c.report.Timeline {
+	for _, e := range timeline {
 		switch {
 		case strings.HasSuffix(e.Kind, "_done"):
 			t.Operations = append(t.Operations, plots.Marker{Name: strings.TrimSuffix(e.Kind, "_done") + " done", At: e.AtSeconds})
@@ -68,7 +81,7 @@ func (c *chaosRun) plotChaos(path string, faultsOff time.Time) error {
 			t.Windows = append(t.Windows, plots.Window{Kind: e.Kind, From: e.AtSeconds, To: e.AtSeconds + e.ForSeconds})
 		}
 	}
-	return plots.SaveTimeline(path, t)
+	return t
 }
 
 func itoa(n uint64) string {

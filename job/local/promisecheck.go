@@ -62,9 +62,17 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 	}
 	*last = started
 	published := func(id string) bool { _, ok := p.c.l.published.firstOf(id); return ok }
-	v := judgeQuiescent(t, open, stranded, published, p.c.nemesis.excusals())
-	wl.resolve(v.Resolved)
-	wl.resolve(v.Broken) // each broken promise counted once
+	p.judge(t, open, stranded, published, p.c.nemesis.excusals())
+}
+
+// judge records one quiescent moment's verdict on the open wake-ups (see
+// judgeQuiescent): the delivered ones count as promised and the stranded
+// ones as broken, each once (both are resolved, not looked at again); the
+// held ones stay open for the next moment.
+func (p *promiseChecker) judge(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(string) bool, excused excusals) {
+	v := judgeQuiescent(t, open, stranded, published, excused)
+	p.c.wakes.resolve(v.Resolved)
+	p.c.wakes.resolve(v.Broken)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.checks++

@@ -112,6 +112,54 @@ func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	}
 }
 
+// TestTheLivePromiseCheckCountsEachPromiseOnce: across quiescent moments,
+// a delivered wake-up counts as promised once, a stranded one as broken
+// once (neither is looked at again), a held one stays open until a later
+// moment finds it delivered, and a wake-up answered after the moment or
+// not answered 2xx is not judged.
+func TestTheLivePromiseCheckCountsEachPromiseOnce(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	c := &chaosRun{}
+	c.promise.c = c
+	wake := func(id string, code int, answered time.Time) *wakeRecord {
+		return &wakeRecord{HistoryIDs: []string{"h-" + id}, EventIDs: []string{id}, Code: code, Answered: answered}
+	}
+	c.wakes.all = []*wakeRecord{wake("delivered", 200, t0), wake("stranded", 202, t0), wake("held", 200, t0),
+		wake("refused", 503, t0), wake("later", 200, t0.Add(time.Hour))}
+	delivered := map[string]bool{"delivered": true}
+	published := func(id string) bool { return delivered[id] }
+	stranded := map[string]bool{"h-stranded": true}
+	moment := func(at time.Time) []string {
+		open := c.wakes.open(at)
+		c.promise.judge(at, open, stranded, published, nil)
+		var ids []string
+		for _, w := range c.wakes.open(at) {
+			ids = append(ids, w.EventIDs[0])
+		}
+		return ids
+	}
+	p := &c.promise
+	require.Equal(t, []string{"held"}, moment(t0.Add(time.Second)), "only the held one is looked at again")
+	require.Equal(t, 1, p.promised)
+	require.Len(t, p.stranded, 1)
+	require.Equal(t, []string{"held"}, moment(t0.Add(2*time.Second)), "held still")
+	require.Equal(t, 1, p.promised)
+	require.Len(t, p.stranded, 1, "a broken promise is counted once")
+	delivered["held"] = true
+	require.Empty(t, moment(t0.Add(3*time.Second)))
+	require.Equal(t, 2, p.promised, "the held one, delivered at last")
+	require.Len(t, p.stranded, 1)
+	require.Equal(t, 3, p.judged())
+	require.Equal(t, []string{"later"}, func() []string {
+		var ids []string
+		for _, w := range c.wakes.open(t0.Add(2 * time.Hour)) {
+			ids = append(ids, w.EventIDs[0])
+		}
+		return ids
+	}(), "a wake-up is judged once answered, a 503 never")
+}
+
 // TestPathProofNamesWhatOnlyTheSweepPublished: a promised commit that the
 // verifier's sweep published first once every request to its instance open
 // at its answer had ended, or that a drain published past the bound,
@@ -125,7 +173,11 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	wakes := []wakeRecord{
 		{EventIDs: []string{"by-drain"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
 		{EventIDs: []string{"by-sweep"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
-		{EventIDs: []string{"late"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
+		// Late from its commit (35 s), not from its answer (20 s).
+		{EventIDs: []string{"late"}, Committed: t0.Add(-15 * time.Second), Code: 200, Sent: t0, Answered: t0, Ended: ended},
+		{EventIDs: []string{"at-the-bound"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
+		// Its process killed after the answer: neither late nor a lag.
+		{EventIDs: []string{"excused"}, Drain: 2, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
 		{EventIDs: []string{"unpromised"}, Committed: t0, Code: 503, Sent: t0, Answered: t0, Ended: ended},
 		{EventIDs: []string{"by-replay"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
 		// Coalesced on instance 2 into a drain whose request (the next
@@ -138,16 +190,21 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	first := map[string]firstPublish{
 		"by-drain":     {At: t0.Add(100 * time.Millisecond), Component: componentDrain},
 		"by-sweep":     {At: t0.Add(50 * time.Second), Component: componentVerify},
-		"late":         {At: t0.Add(40 * time.Second), Component: componentDrain},
+		"late":         {At: t0.Add(20 * time.Second), Component: componentDrain},
+		"at-the-bound": {At: t0.Add(30 * time.Second), Component: componentDrain},
+		"excused":      {At: t0.Add(45 * time.Second), Component: componentDrain},
 		"unpromised":   {At: t0.Add(50 * time.Second), Component: componentVerify},
 		"by-replay":    {At: t0.Add(time.Second), Component: componentJob},
 		"swept-racing": {At: t0.Add(20 * time.Second), Component: componentVerify},
 	}
-	r := judgePath(wakes, first, nil, 30*time.Second)
+	killed := excusals{{Kind: faultDrainKill, Drain: 2, From: t0.Add(time.Second)}}
+	r := judgePath(wakes, first, killed, 30*time.Second)
 	require.Equal(t, []string{"by-sweep"}, r.SweptPromised)
 	require.Equal(t, 1, r.SweptRacing, "swept while a request open at its answer was in flight")
-	require.ElementsMatch(t, []string{"by-sweep", "late"}, r.Late)
-	require.Equal(t, 2, r.ByWakeUps)
+	require.ElementsMatch(t, []string{"by-sweep", "late"}, r.Late, "later than the bound after the commit; at the bound is not late")
+	require.Len(t, r.Lags, 6, "every promised commit's lag but the excused one's")
+	require.Equal(t, 50*time.Second, quantile(r.Lags, 1))
+	require.Equal(t, 4, r.ByWakeUps)
 	require.Equal(t, 3, r.BySweep)
 	require.Equal(t, 1, r.ByOperations)
 	require.Contains(t, describePathBreak(r.SweptPromised, r.Late, wakes, first, t0),
@@ -160,7 +217,8 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	for _, w := range wakes {
 		c.wakes.all = append(c.wakes.all, &w)
 	}
-	c.provePromise(nil)
+	c.provePromise(killed)
+	require.Equal(t, 50.0, c.report.Path.LagMaxSecs)
 	var path proof
 	for _, p := range c.report.Proofs {
 		if strings.HasPrefix(p.Name, "the wake-up path") {
@@ -169,6 +227,7 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	}
 	require.False(t, path.OK, "%+v", path)
 	require.Contains(t, path.Detail, "by-sweep")
+	require.Contains(t, path.Detail, "2 published later than 30s after their commit, a figure (max 50.0s")
 }
 
 // TestRunProofHoldsEachPromiseToItsRun: a promise is kept by the run its

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"gonum.org/v1/plot/plotter"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/plots"
 )
@@ -37,6 +38,34 @@ func TestSaveTimeline(t *testing.T) {
 	// The window is shaded in its lane and behind both panels: three
 	// translucent polygons (the event, a tick in its lane, is one more).
 	require.Equal(t, 4, strings.Count(string(raw), "fill-opacity:"), "pubsub_hang's window in its lane and behind each panel")
+}
+
+// TestEachFaultWindowIsABarInItsLane: lanes are the fault kinds in
+// order, one a kind however many windows it has; a window's bar spans its
+// seconds in its kind's lane; an event is a tick of a visible width.
+func TestEachFaultWindowIsABarInItsLane(t *testing.T) {
+	t.Parallel()
+	windows := []plots.Window{{Kind: "pubsub_hang", From: 1, To: 5}, {Kind: "drain_kill", From: 2, To: 2}, {Kind: "pubsub_hang", From: 7, To: 8}}
+	require.Equal(t, []string{"drain_kill", "pubsub_hang"}, plots.LaneKinds(windows))
+	cases := []struct {
+		name string
+		w    plots.Window
+		lane int
+		want plotter.XYs
+	}{
+		{"a window in the second lane", windows[0], 1, plotter.XYs{{X: 1, Y: 0.65}, {X: 5, Y: 0.65}, {X: 5, Y: 1.35}, {X: 1, Y: 1.35}}},
+		{"an event in the first lane", windows[1], 0, plotter.XYs{{X: 2, Y: -0.35}, {X: 2.1, Y: -0.35}, {X: 2.1, Y: 0.35}, {X: 2, Y: 0.35}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := plots.LaneBar(c.w, c.lane, 30)
+			require.Len(t, got, len(c.want))
+			for i := range got {
+				require.InDelta(t, c.want[i].X, got[i].X, 1e-9, "corner %d", i)
+				require.InDelta(t, c.want[i].Y, got[i].Y, 1e-9, "corner %d", i)
+			}
+		})
+	}
 }
 
 // colour matches an SVG fill or stroke colour and what follows it.

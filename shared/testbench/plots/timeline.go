@@ -53,13 +53,7 @@ type Timeline struct {
 // SaveTimeline draws t to path as SVG: the fault lanes on top, then each
 // panel, all on one time axis, with the moments as vertical lines.
 func SaveTimeline(path string, t Timeline) error {
-	kinds := []string{}
-	for _, w := range t.Windows {
-		if !slices.Contains(kinds, w.Kind) {
-			kinds = append(kinds, w.Kind)
-		}
-	}
-	sort.Strings(kinds)
+	kinds := laneKinds(t.Windows)
 	end := 0.0
 	for _, p := range t.Panels {
 		for _, s := range p.Series {
@@ -114,9 +108,7 @@ func faultLanes(t Timeline, kinds []string, end float64) (*plot.Plot, error) {
 	p.Y.Label.Text = "faults"
 	for _, w := range t.Windows {
 		i := slices.Index(kinds, w.Kind)
-		to := max(w.To, w.From+end/300) // an event: a tick of a visible width
-		bar, err := plotter.NewPolygon(plotter.XYs{{X: w.From, Y: float64(i) - 0.35}, {X: to, Y: float64(i) - 0.35},
-			{X: to, Y: float64(i) + 0.35}, {X: w.From, Y: float64(i) + 0.35}})
+		bar, err := plotter.NewPolygon(laneBar(w, i, end))
 		if err != nil {
 			return nil, err
 		}
@@ -147,6 +139,27 @@ func faultLanes(t Timeline, kinds []string, end float64) (*plot.Plot, error) {
 		p.Add(l)
 	}
 	return p, addMoments(p, t.Moments, p.Y.Min, float64(len(kinds)))
+}
+
+// laneKinds are the windows' kinds, sorted: lane i is kinds[i]'s.
+func laneKinds(windows []Window) []string {
+	kinds := []string{}
+	for _, w := range windows {
+		if !slices.Contains(kinds, w.Kind) {
+			kinds = append(kinds, w.Kind)
+		}
+	}
+	sort.Strings(kinds)
+	return kinds
+}
+
+// laneBar is window w's bar in lane i of a time axis ending at end: from
+// its start to its end, 0.7 of the lane high; an event (of no length) a
+// tick of a visible width.
+func laneBar(w Window, i int, end float64) plotter.XYs {
+	to := max(w.To, w.From+end/300)
+	lane := float64(i)
+	return plotter.XYs{{X: w.From, Y: lane - 0.35}, {X: to, Y: lane - 0.35}, {X: to, Y: lane + 0.35}, {X: w.From, Y: lane + 0.35}}
 }
 
 // shade is lane i's colour at alpha a: a non-premultiplied colour, as the
