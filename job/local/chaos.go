@@ -12,21 +12,6 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
 )
 
-// chaosConfig is the chaos run's flags: how long the faults run, the seed
-// of their schedule and the SDK workload's rate while it is busy.
-type chaosConfig struct {
-	duration time.Duration
-	seed     uint64
-	rate     float64
-	// plot is where --plot writes the run's timeline (SVG).
-	plot string
-}
-
-// minChaos is the shortest chaos run: long enough for every fault kind
-// and operation to happen at least once, and the verifier's passes to meet
-// the BigQuery faults.
-const minChaos = 45 * time.Second
-
 // sweepEvery is the verifier's sweep's schedule during the faults:
 // production's (Cloud Scheduler calls the verifier once a minute), so that
 // what the sweep delivers is told from what the wake-ups' drains do.
@@ -36,6 +21,7 @@ const sweepEvery = time.Minute
 // and the live proofs, and what they recorded.
 type chaosRun struct {
 	l       *local
+	cfg     chaosConfig
 	nemesis *nemesis
 	checker *liveChecker
 	report  *chaosReport
@@ -76,16 +62,16 @@ type replayRecord struct {
 // the duration while the nemesis injects faults and the operations run,
 // then, faults off, waits for full verification and proves what was
 // promised.
-func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
-	c := &chaosRun{l: l, started: time.Now(), report: &chaosReport{Seed: l.cfg.chaos.seed, DurationSeconds: l.cfg.chaos.duration.Seconds(),
-		RateCommitsPerSecond: l.cfg.chaos.rate, Drains: len(l.drainProcs), Changes: map[string]int64{}}}
+func runChaos(ctx context.Context, l *local, cfg chaosConfig) (*chaosReport, error) {
+	c := &chaosRun{l: l, cfg: cfg, started: time.Now(), report: &chaosReport{Seed: cfg.seed, DurationSeconds: cfg.duration.Seconds(),
+		RateCommitsPerSecond: cfg.rate, Drains: len(l.drainProcs), Changes: map[string]int64{}}}
 	c.token = &tokenSource{issuer: l.issuer}
-	c.traffic = newTraffic(l.cfg.chaos.seed)
-	c.nemesis = newNemesis(c, l.cfg.chaos)
+	c.traffic = newTraffic(c.cfg.seed)
+	c.nemesis = newNemesis(c, cfg)
 	c.checker = &liveChecker{l: l, found: violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}}
 	c.promise = promiseChecker{c: c}
 	c.race = claimRace{c: c}
-	if l.cfg.chaos.plot != "" {
+	if c.cfg.plot != "" {
 		l.progress.onSample = c.series.add
 	}
 	runCtx, stopBackground := context.WithCancel(ctx)
@@ -97,14 +83,14 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
 		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries, Stalled: func() bool { return c.stalled.Load() > 0 }}
 	background.Go(func() { _ = l.feeder.Run(runCtx) })
-	faultCtx, endFaults := context.WithTimeout(ctx, l.cfg.chaos.duration)
+	faultCtx, endFaults := context.WithTimeout(ctx, c.cfg.duration)
 	defer endFaults()
 	background.Go(func() { c.verifyLoop(runCtx, faultCtx) })
 	background.Go(func() { c.checker.run(runCtx) })
 	background.Go(func() { c.promise.run(faultCtx) })
 	background.Go(func() { c.race.run(faultCtx) })
 	l.progress.enter("chaos", fmt.Sprintf("%v of SDK commits at %.0f/s while busy, with faults, %d drain instances (seed %d)",
-		l.cfg.chaos.duration, l.cfg.chaos.rate, len(l.drainProcs), l.cfg.chaos.seed))
+		c.cfg.duration, c.cfg.rate, len(l.drainProcs), c.cfg.seed))
 	var writers sync.WaitGroup
 	for i := range l.cfg.writers {
 		writers.Go(func() { c.writer(faultCtx, i) })
@@ -129,8 +115,8 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 	if err := c.prove(ctx); err != nil {
 		return c.report, err
 	}
-	if l.cfg.chaos.plot != "" {
-		if err := c.plotChaos(l.cfg.chaos.plot, faultsOff); err != nil {
+	if c.cfg.plot != "" {
+		if err := c.plotChaos(c.cfg.plot, faultsOff); err != nil {
 			return c.report, fmt.Errorf("--plot: %w", err)
 		}
 	}
@@ -144,10 +130,10 @@ func (l *local) runChaos(ctx context.Context) (*chaosReport, error) {
 // their patience) is an action that failed: counted, and not woken.
 func (c *chaosRun) writer(ctx context.Context, i int) {
 	l := c.l
-	rng := rand.New(rand.NewPCG(c.l.cfg.chaos.seed+uint64(i)+1, 42))
+	rng := rand.New(rand.NewPCG(c.cfg.seed+uint64(i)+1, 42))
 	var ids []string
 	wk := &localWriter{l: l, rng: rng, ww: l.writer.OnCommit(func(h []string) { ids = h })}
-	every := time.Duration(float64(time.Second) * float64(l.cfg.writers) / l.cfg.chaos.rate)
+	every := time.Duration(float64(time.Second) * float64(l.cfg.writers) / c.cfg.rate)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {

@@ -28,7 +28,7 @@ func (c *chaosRun) plotChaos(path string, faultsOff time.Time) error {
 	s.mu.Lock()
 	samples := append([]sampled(nil), s.samples...)
 	s.mu.Unlock()
-	title := "chaos: " + c.l.cfg.chaos.duration.String() + " of faults, seed " + itoa(c.l.cfg.chaos.seed)
+	title := "chaos: " + c.cfg.duration.String() + " of faults, seed " + itoa(c.cfg.seed)
 	verified := -1.0
 	if c.report.FullyVerified {
 		verified = c.report.VerifiedAfterFaultsSecs

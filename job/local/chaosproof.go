@@ -24,7 +24,7 @@ type published struct {
 // readPublished reads the topic's messages from the Pub/Sub server (what
 // it stored, whatever its answers said), each message's event id from its
 // JSON.
-func (l *local) readPublished() published {
+func readPublished(l *local) published {
 	p := published{times: map[string][]time.Time{}}
 	for _, m := range l.pubsub.Messages() {
 		if m.Topic != localTopic {
@@ -59,7 +59,7 @@ type violations struct {
 // landed, so that a row that moved on between the reads is never a false
 // alarm: an acknowledgement follows its publish, a verification its
 // landing.
-func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.DeliveryRow, published, map[string]bool, error) {
+func check(ctx context.Context, l *local, v *violations) ([]sdkfixture.DeliveryRow, published, map[string]bool, error) {
 	mismatched, example, err := sdkfixture.ReceiptMismatches(ctx, l.ontology, l.gen.Generation)
 	if err != nil {
 		return nil, published{}, nil, err
@@ -71,7 +71,7 @@ func (l *local) check(ctx context.Context, v *violations) ([]sdkfixture.Delivery
 	if err != nil {
 		return nil, published{}, nil, err
 	}
-	pub := l.readPublished()
+	pub := readPublished(l)
 	landed, err := l.wh.EventIDs(ctx)
 	if err != nil {
 		return nil, published{}, nil, err
@@ -109,7 +109,7 @@ func (c *liveChecker) run(ctx context.Context) {
 	every(ctx, time.Second, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		rows, _, _, err := c.l.check(ctx, &c.found)
+		rows, _, _, err := check(ctx, c.l, &c.found)
 		if err != nil {
 			return
 		}
@@ -157,7 +157,7 @@ func (c *chaosRun) prove(ctx context.Context) error {
 	rep.LiveChecks = checks
 	c.promise.final(ctx)
 	c.provePromise(n.excusals())
-	rows, pub, landed, err := l.check(ctx, &found)
+	rows, pub, landed, err := check(ctx, l, &found)
 	if err != nil {
 		return err
 	}

@@ -75,7 +75,7 @@ const claimRaceLeast = 700 * time.Millisecond
 func (r *claimRace) run(ctx context.Context) {
 	defer r.sends.Wait()
 	c := r.c
-	rng := rand.New(rand.NewPCG(c.l.cfg.chaos.seed, 0x72616365))
+	rng := rand.New(rand.NewPCG(c.cfg.seed, 0x72616365))
 	var ids []string
 	wk := &localWriter{l: c.l, rng: rng, ww: c.l.writer.OnCommit(func(h []string) { ids = h })}
 	commit := func(drain int) (*wakeRecord, error) {

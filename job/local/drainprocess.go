@@ -338,3 +338,15 @@ func (d *drainProcess) Close() {
 	defer d.mu.Unlock()
 	d.stop(10 * time.Second)
 }
+
+// sleepUntil waits until t or ctx ends: false if ctx ended first.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}

@@ -135,11 +135,11 @@ func (n *nemesis) bigqueryWindow(ctx context.Context, s step) (string, int) {
 // published meanwhile land late, and the verifier finds them absent) and
 // says how many messages were published meanwhile.
 func (n *nemesis) stall(ctx context.Context, d time.Duration) (string, int) {
-	before := n.c.l.readPublished().messages
+	before := readPublished(n.c.l).messages
 	n.c.stalled.Add(1)
 	sleepUntil(ctx, time.Now().Add(d))
 	n.c.stalled.Add(-1)
-	met := n.c.l.readPublished().messages - before
+	met := readPublished(n.c.l).messages - before
 	return fmt.Sprintf("the BigQuery subscription wrote nothing while %d messages were published", met), met
 }
 

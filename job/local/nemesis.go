@@ -248,17 +248,6 @@ func attemptsOf(kind string) int {
 	return 3
 }
 
-func sleepUntil(ctx context.Context, t time.Time) bool {
-	timer := time.NewTimer(time.Until(t))
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-		return true
-	}
-}
-
 // allOff ends every fault.
 func (n *nemesis) allOff() {
 	for _, p := range n.c.l.pubsubProxies {

@@ -176,16 +176,6 @@ func inFlightAt(requests []wakeRecord, answered, t time.Time) bool {
 	return false
 }
 
-// quantile is the q-quantile of ds (0 when empty).
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
-}
-
 // describeStranded names the first stranded commits for a proof's line.
 func describeStranded(s []strandedCommit) string {
 	if len(s) == 0 {

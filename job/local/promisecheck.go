@@ -56,7 +56,7 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 		*last = started
 		return
 	}
-	stranded, err := p.c.l.strandedAmong(ctx, open)
+	stranded, err := strandedAmong(ctx, p.c.l, open)
 	if err != nil || !p.quiescent() || wl.started.Load() != started {
 		return // not quiescent throughout: judged at the next pause
 	}
@@ -104,7 +104,7 @@ func (p *promiseChecker) quiescent() bool {
 }
 
 // strandedAmong returns the open wake-ups' events that nothing carries.
-func (l *local) strandedAmong(ctx context.Context, open []*wakeRecord) (map[string]bool, error) {
+func strandedAmong(ctx context.Context, l *local, open []*wakeRecord) (map[string]bool, error) {
 	var ids []string
 	for _, w := range open {
 		ids = append(ids, w.HistoryIDs...)

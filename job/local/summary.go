@@ -48,19 +48,6 @@ type summary struct {
 	MaxVerificationLagSecs float64 `json:"max_verification_lag_seconds"`
 }
 
-// viewCheck compares one view with the source table it replicates: its
-// records, and every column of each.
-type viewCheck struct {
-	View   string `json:"view"`
-	Source int    `json:"source_rows"`
-	Rows   int    `json:"view_rows"`
-	// Differing counts the records whose columns differ from the source
-	// row's (the first one is named in Example).
-	Differing int    `json:"differing_rows"`
-	Example   string `json:"example,omitempty"`
-	Match     bool   `json:"match"`
-}
-
 func (s *summary) failure() error {
 	var problems []string
 	if s.databaseProblem != "" {

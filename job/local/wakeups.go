@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -186,4 +187,14 @@ func (wl *wakeLedger) answers() answerSummary {
 	wl.mu.Unlock()
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return answerSummary{P50Ms: ms(quantile(waits, 0.5)), P99Ms: ms(quantile(waits, 0.99)), MaxMs: ms(quantile(waits, 1))}
+}
+
+// quantile is the q-quantile of ds (0 when empty).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
 }

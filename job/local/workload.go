@@ -35,7 +35,7 @@ type workload struct {
 
 // runWorkload writes the workload, with a replay, an outage and a dead
 // letter along the way, waits for full verification and checks the views.
-func (l *local) runWorkload(ctx context.Context) (*summary, error) {
+func runWorkload(ctx context.Context, l *local) (*summary, error) {
 	runCtx, stopBackground := context.WithCancel(ctx)
 	w := &workload{l: l, sum: &summary{Changes: map[string]int{}}, runCtx: runCtx}
 	defer func() {
