@@ -6,12 +6,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/cliflags"
-	"github.com/segmentstream/ontology-replication/shared/logging"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
+
+// localConfig is the local command's flags: the sandbox's, and the
+// workload's size and what to do with its summary.
+type localConfig struct {
+	sandbox sandbox.Config
+	records int
+	keep    bool
+	json    bool
+}
 
 // parseLocalFlags reads the local command's flags; -h prints them.
 func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
@@ -19,60 +28,40 @@ func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs.SetOutput(io.Discard)
 	var cfg localConfig
 	fs.IntVar(&cfg.records, "records", 3000, "how many changes the workload commits")
-	fs.IntVar(&cfg.writers, "writers", 4, "concurrent writers (16 with --chaos)")
+	fs.IntVar(&cfg.sandbox.Writers, "writers", 4, "concurrent writers")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")
 	fs.BoolVar(&cfg.json, "json", false, "print the summary as JSON")
-	fs.DurationVar(&cfg.verifyEvery, "verify-every", 2*time.Second, "how often the verifier runs")
-	fs.DurationVar(&cfg.verifyTimeout, "timeout", 3*time.Minute, "how long to wait for full verification after the workload")
-	fs.DurationVar(&cfg.chaos.duration, "chaos", 0, "run the SDK workload for this long under injected faults, then prove nothing was lost (at least 45s)")
-	fs.Uint64Var(&cfg.chaos.seed, "seed", 0, "with --chaos: the fault schedule's seed (default: from the clock, printed)")
-	fs.Float64Var(&cfg.chaos.rate, "rate", 40, "with --chaos: SDK commits per second while the SDK is busy, over all writers")
-	fs.StringVar(&cfg.chaos.plot, "plot", "", "with --chaos: write the run's timeline to this file, as SVG")
-	fs.IntVar(&cfg.drains, "drains", 2, "with --chaos: drain instances (processes of the deployed entry point), 1 to 8")
-	fs.BoolVar(&cfg.cloudSQL, "cloud-sql", false, "every component reaches the database as production does: through the Cloud SQL Go connector, IAM login, private IP, to a local Cloud SQL stand-in in front of PostgreSQL")
-	fs.BoolVar(&cfg.pooled, "pooled", false, "every component reaches the database through a PgBouncer in session mode, as a fleet's deployment does through a pooler (registry database.pooled)")
+	fs.DurationVar(&cfg.sandbox.VerifyEvery, "verify-every", 2*time.Second, "how often the verifier runs")
+	fs.DurationVar(&cfg.sandbox.VerifyTimeout, "timeout", 3*time.Minute, "how long to wait for full verification after the workload")
+	fs.BoolVar(&cfg.sandbox.CloudSQL, "cloud-sql", false, "every component reaches the database as production does: through the Cloud SQL Go connector, IAM login, private IP, to a local Cloud SQL stand-in in front of PostgreSQL")
+	fs.BoolVar(&cfg.sandbox.Pooled, "pooled", false, "every component reaches the database through a PgBouncer in session mode, as a fleet's deployment does through a pooler (registry database.pooled)")
+	for _, a := range args {
+		if a == "--chaos" || a == "-chaos" || strings.HasPrefix(a, "--chaos=") {
+			return cfg, sandbox.Usagef("local: the chaos run is a command of its own now: go run ./job/chaos --duration D")
+		}
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload\n\nflags:\n"+
-				cliflags.Usage(fs))
+			fmt.Fprintln(stdout, "usage: go run ./job/local [flags]\n\nthe whole pipeline on this machine: PostgreSQL, Pub/Sub, a local warehouse, the functions and a workload"+
+				"\n(the chaos run is go run ./job/chaos)\n\nflags:\n"+cliflags.Usage(fs))
 			return cfg, err
 		}
-		return cfg, usageError{fmt.Errorf("local: %s (go run ./job/local -h lists the flags)", cliflags.Dashes(err.Error()))}
+		return cfg, sandbox.Usagef("local: %s (go run ./job/local -h lists the flags)", cliflags.Dashes(err.Error()))
 	}
 	if fs.NArg() > 0 {
-		return cfg, usageError{fmt.Errorf("local: unexpected argument %q (go run ./job/local -h lists the flags)", fs.Arg(0))}
+		return cfg, sandbox.Usagef("local: unexpected argument %q (go run ./job/local -h lists the flags)", fs.Arg(0))
 	}
-	if cfg.records < 20 || cfg.writers < 1 || cfg.writers > 32 {
-		return cfg, usageError{errors.New("local: --records must be at least 20 and --writers between 1 and 32")}
+	if cfg.records < 20 || cfg.sandbox.Writers < 1 || cfg.sandbox.Writers > 32 {
+		return cfg, sandbox.Usagef("local: --records must be at least 20 and --writers between 1 and 32")
 	}
-	cfg.verifyBudget = 10 * time.Second
-	if cfg.cloudSQL && (cfg.chaos.duration != 0 || cfg.keep) {
-		// The chaos run's drains are processes of the deployed entry
-		// point, and --keep's job commands others again: those reach Cloud
+	cfg.sandbox.VerifyBudget = 10 * time.Second
+	if cfg.sandbox.CloudSQL && cfg.keep {
+		// --keep's job commands reach the database again: through Cloud
 		// SQL only with Google's Admin API and credentials.
-		return cfg, usageError{errors.New("local: --cloud-sql runs every component in this process: it goes without --chaos and --keep")}
+		return cfg, sandbox.Usagef("local: --cloud-sql runs every component in this process: it goes without --keep")
 	}
-	if cfg.pooled && cfg.cloudSQL {
-		return cfg, usageError{errors.New("local: --pooled and --cloud-sql are two ways to the database: choose one")}
-	}
-	if cfg.chaos.plot != "" && cfg.chaos.duration == 0 {
-		return cfg, usageError{errors.New("local: --plot draws a chaos run: it needs --chaos")}
-	}
-	if cfg.chaos.duration != 0 {
-		writersSet := false
-		fs.Visit(func(f *flag.Flag) { writersSet = writersSet || f.Name == "writers" })
-		if !writersSet {
-			cfg.writers = 16 // the SDK's writers wait for each wake-up's answer
-		}
-		if cfg.chaos.duration < minChaos || cfg.keep || cfg.chaos.rate < 1 || cfg.chaos.rate > 500 || cfg.drains < 1 || cfg.drains > 8 {
-			return cfg, usageError{errors.New("local: --chaos must be at least 45s, without --keep, with --rate between 1 and 500 and --drains between 1 and 8")}
-		}
-		if cfg.chaos.seed == 0 {
-			cfg.chaos.seed = uint64(time.Now().UnixNano()%1_000_000) + 1
-		}
-		// A slow BigQuery answer then meets the lookup's own 20 s time-out
-		// before the pass's budget.
-		cfg.verifyBudget = 30 * time.Second
+	if cfg.sandbox.Pooled && cfg.sandbox.CloudSQL {
+		return cfg, sandbox.Usagef("local: --pooled and --cloud-sql are two ways to the database: choose one")
 	}
 	return cfg, nil
 }
@@ -84,52 +73,22 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	// Quiet by default: the summary says what happened (the injected outage
-	// alone makes a hundred 503s). LOG_LEVEL=INFO shows every invocation.
-	level := slog.LevelError + 4
-	if raw := getenv("LOG_LEVEL"); raw != "" {
-		var err error
-		if level, err = logging.ParseLevel(raw); err != nil {
-			return fmt.Errorf("local: LOG_LEVEL: %w", err)
-		}
-	}
-	l := &local{cfg: cfg, log: logging.New(stderr, logging.Config{Level: level}), out: stdout, logLevel: level.String(), logs: io.Discard}
-	if getenv("LOG_LEVEL") != "" {
-		l.logs = stderr
-	}
-	defer l.close()
-	l.progress = newProgress(stderr, l)
-	l.progress.commits = l.commits.Load
-	l.progress.enter("starting PostgreSQL, Pub/Sub, the local warehouse and the functions", "")
-	if err := l.start(ctx); err != nil {
-		return fmt.Errorf("local: %w", err)
-	}
-	progressCtx, stopProgress := context.WithCancel(ctx)
-	progressDone := make(chan struct{})
-	go func() { defer close(progressDone); l.progress.run(progressCtx) }()
-	if cfg.chaos.duration != 0 {
-		rep, err := runChaos(ctx, l, cfg.chaos)
-		stopProgress()
-		<-progressDone
-		if err != nil {
-			return fmt.Errorf("local: chaos: %w", err)
-		}
-		if err := rep.print(stdout, cfg.json); err != nil {
-			return err
-		}
-		return rep.failure()
-	}
-	sum, err := runWorkload(ctx, l)
-	stopProgress()
-	<-progressDone
+	l, err := sandbox.Open(ctx, cfg.sandbox, getenv, stdout, stderr)
 	if err != nil {
 		return fmt.Errorf("local: %w", err)
 	}
-	pendingLag, verifyLag := l.progress.lags()
+	defer l.Close()
+	stopProgress := l.ShowProgress(ctx)
+	sum, err := runWorkload(ctx, l, cfg.records)
+	stopProgress()
+	if err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	pendingLag, verifyLag := l.Progress.Lags()
 	sum.MaxDeliveryLagSecs, sum.MaxVerificationLagSecs = pendingLag.Seconds(), verifyLag.Seconds()
-	sum.Database, sum.databaseProblem = l.databasePath(), l.cloudSQLProblem()
-	l.progress.enter("done", "")
-	if l.progress.terminal {
+	sum.Database, sum.databaseProblem = l.DatabasePath(), l.CloudSQLProblem()
+	l.Progress.Enter("done", "")
+	if l.Progress.Terminal {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
 	if err := sum.print(stdout, cfg.json); err != nil {
@@ -145,17 +104,18 @@ func runLocal(ctx context.Context, args []string, getenv func(string) string, st
 // fed from the subscription and the verifier runs on its schedule, so that
 // what the job's commands publish (a repair, a replay) lands and is
 // verified.
-func keepServing(ctx context.Context, l *local) {
+func keepServing(ctx context.Context, l *sandbox.Local) {
 	printKeep(l)
-	go func() { _ = l.feeder.Run(ctx) }()
-	go every(ctx, l.cfg.verifyEvery, func() { l.callVerify(ctx) })
+	go func() { _ = l.Feeder.Run(ctx) }()
+	go sandbox.Every(ctx, l.Config.VerifyEvery, func() { l.CallVerify(ctx) })
 	<-ctx.Done()
-	fmt.Fprintln(l.out, "stopping and cleaning up")
+	fmt.Fprintln(l.Out, "stopping and cleaning up")
 }
 
-func printKeep(l *local) {
-	w := l.out
-	token, _ := l.issuer.Token(localSubject, localAudience, 24*time.Hour)
+// printKeep prints how to reach each part of the sandbox kept running.
+func printKeep(l *sandbox.Local) {
+	w := l.Out
+	token, _ := l.Issuer.Token(sandbox.LocalSubject, sandbox.LocalAudience, 24*time.Hour)
 	fmt.Fprintf(w, `
 Everything keeps running until Ctrl-C:
   ontology database   psql '%s'
@@ -174,9 +134,10 @@ for example:
   go run ./job dead-letter --discard       # remove it (it was retried and verified)
   go run ./job replay --entity customer    # send the customers back; they land again
   go run ./job audit                       # the warehouse against the source: exit 0 when equal
-`, l.urls.ontologyDB, l.urls.warehouseDB, token, localOrganization, l.urls.drains[0], l.urls.verify, l.urls.bigquery, l.pubsub.Addr, compact(l.registry))
+`, l.Urls.OntologyDB, l.Urls.WarehouseDB, token, sandbox.LocalOrganization, l.Urls.Drains[0], l.Urls.Verify, l.Urls.Bigquery, l.Pubsub.Addr, compact(l.Registry))
 }
 
+// compact folds a registry's lines and runs of spaces into single spaces.
 func compact(s string) string {
 	out := make([]byte, 0, len(s))
 	space := false

@@ -18,6 +18,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -223,12 +224,15 @@ func TestLocalRunPooled(t *testing.T) {
 // command exits 2), before anything starts.
 func TestLocalUsage(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"extra"}, {"--records", "5"}, {"--no-such-flag"},
-		{"--cloud-sql", "--chaos", "1m"}, {"--cloud-sql", "--keep"}, {"--pooled", "--cloud-sql"}} {
+	for _, args := range [][]string{{"extra"}, {"--records", "5"}, {"--no-such-flag"}, {"--chaos", "1m"},
+		{"--cloud-sql", "--keep"}, {"--pooled", "--cloud-sql"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			err := runLocal(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard)
 			require.Error(t, err)
-			require.True(t, errors.As(err, new(usageError)), "%v is a usage error", err)
+			require.True(t, errors.As(err, new(sandbox.UsageError)), "%v is a usage error", err)
+			if args[0] == "--chaos" {
+				require.ErrorContains(t, err, "go run ./job/chaos", "the old flag says where the chaos run went")
+			}
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // summary is what a local run did and found.
@@ -32,14 +33,14 @@ type summary struct {
 	Replayed           int            `json:"replayed"`
 	OutageRefusals     int64          `json:"outage_refusals"`
 	// OutagePublishes is how many publishes Pub/Sub refused in the outage.
-	OutagePublishes    int64       `json:"outage_publishes_refused"`
-	DeadLettered       int64       `json:"dead_lettered"`
-	DeadLetterEvent    string      `json:"dead_letter_event"`
-	DeadLetterVerified bool        `json:"dead_letter_verified"`
-	FullyVerified      bool        `json:"fully_verified"`
-	WorkloadSeconds    float64     `json:"workload_seconds"`
-	VerifiedAfterSecs  float64     `json:"verified_after_last_commit_seconds"`
-	Views              []viewCheck `json:"views"`
+	OutagePublishes    int64               `json:"outage_publishes_refused"`
+	DeadLettered       int64               `json:"dead_lettered"`
+	DeadLetterEvent    string              `json:"dead_letter_event"`
+	DeadLetterVerified bool                `json:"dead_letter_verified"`
+	FullyVerified      bool                `json:"fully_verified"`
+	WorkloadSeconds    float64             `json:"workload_seconds"`
+	VerifiedAfterSecs  float64             `json:"verified_after_last_commit_seconds"`
+	Views              []sandbox.ViewCheck `json:"views"`
 	// Audit is `job audit`'s audit of the local warehouse at the end.
 	Audit *delivery.AuditReport `json:"audit"`
 	// The largest lags seen during the run: how long the oldest event

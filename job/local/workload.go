@@ -13,14 +13,16 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // workload is one run of the local mode's workload: the writers, what
 // runs beside them (the feeder, the verifier's schedule, the dead-letter
 // watch) and the staged events (an outage, a replay, a dead letter).
 type workload struct {
-	l   *local
-	sum *summary
+	l       *sandbox.Local
+	records int // how many changes it commits
+	sum     *summary
 	// runCtx ends the background work when the workload is done.
 	runCtx     context.Context
 	background sync.WaitGroup
@@ -35,9 +37,9 @@ type workload struct {
 
 // runWorkload writes the workload, with a replay, an outage and a dead
 // letter along the way, waits for full verification and checks the views.
-func runWorkload(ctx context.Context, l *local) (*summary, error) {
+func runWorkload(ctx context.Context, l *sandbox.Local, records int) (*summary, error) {
 	runCtx, stopBackground := context.WithCancel(ctx)
-	w := &workload{l: l, sum: &summary{Changes: map[string]int{}}, runCtx: runCtx}
+	w := &workload{l: l, records: records, sum: &summary{Changes: map[string]int{}}, runCtx: runCtx}
 	defer func() {
 		stopBackground()
 		w.background.Wait()
@@ -48,7 +50,7 @@ func runWorkload(ctx context.Context, l *local) (*summary, error) {
 		return nil, err
 	}
 	lastCommit := time.Now()
-	w.sum.Commits = int(l.commits.Load())
+	w.sum.Commits = int(l.Commits.Load())
 	w.sum.WorkloadSeconds = lastCommit.Sub(started).Seconds()
 	if err := w.awaitVerification(ctx); err != nil {
 		return nil, err
@@ -62,17 +64,19 @@ func runWorkload(ctx context.Context, l *local) (*summary, error) {
 // topic holds it), the dead-letter watch and the verifier's schedule.
 func (w *workload) startBackground() {
 	l := w.l
-	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
-		Refuse:          func(data []byte) bool { return !w.deadDone.Load() && bytes.Contains(data, []byte(deadLetterMarker)) },
-		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries}
-	w.background.Go(func() { _ = l.feeder.Run(w.runCtx) })
-	w.background.Go(func() { l.watchDeadLetters(w.runCtx, &w.deadDone) })
-	w.background.Go(func() { every(w.runCtx, l.cfg.verifyEvery, w.verify) })
+	l.Feeder = &localwarehouse.Feeder{Client: l.Client, Subscription: sandbox.LocalSubscription, Warehouse: l.Wh, Logger: l.Log,
+		Refuse: func(data []byte) bool {
+			return !w.deadDone.Load() && bytes.Contains(data, []byte(sandbox.DeadLetterMarker))
+		},
+		DeadLetterTopic: sandbox.LocalDeadTopic, MaxDeliveries: sandbox.LocalMaxDeliveries}
+	w.background.Go(func() { _ = l.Feeder.Run(w.runCtx) })
+	w.background.Go(func() { l.WatchDeadLetters(w.runCtx, &w.deadDone) })
+	w.background.Go(func() { sandbox.Every(w.runCtx, l.Config.VerifyEvery, w.verify) })
 }
 
 // verify runs the verifier once and counts what it retried.
 func (w *workload) verify() {
-	res := w.l.callVerify(w.runCtx)
+	res := w.l.CallVerify(w.runCtx)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, r := range res {
@@ -84,18 +88,18 @@ func (w *workload) verify() {
 // write runs the writers: each commit, then a wake-up of the drain.
 func (w *workload) write(ctx context.Context) error {
 	l := w.l
-	token, err := l.issuer.Token(localSubject, localAudience, time.Hour)
+	token, err := l.Issuer.Token(sandbox.LocalSubject, sandbox.LocalAudience, time.Hour)
 	if err != nil {
 		return err
 	}
-	l.progress.enter("workload", fmt.Sprintf("%d commits by %d writers, with a replay, a Pub/Sub outage and a dead letter on the way", l.cfg.records, l.cfg.writers))
+	l.Progress.Enter("workload", fmt.Sprintf("%d commits by %d writers, with a replay, a Pub/Sub outage and a dead letter on the way", w.records, l.Config.Writers))
 	var wg sync.WaitGroup
-	errs := make(chan error, l.cfg.writers)
-	per := l.cfg.records / l.cfg.writers
-	for i := range l.cfg.writers {
+	errs := make(chan error, l.Config.Writers)
+	per := w.records / l.Config.Writers
+	for i := range l.Config.Writers {
 		n := per
 		if i == 0 {
-			n += l.cfg.records % l.cfg.writers
+			n += w.records % l.Config.Writers
 		}
 		wg.Go(func() {
 			if err := w.writer(ctx, i, n, token); err != nil {
@@ -111,22 +115,22 @@ func (w *workload) write(ctx context.Context) error {
 // writer commits n changes as writer number i; the first writer's commit at
 // three quarters of its share creates the dead-letter event.
 func (w *workload) writer(ctx context.Context, i, n int, token string) error {
-	wk := &localWriter{l: w.l, rng: rand.New(rand.NewPCG(uint64(i)+1, 42))}
+	wk := &sandbox.LocalWriter{L: w.l, Rng: rand.New(rand.NewPCG(uint64(i)+1, 42))}
 	for c := range n {
 		if ctx.Err() != nil {
 			return nil
 		}
-		w.stage(ctx, w.l.commits.Add(1))
+		w.stage(ctx, w.l.Commits.Add(1))
 		kind := ""
 		var err error
 		if i == 0 && c == n*3/4 {
 			w.deadOnce.Do(func() {
 				var id string
-				kind, id, err = wk.createDeadLetterTarget(ctx)
+				kind, id, err = wk.CreateDeadLetterTarget(ctx)
 				w.sum.DeadLetterEvent = id
 			})
 		} else {
-			kind, err = wk.step(ctx)
+			kind, err = wk.Step(ctx)
 		}
 		if err != nil {
 			return err
@@ -135,7 +139,7 @@ func (w *workload) writer(ctx context.Context, i, n int, token string) error {
 		w.sum.Changes[kind]++
 		w.mu.Unlock()
 		during := w.outageActive.Load()
-		if code := w.l.wake(ctx, w.l.urls.drains[0], token); code == http.StatusServiceUnavailable && (during || w.outageActive.Load()) {
+		if code := w.l.Wake(ctx, w.l.Urls.Drains[0], token); code == http.StatusServiceUnavailable && (during || w.outageActive.Load()) {
 			w.outageRefusals.Add(1)
 		}
 	}
@@ -145,16 +149,16 @@ func (w *workload) writer(ctx context.Context, i, n int, token string) error {
 // stage starts the staged events at their commit: the Pub/Sub outage at a
 // third of the workload, the replay at half.
 func (w *workload) stage(ctx context.Context, done int64) {
-	total := int64(w.l.cfg.records)
+	total := int64(w.records)
 	switch done {
 	case total / 3:
 		w.outage.Do(func() { w.startOutage(ctx) })
 	case total / 2:
 		w.replayOnce.Do(func() {
 			w.background.Go(func() {
-				n, err := w.l.replay(w.runCtx)
+				n, err := w.l.Replay(w.runCtx)
 				if err != nil {
-					w.l.log.Error("local replay failed", slog.Any("error", err))
+					w.l.Log.Error("local replay failed", slog.Any("error", err))
 				}
 				w.replayed.Store(int64(n))
 			})
@@ -166,17 +170,17 @@ func (w *workload) stage(ctx context.Context, done int64) {
 // until a publish was refused: on a busy machine 300 ms may pass before a
 // drain publishes.
 func (w *workload) startOutage(ctx context.Context) {
-	faults := w.l.faults
+	faults := w.l.Faults
 	w.outageActive.Store(true)
-	faults.on.Store(true)
-	refused := faults.refused.Load()
+	faults.On.Store(true)
+	refused := faults.Refused.Load()
 	var end func()
 	end = func() {
-		if faults.refused.Load() == refused && ctx.Err() == nil {
+		if faults.Refused.Load() == refused && ctx.Err() == nil {
 			time.AfterFunc(50*time.Millisecond, end)
 			return
 		}
-		faults.on.Store(false)
+		faults.On.Store(false)
 		w.outageActive.Store(false)
 	}
 	time.AfterFunc(300*time.Millisecond, end)
@@ -186,9 +190,9 @@ func (w *workload) startOutage(ctx context.Context) {
 // verified, the dead-lettered one included.
 func (w *workload) awaitVerification(ctx context.Context) error {
 	l, sum := w.l, w.sum
-	deadline := time.Now().Add(l.cfg.verifyTimeout)
+	deadline := time.Now().Add(l.Config.VerifyTimeout)
 	for {
-		status, err := l.svc.Status(ctx, localWorkspace, "", 0)
+		status, err := l.Svc.Status(ctx, sandbox.LocalWorkspace, "", 0)
 		if err != nil {
 			return err
 		}
@@ -197,7 +201,7 @@ func (w *workload) awaitVerification(ctx context.Context) error {
 			sum.FullyVerified = true
 			return nil
 		}
-		l.progress.enterOrExplain("waiting for verification", waitingReason(status, w.deadDone.Load()))
+		l.Progress.EnterOrExplain("waiting for verification", sandbox.WaitingReason(status, w.deadDone.Load()))
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return nil
 		}
@@ -210,26 +214,26 @@ func (w *workload) awaitVerification(ctx context.Context) error {
 func (w *workload) check(ctx context.Context) error {
 	l, sum := w.l, w.sum
 	sum.DeadLetterVerified = w.deadDone.Load() && sum.FullyVerified
-	sum.DeadLettered = l.deadCount.Load()
+	sum.DeadLettered = l.DeadCount.Load()
 	sum.Replayed = int(w.replayed.Load())
 	sum.OutageRefusals = w.outageRefusals.Load()
-	sum.OutagePublishes = w.l.faults.refused.Load()
-	for _, m := range l.pubsub.Messages() {
-		if m.Topic == localTopic {
+	sum.OutagePublishes = w.l.Faults.Refused.Load()
+	for _, m := range l.Pubsub.Messages() {
+		if m.Topic == sandbox.LocalTopic {
 			sum.Published++
 		}
 	}
-	rows, distinct, err := l.wh.Counts(ctx)
+	rows, distinct, err := l.Wh.Counts(ctx)
 	if err != nil {
 		return err
 	}
 	sum.Landed, sum.DuplicatesAbsorbed = rows, rows-distinct
-	l.progress.enter("checking the views against the source tables", "")
-	if sum.Views, err = l.checkViews(ctx); err != nil {
+	l.Progress.Enter("checking the views against the source tables", "")
+	if sum.Views, err = l.CheckViews(ctx); err != nil {
 		return err
 	}
-	l.progress.enter("auditing the warehouse against the source", "")
-	rep, err := l.svc.Audit(ctx, localWorkspace, delivery.AuditOptions{})
+	l.Progress.Enter("auditing the warehouse against the source", "")
+	rep, err := l.Svc.Audit(ctx, sandbox.LocalWorkspace, delivery.AuditOptions{})
 	sum.Audit = &rep
 	return err
 }

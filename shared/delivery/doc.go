@@ -77,7 +77,7 @@
 // instance's, or the verifier's sweep. Shutdown (Cloud Run's SIGTERM) stops
 // taking wake-ups (ErrShuttingDown, 503), lets each drainer claim what it
 // promised and publish and acknowledge its batches within the grace, and
-// logs what it left when the grace ran out (LogDrainLeft). The chaos proof (`go run ./job/local --chaos`) measures
+// logs what it left when the grace ran out (LogDrainLeft). The chaos proof (`go run ./job/chaos`) measures
 // how many promised commits only the sweep delivered.
 //
 // At protocol 3 a claim holds the turn from its scan to its end (the

@@ -11,6 +11,7 @@ package deptest
 var BadDeps = map[string]string{
 	"github.com/segmentstream/ontology-replication/shared/testbench/...": "test harnesses, fixtures, fakes and the local warehouse serve tests and the local mode only",
 	"github.com/segmentstream/ontology-replication/job/local":            "the local mode is a demonstration, not the job",
+	"github.com/segmentstream/ontology-replication/job/chaos":            "the chaos proof tests the product, it is not part of it",
 	"cloud.google.com/go/pubsub/v2/pstest":                               "the in-process Pub/Sub emulator",
 	"testing":                                                            "test code",
 	"github.com/stretchr/testify/...":                                    "test assertions",
@@ -37,10 +38,12 @@ const Warehouse = "github.com/segmentstream/ontology-replication/shared/warehous
 // with the reason: delivery is the shells' one way into the store, and the
 // warehouse (BigQuery) sits beside the store, not above it.
 var NoDirectImports = map[string]map[string]string{
-	"./job":              {Store: "the job speaks to the store only through delivery"},
-	"./job/local":        {Store: "the local mode drives the product as an operator would: through delivery"},
-	"./functions":        {Store: "the functions speak to the store only through delivery", Warehouse: "the functions reach BigQuery only through delivery"},
-	"./functions/cmd":    {Store: "the functions' entry point speaks to the store only through delivery"},
-	"./shared/warehouse": {Store: "the warehouse takes its own input type"},
-	"./shared/delivery":  {"github.com/segmentstream/ontology-replication/shared/identity": "tokens are the shells' business: a caller maps its own errors to a cause"},
+	"./job":                      {Store: "the job speaks to the store only through delivery"},
+	"./job/local":                {Store: "the local mode drives the product as an operator would: through delivery"},
+	"./job/chaos":                {Store: "the chaos proof drives the product as an operator would: through delivery"},
+	"./shared/testbench/sandbox": {Store: "the sandbox drives the product as an operator would: through delivery"},
+	"./functions":                {Store: "the functions speak to the store only through delivery", Warehouse: "the functions reach BigQuery only through delivery"},
+	"./functions/cmd":            {Store: "the functions' entry point speaks to the store only through delivery"},
+	"./shared/warehouse":         {Store: "the warehouse takes its own input type"},
+	"./shared/delivery":          {"github.com/segmentstream/ontology-replication/shared/identity": "tokens are the shells' business: a caller maps its own errors to a cause"},
 }

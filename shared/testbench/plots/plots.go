@@ -1,5 +1,5 @@
 // Package plots draws the pictures the test bench shows: a chaos run's
-// timeline (go run ./job/local --chaos … --plot FILE.svg), and the wake-up
+// timeline (go run ./job/chaos --plot FILE.svg), and the wake-up
 // path's cost-latency frontier and its answers as the SDK waits for them
 // (BenchmarkWakeUps with REPLICATION_WAKEUP_PLOT), as SVG, with gonum.org/v1/plot. It is never
 // deployed.

@@ -164,7 +164,7 @@ func TestSaveAnswers(t *testing.T) {
 // (drawn by runs, committed) have only colours an SVG renderer reads.
 func TestTheCommittedPicturesHaveValidColours(t *testing.T) {
 	t.Parallel()
-	for _, path := range []string{"job/local/chaos.svg", "functions/wakeup-frontier.svg", "functions/wakeup-answers.svg"} {
+	for _, path := range []string{"job/chaos/chaos.svg", "functions/wakeup-frontier.svg", "functions/wakeup-answers.svg"} {
 		t.Run(path, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("..", "..", "..", path))
 			require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/plots"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // chaosSeries records the run's figures over time for its plot (--plot):
@@ -13,10 +14,10 @@ import (
 type chaosSeries struct {
 	mu      sync.Mutex
 	started time.Time
-	samples []sampled
+	samples []sandbox.Sampled
 }
 
-func (s *chaosSeries) add(x sampled) {
+func (s *chaosSeries) add(x sandbox.Sampled) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.samples = append(s.samples, x)
@@ -26,7 +27,7 @@ func (s *chaosSeries) add(x sampled) {
 func (c *chaosRun) plotChaos(path string, faultsOff time.Time) error {
 	s := &c.series
 	s.mu.Lock()
-	samples := append([]sampled(nil), s.samples...)
+	samples := append([]sandbox.Sampled(nil), s.samples...)
 	s.mu.Unlock()
 	title := "chaos: " + c.cfg.duration.String() + " of faults, seed " + itoa(c.cfg.seed)
 	verified := -1.0
@@ -41,21 +42,21 @@ func (c *chaosRun) plotChaos(path string, faultsOff time.Time) error {
 // kind (from its start for its length; an event, of no length, a tick),
 // the operations' starts and ends, the faults' end and, when verifiedAfter
 // is not negative, full verification that many seconds after it.
-func chaosTimeline(title string, started time.Time, samples []sampled, timeline []timelineEntry, faultsOff time.Time,
+func chaosTimeline(title string, started time.Time, samples []sandbox.Sampled, timeline []timelineEntry, faultsOff time.Time,
 	verifiedAfter float64) plots.Timeline {
 	at := func(t time.Time) float64 { return t.Sub(started).Seconds() }
 	var commits, published, delivery, verification []plots.XY
 	for i, x := range samples {
-		delivery = append(delivery, plots.XY{X: at(x.at), Y: x.deliveryLag.Seconds()})
-		verification = append(verification, plots.XY{X: at(x.at), Y: x.verificationLag.Seconds()})
+		delivery = append(delivery, plots.XY{X: at(x.At), Y: x.DeliveryLag.Seconds()})
+		verification = append(verification, plots.XY{X: at(x.At), Y: x.VerificationLag.Seconds()})
 		// Rates over the last second of samples.
 		j := i
-		for j > 0 && x.at.Sub(samples[j-1].at) <= time.Second {
+		for j > 0 && x.At.Sub(samples[j-1].At) <= time.Second {
 			j--
 		}
-		if span := x.at.Sub(samples[j].at).Seconds(); span > 0 {
-			commits = append(commits, plots.XY{X: at(x.at), Y: float64(x.commits-samples[j].commits) / span})
-			published = append(published, plots.XY{X: at(x.at), Y: float64(x.published-samples[j].published) / span})
+		if span := x.At.Sub(samples[j].At).Seconds(); span > 0 {
+			commits = append(commits, plots.XY{X: at(x.At), Y: float64(x.Commits-samples[j].Commits) / span})
+			published = append(published, plots.XY{X: at(x.At), Y: float64(x.Published-samples[j].Published) / span})
 		}
 	}
 	t := plots.Timeline{

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/plots"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // TestChaosTimelinePutsEachFaultInItsLane: the chaos picture shows each
@@ -16,10 +17,10 @@ import (
 func TestChaosTimelinePutsEachFaultInItsLane(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
-	samples := []sampled{
-		{at: t0, commits: 0, published: 0},
-		{at: t0.Add(500 * time.Millisecond), commits: 10, published: 5, deliveryLag: 2 * time.Second},
-		{at: t0.Add(time.Second), commits: 40, published: 30, verificationLag: 3 * time.Second},
+	samples := []sandbox.Sampled{
+		{At: t0, Commits: 0, Published: 0},
+		{At: t0.Add(500 * time.Millisecond), Commits: 10, Published: 5, DeliveryLag: 2 * time.Second},
+		{At: t0.Add(time.Second), Commits: 40, Published: 30, VerificationLag: 3 * time.Second},
 	}
 	timeline := []timelineEntry{
 		{AtSeconds: 1, Kind: faultPubSubHang, ForSeconds: 4},

@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 // drainer that the wake-up started or joined ended, as its lines say:
 // until then a drain is in flight for it).
 
-// wakeRecord is one commit and its wake-up.
-type wakeRecord struct {
+// WakeRecord is one commit and its wake-up.
+type WakeRecord struct {
 	// HistoryIDs are the commit's events (its history rows), EventIDs
 	// their wire ids.
 	HistoryIDs, EventIDs []string
@@ -43,49 +43,49 @@ type wakeRecord struct {
 	resolved bool
 }
 
-// promised reports whether the SDK got a 2xx: the commit is then the
+// Promised reports whether the SDK got a 2xx: the commit is then the
 // promise of a drain in flight.
-func (w *wakeRecord) promised() bool { return w.Code/100 == 2 }
+func (w *WakeRecord) Promised() bool { return w.Code/100 == 2 }
 
-// wakeLedger is every wake-up of the run.
-type wakeLedger struct {
-	// inFlight counts the wake-up requests not ended yet (past the SDK's
+// WakeLedger is every wake-up of the run.
+type WakeLedger struct {
+	// InFlight counts the wake-up requests not ended yet (past the SDK's
 	// 5 s too), started those ever sent: no drain of a wake-up runs while
 	// inFlight is 0.
-	inFlight, started atomic.Int64
-	// perDrain counts the requests in flight by drain instance.
-	perDrain [8]atomic.Int64
+	InFlight, Started atomic.Int64
+	// PerDrain counts the requests in flight by drain instance.
+	PerDrain [8]atomic.Int64
 
 	mu  sync.Mutex
-	all []*wakeRecord
+	All []*WakeRecord
 }
 
 // sdkWait is how long the SDK waits for a wake-up's answer.
 const sdkWait = 5 * time.Second
 
-// send wakes the drain at url for rec's commit as the SDK does and
+// Send wakes the drain at url for rec's commit as the SDK does and
 // returns once the SDK would have (its answer, or 5 s); the request itself
 // goes on until the instance answers, and the ledger counts it in flight
 // until then.
-func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec *wakeRecord) {
+func (wl *WakeLedger) Send(ctx context.Context, l *Local, url, token string, rec *WakeRecord) {
 	wl.mu.Lock()
 	rec.Sent = time.Now()
-	wl.all = append(wl.all, rec)
+	wl.All = append(wl.All, rec)
 	wl.mu.Unlock()
-	wl.started.Add(1)
-	wl.inFlight.Add(1)
-	wl.perDrain[rec.Drain].Add(1)
+	wl.Started.Add(1)
+	wl.InFlight.Add(1)
+	wl.PerDrain[rec.Drain].Add(1)
 	answer := make(chan int, 1)
 	go func() {
-		defer wl.inFlight.Add(-1)
-		defer wl.perDrain[rec.Drain].Add(-1)
+		defer wl.InFlight.Add(-1)
+		defer wl.PerDrain[rec.Drain].Add(-1)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		proc := l.drainProcs[rec.Drain]
+		proc := l.DrainProcs[rec.Drain]
 		starts := proc.starts.Load()
 		ans := l.post(rctx, url, token)
 		if ans.started {
-			proc.running.Add(1)
+			proc.Running.Add(1)
 		}
 		wl.mu.Lock()
 		rec.Start, rec.Run, rec.Wake = starts, ans.run, ans.wake
@@ -112,39 +112,39 @@ func (wl *wakeLedger) send(ctx context.Context, l *local, url, token string, rec
 	}
 }
 
-func (wl *wakeLedger) record(rec *wakeRecord, code int) {
+func (wl *WakeLedger) record(rec *WakeRecord, code int) {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	rec.Code, rec.Answered = code, time.Now()
 }
 
-// open returns the promised wake-ups answered before t whose events were
+// Open returns the promised wake-ups answered before t whose events were
 // not all seen delivered yet.
-func (wl *wakeLedger) open(t time.Time) []*wakeRecord {
+func (wl *WakeLedger) Open(t time.Time) []*WakeRecord {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	var out []*wakeRecord
-	for _, w := range wl.all {
-		if !w.resolved && w.promised() && w.Answered.Before(t) {
+	var out []*WakeRecord
+	for _, w := range wl.All {
+		if !w.resolved && w.Promised() && w.Answered.Before(t) {
 			out = append(out, w)
 		}
 	}
 	return out
 }
 
-// records returns a copy of every wake-up recorded.
-func (wl *wakeLedger) records() []wakeRecord {
+// Records returns a copy of every wake-up recorded.
+func (wl *WakeLedger) Records() []WakeRecord {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	out := make([]wakeRecord, len(wl.all))
-	for i, w := range wl.all {
+	out := make([]WakeRecord, len(wl.All))
+	for i, w := range wl.All {
 		out[i] = *w
 	}
 	return out
 }
 
-// resolve marks wake-ups resolved.
-func (wl *wakeLedger) resolve(ws []*wakeRecord) {
+// Resolve marks wake-ups resolved.
+func (wl *WakeLedger) Resolve(ws []*WakeRecord) {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	for _, w := range ws {
@@ -152,12 +152,12 @@ func (wl *wakeLedger) resolve(ws []*wakeRecord) {
 	}
 }
 
-// codes counts the SDK's answers by status ("no_answer" for none).
-func (wl *wakeLedger) codes() map[string]int {
+// Codes counts the SDK's answers by status ("no_answer" for none).
+func (wl *WakeLedger) Codes() map[string]int {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	out := map[string]int{}
-	for _, w := range wl.all {
+	for _, w := range wl.All {
 		key := "no_answer"
 		if w.Code != 0 {
 			key = strconv.Itoa(w.Code)
@@ -167,30 +167,30 @@ func (wl *wakeLedger) codes() map[string]int {
 	return out
 }
 
-// answerSummary is how long the SDK waited for the wake-ups' answers
+// AnswerSummary is how long the SDK waited for the wake-ups' answers
 // (milliseconds; one it gave up on counts its whole 5 s).
-type answerSummary struct {
+type AnswerSummary struct {
 	P50Ms float64 `json:"p50_ms"`
 	P99Ms float64 `json:"p99_ms"`
 	MaxMs float64 `json:"max_ms"`
 }
 
-// answers summarises the wait for every wake-up the SDK has finished with.
-func (wl *wakeLedger) answers() answerSummary {
+// Answers summarises the wait for every wake-up the SDK has finished with.
+func (wl *WakeLedger) Answers() AnswerSummary {
 	wl.mu.Lock()
 	var waits []time.Duration
-	for _, w := range wl.all {
+	for _, w := range wl.All {
 		if !w.Answered.IsZero() {
 			waits = append(waits, min(w.Answered.Sub(w.Sent), sdkWait))
 		}
 	}
 	wl.mu.Unlock()
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	return answerSummary{P50Ms: ms(quantile(waits, 0.5)), P99Ms: ms(quantile(waits, 0.99)), MaxMs: ms(quantile(waits, 1))}
+	return AnswerSummary{P50Ms: ms(Quantile(waits, 0.5)), P99Ms: ms(Quantile(waits, 0.99)), MaxMs: ms(Quantile(waits, 1))}
 }
 
-// quantile is the q-quantile of ds (0 when empty).
-func quantile(ds []time.Duration, q float64) time.Duration {
+// Quantile is the q-quantile of ds (0 when empty).
+func Quantile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}

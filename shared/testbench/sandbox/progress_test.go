@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"strings"
@@ -21,7 +21,7 @@ func TestLiveLineFitsTheTerminal(t *testing.T) {
 // first among them, so that a narrow terminal cuts the phase, not them.
 func TestTheLiveLineLeadsWithTheLags(t *testing.T) {
 	t.Parallel()
-	p := &progress{phase: "waiting for verification", why: "12 events still to publish"}
+	p := &Progress{phase: "waiting for verification", why: "12 events still to publish"}
 	line := p.phaseLine("lags 0.3s / 1.2s · 5 commits")
 	require.True(t, strings.HasPrefix(line, "lags 0.3s / 1.2s"), line)
 	require.Equal(t, "lags 0.3s / 1.2s · 5 commits · waiting for verification (12 events still to publish)", line)

@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
-// drainProcess is one of the chaos run's drain instances: the deployed
+// DrainProcess is one of the chaos run's drain instances: the deployed
 // entry point (functions/cmd, FUNCTION_TARGET=Drain) run as a process of
 // its own on a fixed loopback port, as a `replication-drain` Cloud Run
 // instance runs it, so that its faults are a real process's: a restart as
@@ -26,9 +26,9 @@ import (
 // delay if still alive, a new process on the same port), a SIGKILL, and a
 // freeze (SIGSTOP … SIGCONT). Each instance reaches the database under an
 // application_name of its own (see startDrains).
-type drainProcess struct {
-	index  int
-	name   string // its application_name
+type DrainProcess struct {
+	Index  int
+	Name   string // its application_name
 	binary string
 	env    []string
 	port   int
@@ -40,51 +40,52 @@ type drainProcess struct {
 	// starts counts the processes started on its port: a wake-up sent to
 	// the instance is answered by the process of its start.
 	starts atomic.Int64
-	frozen atomic.Bool
-	// stopped, killed and stoppedSeen count the processes a restart saw
+	Frozen atomic.Bool
+	// Stopped, killed and stoppedSeen count the processes a restart saw
 	// exit, those a kill saw exit, and the freezes seen in the kernel's
 	// process state: the faults as the processes took them.
-	stopped, killed, stoppedSeen atomic.Int64
-	// running counts the process's drainers running: one more for each
+	Stopped, Killed, StoppedSeen atomic.Int64
+	// Running counts the process's drainers running: one more for each
 	// wake-up answered 2xx that started one (not coalesced), one less for
 	// each drainer line that says it ended (delivery.LogDrainRun).
-	running atomic.Int64
-	// left is what its drainers left pending when a stop ended them
+	Running atomic.Int64
+	// Left is what its drainers left pending when a stop ended them
 	// (delivery.LogDrainLeft).
-	left leftWork
-	// runEnds are its drainers' runs that ended, by process and run, with
+	Left leftWork
+	// RunEnds are its drainers' runs that ended, by process and run, with
 	// the wake-ups their last claims covered (delivery.LogDrainRun).
-	runEnds runEnds
+	RunEnds runEnds
 }
 
-// runKey is a drainer run of one process of an instance.
-type runKey struct {
-	start int64
-	run   uint64
+// RunKey is a drainer run of one process of an instance.
+type RunKey struct {
+	Start int64
+	Run   uint64
 }
 
-// runEnd is when a run ended and the wake-ups its last claim covered.
-type runEnd struct {
-	at      time.Time
-	covered uint64
+// RunEnd is when a run ended and the wake-ups its last claim covered.
+type RunEnd struct {
+	At      time.Time
+	Covered uint64
 }
 
 // runEnds records the runs' ends.
 type runEnds struct {
 	mu sync.Mutex
-	m  map[runKey]runEnd
+	m  map[RunKey]RunEnd
 }
 
-func (r *runEnds) add(k runKey, e runEnd) {
+func (r *runEnds) add(k RunKey, e RunEnd) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
-		r.m = map[runKey]runEnd{}
+		r.m = map[RunKey]RunEnd{}
 	}
 	r.m[k] = e
 }
 
-func (r *runEnds) get(k runKey) (runEnd, bool) {
+// Get returns run k's end, if its last line was seen.
+func (r *runEnds) Get(k RunKey) (RunEnd, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.m[k]
@@ -101,20 +102,21 @@ type leftWork struct {
 }
 
 // leftCounts is a snapshot of leftWork.
-type leftCounts struct{ drainers, released, unacknowledged, unclaimed int64 }
+type leftCounts struct{ Drainers, released, unacknowledged, unclaimed int64 }
 
-func (w *leftWork) snapshot() leftCounts {
+// Snapshot returns what the process's drainers said they left so far.
+func (w *leftWork) Snapshot() leftCounts {
 	return leftCounts{w.drainers.Load(), w.released.Load(), w.unacknowledged.Load(), w.unclaimed.Load()}
 }
 
-// since says what was left since the snapshot before.
-func (w *leftWork) since(before leftCounts) string {
-	now := w.snapshot()
-	if now.drainers == before.drainers {
+// Since says what was left since the snapshot before.
+func (w *leftWork) Since(before leftCounts) string {
+	now := w.Snapshot()
+	if now.Drainers == before.Drainers {
 		return "nothing pending"
 	}
 	return fmt.Sprintf("%s with work left (%s released, %d of their events published unacknowledged, %d with wake-ups unclaimed)",
-		plural(int(now.drainers-before.drainers), "drainer"), plural(int(now.released-before.released), "batch"),
+		Plural(int(now.Drainers-before.Drainers), "drainer"), Plural(int(now.released-before.released), "batch"),
 		now.unacknowledged-before.unacknowledged, now.unclaimed-before.unclaimed)
 }
 
@@ -130,8 +132,8 @@ func (w *leftWork) add(released, unacknowledged int64, unclaimed bool) {
 
 // awaitDrainers waits until the process's drainers have ended, or the
 // process of start starts has ended, or ctx ends.
-func (d *drainProcess) awaitDrainers(ctx context.Context, starts int64) {
-	for d.running.Load() > 0 && d.starts.Load() == starts && ctx.Err() == nil {
+func (d *DrainProcess) awaitDrainers(ctx context.Context, starts int64) {
+	for d.Running.Load() > 0 && d.starts.Load() == starts && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond) // the drainers' own lines move the counter: the signal
 	}
 }
@@ -140,11 +142,12 @@ func (d *drainProcess) awaitDrainers(ctx context.Context, starts int64) {
 // (delivery.LogDrainRun with ended) counts it out of running. The lines
 // go on to out.
 type drainerLines struct {
-	d    *drainProcess
+	d    *DrainProcess
 	out  io.Writer
 	part []byte
 }
 
+// Write reads the drain process's log lines as they come.
 func (w *drainerLines) Write(p []byte) (int, error) {
 	w.part = append(w.part, p...)
 	for {
@@ -165,10 +168,10 @@ func (w *drainerLines) Write(p []byte) (int, error) {
 		if json.Unmarshal(line, &l) == nil {
 			switch {
 			case l.Message == delivery.LogDrainRun && l.Ended:
-				w.d.runEnds.add(runKey{w.d.starts.Load(), l.Run}, runEnd{at: time.Now(), covered: l.Covered})
-				w.d.running.Add(-1)
+				w.d.RunEnds.add(RunKey{w.d.starts.Load(), l.Run}, RunEnd{At: time.Now(), Covered: l.Covered})
+				w.d.Running.Add(-1)
 			case l.Message == delivery.LogDrainLeft:
-				w.d.left.add(l.Released, l.Unacknowledged, l.Unclaimed)
+				w.d.Left.add(l.Released, l.Unacknowledged, l.Unclaimed)
 			}
 		}
 		w.part = w.part[i+1:]
@@ -182,21 +185,21 @@ func buildDrain(ctx context.Context, dir string) (string, error) {
 	binary := filepath.Join(dir, "functions")
 	build := exec.CommandContext(ctx, "go", "build", "-o", binary, "github.com/segmentstream/ontology-replication/functions/cmd")
 	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("--chaos builds the drain's entry point from source: run it inside the repository (go run ./job/local --chaos …): go build ./functions/cmd: %w: %s", err, bytes.TrimSpace(out))
+		return "", fmt.Errorf("the chaos run builds the drain's entry point from source: run it inside the repository (go run ./job/chaos …): go build ./functions/cmd: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return binary, nil
 }
 
 // newDrainProcess starts instance index of the binary with env (the
 // registry and Pub/Sub address) on a free loopback port.
-func newDrainProcess(ctx context.Context, index int, name, binary string, env []string, logs io.Writer) (*drainProcess, error) {
+func newDrainProcess(ctx context.Context, index int, name, binary string, env []string, logs io.Writer) (*DrainProcess, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	d := &drainProcess{index: index, name: name, binary: binary, env: env, port: port, logs: logs}
+	d := &DrainProcess{Index: index, Name: name, binary: binary, env: env, port: port, logs: logs}
 	if err := d.start(ctx); err != nil {
 		return nil, err
 	}
@@ -204,11 +207,11 @@ func newDrainProcess(ctx context.Context, index int, name, binary string, env []
 }
 
 // URL is the instance's base URL.
-func (d *drainProcess) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", d.port) }
+func (d *DrainProcess) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", d.port) }
 
 // start starts a process on the instance's port, listening on loopback
 // only, and waits until it accepts connections.
-func (d *drainProcess) start(ctx context.Context) error {
+func (d *DrainProcess) start(ctx context.Context) error {
 	cmd := exec.Command(d.binary, "-addr", fmt.Sprintf("127.0.0.1:%d", d.port))
 	// Only what the deployed service is given: none of the caller's
 	// registry or credentials.
@@ -224,9 +227,9 @@ func (d *drainProcess) start(ctx context.Context) error {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	d.cmd, d.exited = cmd, exited
-	d.running.Store(0)
+	d.Running.Store(0)
 	d.starts.Add(1)
-	d.frozen.Store(false)
+	d.Frozen.Store(false)
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
 		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", d.port), time.Second)
 		if err == nil {
@@ -243,76 +246,76 @@ func (d *drainProcess) start(ctx context.Context) error {
 	}
 }
 
-// restartResult is how a restart went.
-type restartResult struct {
-	stopped time.Duration // how long the old process took to end
-	killed  bool          // SIGKILL ended it, its own stop did not
+// RestartResult is how a restart went.
+type RestartResult struct {
+	Stopped time.Duration // how long the old process took to end
+	Killed  bool          // SIGKILL ended it, its own stop did not
 }
 
-// restart stops the process as Cloud Run does, SIGTERM and SIGKILL killAfter
+// Restart stops the process as Cloud Run does, SIGTERM and SIGKILL killAfter
 // later if it is still alive (the drain's own stop waits up to 8 s for the
 // requests in flight, so a killAfter shorter than that can cut a drain),
 // and starts a new one on the same port.
-func (d *drainProcess) restart(ctx context.Context, killAfter time.Duration) (restartResult, error) {
+func (d *DrainProcess) Restart(ctx context.Context, killAfter time.Duration) (RestartResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cmd != nil {
-		d.stopped.Add(1) // stop returns once the process has exited
+		d.Stopped.Add(1) // stop returns once the process has exited
 	}
 	res := d.stop(killAfter)
 	return res, d.start(ctx)
 }
 
-// kill ends the process with SIGKILL (its sessions end with it; its
+// Kill ends the process with SIGKILL (its sessions end with it; its
 // requests in flight get no answer) and starts a new one.
-func (d *drainProcess) kill(ctx context.Context) error {
+func (d *DrainProcess) Kill(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cmd != nil {
 		_ = d.cmd.Process.Kill()
 		<-d.exited
-		d.killed.Add(1)
+		d.Killed.Add(1)
 		d.cmd = nil
 	}
 	return d.start(ctx)
 }
 
-// freeze stops the process (SIGSTOP) for d, then lets it go on (SIGCONT):
+// Freeze stops the process (SIGSTOP) for d, then lets it go on (SIGCONT):
 // an instance that hangs, its connections open.
-func (d *drainProcess) freeze(ctx context.Context, hold time.Duration) {
+func (d *DrainProcess) Freeze(ctx context.Context, hold time.Duration) {
 	d.mu.Lock()
 	cmd := d.cmd
 	d.mu.Unlock()
 	if cmd == nil {
 		return
 	}
-	d.frozen.Store(true)
+	d.Frozen.Store(true)
 	_ = cmd.Process.Signal(syscall.SIGSTOP)
 	if processStopped(cmd.Process.Pid, time.Second) {
-		d.stoppedSeen.Add(1)
+		d.StoppedSeen.Add(1)
 	}
-	sleepUntil(ctx, time.Now().Add(hold))
+	SleepUntil(ctx, time.Now().Add(hold))
 	_ = cmd.Process.Signal(syscall.SIGCONT)
-	d.frozen.Store(false)
+	d.Frozen.Store(false)
 }
 
-func (d *drainProcess) stop(killAfter time.Duration) restartResult {
+func (d *DrainProcess) stop(killAfter time.Duration) RestartResult {
 	started := time.Now()
 	if d.cmd == nil {
-		return restartResult{}
+		return RestartResult{}
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGCONT) // a frozen one cannot stop itself
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	res := restartResult{}
+	res := RestartResult{}
 	select {
 	case <-d.exited:
 	case <-time.After(killAfter):
 		_ = d.cmd.Process.Kill()
 		<-d.exited
-		res.killed = true
+		res.Killed = true
 	}
 	d.cmd = nil
-	res.stopped = time.Since(started)
+	res.Stopped = time.Since(started)
 	return res
 }
 
@@ -333,14 +336,14 @@ func processStopped(pid int, within time.Duration) bool {
 }
 
 // Close stops the process.
-func (d *drainProcess) Close() {
+func (d *DrainProcess) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stop(10 * time.Second)
 }
 
-// sleepUntil waits until t or ctx ends: false if ctx ended first.
-func sleepUntil(ctx context.Context, t time.Time) bool {
+// SleepUntil waits until t or ctx ends: false if ctx ended first.
+func SleepUntil(ctx context.Context, t time.Time) bool {
 	timer := time.NewTimer(time.Until(t))
 	defer timer.Stop()
 	select {

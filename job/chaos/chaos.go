@@ -10,7 +10,23 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/event"
 	"github.com/segmentstream/ontology-replication/shared/testbench/localwarehouse"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
+
+// chaosConfig is the chaos run's flags: how long the faults run, the seed
+// of their schedule and the SDK workload's rate while it is busy.
+type chaosConfig struct {
+	duration time.Duration
+	seed     uint64
+	rate     float64
+	// plot is where --plot writes the run's timeline (SVG).
+	plot string
+}
+
+// minChaos is the shortest chaos run: long enough for every fault kind
+// and operation to happen at least once, and the verifier's passes to meet
+// the BigQuery faults.
+const minChaos = 45 * time.Second
 
 // sweepEvery is the verifier's sweep's schedule during the faults:
 // production's (Cloud Scheduler calls the verifier once a minute), so that
@@ -20,7 +36,7 @@ const sweepEvery = time.Minute
 // chaosRun is one chaos run: the workload, the nemesis, the operations
 // and the live proofs, and what they recorded.
 type chaosRun struct {
-	l       *local
+	l       *sandbox.Local
 	cfg     chaosConfig
 	nemesis *nemesis
 	checker *liveChecker
@@ -30,7 +46,7 @@ type chaosRun struct {
 	commits atomic.Int64
 	failed  atomic.Int64 // SDK commits that failed (a restart, say)
 	traffic traffic
-	wakes   wakeLedger
+	wakes   sandbox.WakeLedger
 	promise promiseChecker
 	race    claimRace
 	// stalled holds the BigQuery subscription's writes while above 0.
@@ -62,17 +78,17 @@ type replayRecord struct {
 // the duration while the nemesis injects faults and the operations run,
 // then, faults off, waits for full verification and proves what was
 // promised.
-func runChaos(ctx context.Context, l *local, cfg chaosConfig) (*chaosReport, error) {
+func runChaos(ctx context.Context, l *sandbox.Local, cfg chaosConfig) (*chaosReport, error) {
 	c := &chaosRun{l: l, cfg: cfg, started: time.Now(), report: &chaosReport{Seed: cfg.seed, DurationSeconds: cfg.duration.Seconds(),
-		RateCommitsPerSecond: cfg.rate, Drains: len(l.drainProcs), Changes: map[string]int64{}}}
-	c.token = &tokenSource{issuer: l.issuer}
+		RateCommitsPerSecond: cfg.rate, Drains: len(l.DrainProcs), Changes: map[string]int64{}}}
+	c.token = &tokenSource{issuer: l.Issuer}
 	c.traffic = newTraffic(c.cfg.seed)
 	c.nemesis = newNemesis(c, cfg)
 	c.checker = &liveChecker{l: l, found: violations{AcceptedNotPublished: map[string]bool{}, VerifiedNotLanded: map[string]bool{}}}
 	c.promise = promiseChecker{c: c}
 	c.race = claimRace{c: c}
 	if c.cfg.plot != "" {
-		l.progress.onSample = c.series.add
+		l.Progress.OnSample = c.series.add
 	}
 	runCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup
@@ -80,25 +96,25 @@ func runChaos(ctx context.Context, l *local, cfg chaosConfig) (*chaosReport, err
 		stopBackground()
 		background.Wait()
 	}()
-	l.feeder = &localwarehouse.Feeder{Client: l.client, Subscription: localSubscription, Warehouse: l.wh, Logger: l.log,
-		DeadLetterTopic: localDeadTopic, MaxDeliveries: localMaxDeliveries, Stalled: func() bool { return c.stalled.Load() > 0 }}
-	background.Go(func() { _ = l.feeder.Run(runCtx) })
+	l.Feeder = &localwarehouse.Feeder{Client: l.Client, Subscription: sandbox.LocalSubscription, Warehouse: l.Wh, Logger: l.Log,
+		DeadLetterTopic: sandbox.LocalDeadTopic, MaxDeliveries: sandbox.LocalMaxDeliveries, Stalled: func() bool { return c.stalled.Load() > 0 }}
+	background.Go(func() { _ = l.Feeder.Run(runCtx) })
 	faultCtx, endFaults := context.WithTimeout(ctx, c.cfg.duration)
 	defer endFaults()
 	background.Go(func() { c.verifyLoop(runCtx, faultCtx) })
 	background.Go(func() { c.checker.run(runCtx) })
 	background.Go(func() { c.promise.run(faultCtx) })
 	background.Go(func() { c.race.run(faultCtx) })
-	l.progress.enter("chaos", fmt.Sprintf("%v of SDK commits at %.0f/s while busy, with faults, %d drain instances (seed %d)",
-		c.cfg.duration, c.cfg.rate, len(l.drainProcs), c.cfg.seed))
+	l.Progress.Enter("chaos", fmt.Sprintf("%v of SDK commits at %.0f/s while busy, with faults, %d drain instances (seed %d)",
+		c.cfg.duration, c.cfg.rate, len(l.DrainProcs), c.cfg.seed))
 	var writers sync.WaitGroup
-	for i := range l.cfg.writers {
+	for i := range l.Config.Writers {
 		writers.Go(func() { c.writer(faultCtx, i) })
 	}
 	c.nemesis.run(faultCtx, ctx)
 	writers.Wait()
 	c.report.CommitsPerSecond = float64(c.commits.Load()) / time.Since(c.started).Seconds()
-	l.progress.enter("faults off", "waiting for the operations still running")
+	l.Progress.Enter("faults off", "waiting for the operations still running")
 	c.opsWG.Wait()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -132,8 +148,8 @@ func (c *chaosRun) writer(ctx context.Context, i int) {
 	l := c.l
 	rng := rand.New(rand.NewPCG(c.cfg.seed+uint64(i)+1, 42))
 	var ids []string
-	wk := &localWriter{l: l, rng: rng, ww: l.writer.OnCommit(func(h []string) { ids = h })}
-	every := time.Duration(float64(time.Second) * float64(l.cfg.writers) / c.cfg.rate)
+	wk := &sandbox.LocalWriter{L: l, Rng: rng, Ww: l.Writer.OnCommit(func(h []string) { ids = h })}
+	every := time.Duration(float64(time.Second) * float64(l.Config.Writers) / c.cfg.rate)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -156,34 +172,34 @@ func (c *chaosRun) writer(ctx context.Context, i int) {
 		}
 		committed := time.Now()
 		c.commits.Add(1)
-		l.commits.Add(1)
+		l.Commits.Add(1)
 		n, _ := c.changes.LoadOrStore(kind, new(atomic.Int64))
 		n.(*atomic.Int64).Add(1)
 		token, err := c.token.get()
 		if err != nil {
 			continue
 		}
-		rec := c.wakeRecordOf(ids, committed, rng.IntN(len(l.urls.drains)))
-		c.wakes.send(ctx, l, l.urls.drains[rec.Drain], token, rec)
+		rec := c.wakeRecordOf(ids, committed, rng.IntN(len(l.Urls.Drains)))
+		c.wakes.Send(ctx, l, l.Urls.Drains[rec.Drain], token, rec)
 	}
 }
 
 // wakeRecordOf is the record of a commit of history rows ids, committed at
 // committed, whose wake-up goes to instance drain.
-func (c *chaosRun) wakeRecordOf(ids []string, committed time.Time, drain int) *wakeRecord {
-	rec := &wakeRecord{HistoryIDs: ids, Committed: committed, Drain: drain}
+func (c *chaosRun) wakeRecordOf(ids []string, committed time.Time, drain int) *sandbox.WakeRecord {
+	rec := &sandbox.WakeRecord{HistoryIDs: ids, Committed: committed, Drain: drain}
 	for _, h := range ids {
-		rec.EventIDs = append(rec.EventIDs, event.ID(c.l.gen.SourceID, h, c.l.gen.Generation))
+		rec.EventIDs = append(rec.EventIDs, event.ID(c.l.Gen.SourceID, h, c.l.Gen.Generation))
 	}
 	return rec
 }
 
 // commitOnce commits one change, bounded as an SDK action is (a writer
 // waiting behind a migration gives up after 10 s).
-func (c *chaosRun) commitOnce(ctx context.Context, wk *localWriter) (string, error) {
+func (c *chaosRun) commitOnce(ctx context.Context, wk *sandbox.LocalWriter) (string, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return wk.step(cctx)
+	return wk.Step(cctx)
 }
 
 // traffic is when the SDK is busy: bursts of commits at the rate, 1 to 2.5
@@ -221,7 +237,7 @@ func (t traffic) awaitBusy(ctx context.Context, started time.Time) bool {
 	if busy {
 		return ctx.Err() == nil
 	}
-	return sleepUntil(ctx, started.Add(until))
+	return sandbox.SleepUntil(ctx, started.Add(until))
 }
 
 // verifyLoop calls the verifier as Cloud Scheduler does: every
@@ -236,18 +252,18 @@ func (c *chaosRun) verifyLoop(ctx, faults context.Context) {
 	var running atomic.Int64
 	var passes sync.WaitGroup
 	defer passes.Wait()
-	every(ctx, c.l.cfg.verifyEvery, func() {
+	sandbox.Every(ctx, c.l.Config.VerifyEvery, func() {
 		if running.Load() >= 4 {
 			return
 		}
-		url := c.l.urls.verify
+		url := c.l.Urls.Verify
 		if faults.Err() != nil || time.Since(lastSweep) >= sweepEvery {
-			url, lastSweep = c.l.urls.sweep, time.Now()
+			url, lastSweep = c.l.Urls.Sweep, time.Now()
 		}
 		running.Add(1)
 		passes.Go(func() {
 			defer running.Add(-1)
-			res := c.l.callVerifyAt(ctx, url)
+			res := c.l.CallVerifyAt(ctx, url)
 			c.passes.Add(1)
 			for _, w := range res {
 				if w.Outcome == "failed" {
@@ -263,9 +279,9 @@ func (c *chaosRun) verifyLoop(ctx, faults context.Context) {
 // verified with nothing pending or set aside.
 func (c *chaosRun) awaitVerification(ctx context.Context) error {
 	l := c.l
-	deadline := time.Now().Add(l.cfg.verifyTimeout)
+	deadline := time.Now().Add(l.Config.VerifyTimeout)
 	for {
-		status, err := l.svc.Status(ctx, localWorkspace, "", 0)
+		status, err := l.Svc.Status(ctx, sandbox.LocalWorkspace, "", 0)
 		if err != nil {
 			return err
 		}
@@ -274,7 +290,7 @@ func (c *chaosRun) awaitVerification(ctx context.Context) error {
 			c.report.FullyVerified = true
 			return nil
 		}
-		l.progress.enterOrExplain("faults off, waiting for verification", waitingReason(status, true))
+		l.Progress.EnterOrExplain("faults off, waiting for verification", sandbox.WaitingReason(status, true))
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return nil
 		}
@@ -298,7 +314,7 @@ func (t *tokenSource) get() (string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if kid := t.issuer.CurrentKeyID(); kid != t.kid || t.token == "" {
-		token, err := t.issuer.Token(localSubject, localAudience, time.Hour)
+		token, err := t.issuer.Token(sandbox.LocalSubject, sandbox.LocalAudience, time.Hour)
 		if err != nil {
 			return "", err
 		}

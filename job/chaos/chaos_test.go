@@ -12,9 +12,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/logbuf"
+	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
-// TestChaosRun runs `go run ./job/local --chaos 60s` and checks that every
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestChaosRun runs `go run ./job/chaos --duration 60s` and checks that every
 // fault kind and operation happened and every proof held.
 func TestChaosRun(t *testing.T) {
 	if testing.Short() {
@@ -25,7 +29,7 @@ func TestChaosRun(t *testing.T) {
 	defer cancel()
 	var stdout, stderr logbuf.Buffer
 	plot := filepath.Join(t.TempDir(), "chaos.svg")
-	err := runLocal(ctx, []string{"--chaos", "60s", "--seed", "7", "--json", "--timeout", "5m", "--plot", plot}, func(string) string { return "" }, &stdout, &stderr)
+	err := runChaosCommand(ctx, []string{"--duration", "60s", "--seed", "7", "--json", "--timeout", "5m", "--plot", plot}, func(string) string { return "" }, &stdout, &stderr)
 	var rep chaosReport
 	require.NoError(t, json.Unmarshal([]byte(stdout.String()), &rep), "the report; stderr:\n%s", stderr.String())
 	require.NoError(t, err, "report:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
@@ -118,12 +122,15 @@ func TestChaosRetriesKeepTheRotationsSpaced(t *testing.T) {
 // TestChaosFlags: the chaos flags' bounds.
 func TestChaosFlags(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--chaos", "10s"}, {"--chaos", "60s", "--keep"}, {"--chaos", "60s", "--rate", "0"}, {"--chaos", "60s", "--rate", "900"},
-		{"--chaos", "60s", "--drains", "0"}, {"--chaos", "60s", "--drains", "9"}} {
-		_, err := parseLocalFlags(args, nil)
-		require.ErrorAs(t, err, new(usageError), "%v", args)
+	for _, args := range [][]string{{"--duration", "10s"}, {"--rate", "0"}, {"--rate", "900"}, {"--drains", "0"}, {"--drains", "9"},
+		{"--writers", "0"}, {"--keep"}, {"--cloud-sql"}, {"extra"}} {
+		_, err := parseFlags(args, nil)
+		require.ErrorAs(t, err, new(sandbox.UsageError), "%v", args)
 	}
-	cfg, err := parseLocalFlags([]string{"--chaos", "60s"}, nil)
+	cfg, err := parseFlags(nil, nil)
 	require.NoError(t, err)
+	require.Equal(t, time.Minute, cfg.chaos.duration, "a minute by default")
+	require.Equal(t, 16, cfg.sandbox.Writers)
+	require.True(t, cfg.sandbox.Chaos)
 	require.NotZero(t, cfg.chaos.seed, "a seed is chosen and printed")
 }

@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"fmt"
@@ -17,16 +17,16 @@ const localInstance = localProject + ":local:ontology"
 // the cluster: its Admin API and server proxy on loopback, each
 // component's IAM login token opening its role (the role is the
 // component's IAM database user, with the README's GRANTs).
-func (l *local) startCloudSQL() error {
+func (l *Local) startCloudSQL() error {
 	users := map[string]string{}
-	for component, roleURL := range l.urls.roles {
+	for component, roleURL := range l.Urls.roles {
 		u, err := url.Parse(roleURL)
 		if err != nil {
 			return err
 		}
 		users[loginToken(component)] = u.User.Username()
 	}
-	inst, err := cloudsqlproxy.Start(cloudsqlproxy.Config{ConnName: localInstance, SocketDir: l.cluster.SocketDir(), Port: l.cluster.Port(), Users: users})
+	inst, err := cloudsqlproxy.Start(cloudsqlproxy.Config{ConnName: localInstance, SocketDir: l.Cluster.SocketDir(), Port: l.Cluster.Port(), Users: users})
 	if err != nil {
 		return err
 	}
@@ -40,31 +40,31 @@ func loginToken(component string) string { return "local-login-" + component }
 
 // cloudSQLDatabase is a component's registry database entry on the
 // stand-in: its role as the IAM database user, over the private IP.
-func (l *local) cloudSQLDatabase(component string) string {
-	u, _ := url.Parse(l.urls.roles[component])
+func (l *Local) cloudSQLDatabase(component string) string {
+	u, _ := url.Parse(l.Urls.roles[component])
 	return fmt.Sprintf(`{"instance": %q, "name": %q, "user": %q, "iam_auth": true, "private_ip": true}`,
 		localInstance, strings.TrimPrefix(u.Path, "/"), u.User.Username())
 }
 
 // dialerOptions are the connector's options that reach the stand-in as
 // component (nil without --cloud-sql).
-func (l *local) dialerOptions(component string) []cloudsqlconn.Option {
+func (l *Local) dialerOptions(component string) []cloudsqlconn.Option {
 	if l.cloudSQL == nil {
 		return nil
 	}
 	return l.cloudSQL.DialerOptions(loginToken(strings.TrimPrefix(component, "replication-")))
 }
 
-// cloudSQLProblem is what the run's report must fail on with --cloud-sql:
+// CloudSQLProblem is what the run's report must fail on with --cloud-sql:
 // a component that never logged in through the stand-in.
-func (l *local) cloudSQLProblem() string {
+func (l *Local) CloudSQLProblem() string {
 	if l.cloudSQL == nil {
 		return ""
 	}
 	logins := l.cloudSQL.Logins()
 	var missing []string
 	for _, component := range []string{"drain", "verify", "job"} {
-		u, _ := url.Parse(l.urls.roles[component])
+		u, _ := url.Parse(l.Urls.roles[component])
 		if logins[u.User.Username()] == 0 {
 			missing = append(missing, component)
 		}
@@ -75,9 +75,9 @@ func (l *local) cloudSQLProblem() string {
 	return fmt.Sprintf("with --cloud-sql, %s never logged in through the Cloud SQL connector", strings.Join(missing, ", "))
 }
 
-// databasePath says how the components reached the database, for the
+// DatabasePath says how the components reached the database, for the
 // summary.
-func (l *local) databasePath() string {
+func (l *Local) DatabasePath() string {
 	if l.pooler != nil {
 		return "PostgreSQL on loopback through a PgBouncer in session mode (registry database.pooled), each component as its own role"
 	}
@@ -89,11 +89,11 @@ func (l *local) databasePath() string {
 		logins += n
 	}
 	return fmt.Sprintf("Cloud SQL: the drain, the verifier and the job each through the Cloud SQL Go connector to the stand-in %s, IAM login as its own user, over the private IP; %s, %s",
-		localInstance, plural(int(l.cloudSQL.Certificates()), "ephemeral certificate"), plural(logins, "login"))
+		localInstance, Plural(int(l.cloudSQL.Certificates()), "ephemeral certificate"), Plural(logins, "login"))
 }
 
-// plural is n things, in English.
-func plural(n int, thing string) string {
+// Plural is n things, in English.
+func Plural(n int, thing string) string {
 	if n == 1 {
 		return "1 " + thing
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // The claim race: a wake-up that reaches an instance just after its
@@ -77,14 +78,14 @@ func (r *claimRace) run(ctx context.Context) {
 	c := r.c
 	rng := rand.New(rand.NewPCG(c.cfg.seed, 0x72616365))
 	var ids []string
-	wk := &localWriter{l: c.l, rng: rng, ww: c.l.writer.OnCommit(func(h []string) { ids = h })}
-	commit := func(drain int) (*wakeRecord, error) {
+	wk := &sandbox.LocalWriter{L: c.l, Rng: rng, Ww: c.l.Writer.OnCommit(func(h []string) { ids = h })}
+	commit := func(drain int) (*sandbox.WakeRecord, error) {
 		ids = nil
 		if _, err := c.commitOnce(ctx, wk); err != nil {
 			return nil, err
 		}
 		c.commits.Add(1)
-		c.l.commits.Add(1)
+		c.l.Commits.Add(1)
 		return c.wakeRecordOf(ids, time.Now(), drain), nil
 	}
 	for ctx.Err() == nil {
@@ -123,7 +124,7 @@ func (r *claimRace) summary() claimRaceSummary {
 func (r *claimRace) awaitNextPause(ctx context.Context) {
 	c := r.c
 	if busy, until := c.traffic.busy(time.Since(c.started)); !busy {
-		sleepUntil(ctx, c.started.Add(until))
+		sandbox.SleepUntil(ctx, c.started.Add(until))
 	}
 }
 
@@ -151,9 +152,9 @@ func (r *claimRace) awaitPause(ctx context.Context) bool {
 			if !c.traffic.awaitBusy(ctx, c.started) {
 				return false
 			}
-			sleepUntil(ctx, c.started.Add(until))
+			sandbox.SleepUntil(ctx, c.started.Add(until))
 		case until-time.Since(c.started) < claimRaceLeast:
-			sleepUntil(ctx, c.started.Add(until))
+			sandbox.SleepUntil(ctx, c.started.Add(until))
 		case c.promise.quiescent():
 			return true
 		default:
@@ -165,7 +166,7 @@ func (r *claimRace) awaitPause(ctx context.Context) bool {
 
 // race makes one claim race (see claimRace): it returns why it could not
 // send its wake-up while the claim before it was held ("" when it did).
-func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int) (*wakeRecord, error)) string {
+func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int) (*sandbox.WakeRecord, error)) string {
 	c := r.c
 	drain, ok := r.idleInstance(rng)
 	if !ok {
@@ -179,7 +180,7 @@ func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int) (
 	if err != nil {
 		return "no token"
 	}
-	url := c.l.urls.drains[drain]
+	url := c.l.Urls.Drains[drain]
 	var hold *faultproxy.Hold
 	for k := range claimRaceWarmUps {
 		rec, err := commit(drain)
@@ -187,10 +188,10 @@ func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int) (
 			return "a commit failed"
 		}
 		if k == claimRaceWarmUps-1 {
-			hold = c.l.pubsubProxies[componentDrain].HoldNext(publishCarries(rec.EventIDs))
+			hold = c.l.PubsubProxies[sandbox.ComponentDrain].HoldNext(publishCarries(rec.EventIDs))
 			defer hold.Release()
 		}
-		r.sends.Go(func() { c.wakes.send(ctx, c.l, url, token, rec) })
+		r.sends.Go(func() { c.wakes.Send(ctx, c.l, url, token, rec) })
 	}
 	select {
 	case <-hold.Held():
@@ -206,14 +207,14 @@ func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int) (
 	answered := make(chan struct{})
 	r.sends.Go(func() {
 		defer close(answered)
-		c.wakes.send(ctx, c.l, url, token, rec)
+		c.wakes.Send(ctx, c.l, url, token, rec)
 	})
 	timer := time.NewTimer(claimRaceHold)
 	defer timer.Stop()
 	atOnce := false
 	select {
 	case <-answered:
-		atOnce = rec.promised()
+		atOnce = rec.Promised()
 	case <-timer.C:
 	case <-ctx.Done():
 	}
@@ -235,8 +236,8 @@ func (r *claimRace) race(ctx context.Context, rng *rand.Rand, commit func(int) (
 func (r *claimRace) idleInstance(rng *rand.Rand) (int, bool) {
 	c := r.c
 	var idle []int
-	for i, p := range c.l.drainProcs {
-		if c.wakes.perDrain[i].Load() == 0 && !p.frozen.Load() && !c.nemesis.holds(i) {
+	for i, p := range c.l.DrainProcs {
+		if c.wakes.PerDrain[i].Load() == 0 && !p.Frozen.Load() && !c.nemesis.holds(i) {
 			idle = append(idle, i)
 		}
 	}
@@ -250,6 +251,6 @@ func (r *claimRace) idleInstance(rng *rand.Rand) (int, bool) {
 // (wire ids).
 func publishCarries(eventIDs []string) func(request []byte) bool {
 	return func(request []byte) bool {
-		return slices.ContainsFunc(publishedEventIDs(request), func(id string) bool { return slices.Contains(eventIDs, id) })
+		return slices.ContainsFunc(sandbox.PublishedEventIDs(request), func(id string) bool { return slices.Contains(eventIDs, id) })
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"context"
@@ -13,19 +13,19 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 )
 
-// progress shows a local run as it goes, on stderr: on a terminal one line
+// Progress shows a local run as it goes, on stderr: on a terminal one line
 // refreshed in place (the phase, commits, published, landed, verified of
 // captured, and the two lags); elsewhere a line per phase. It keeps the
 // largest lags it saw for the summary.
-type progress struct {
+type Progress struct {
 	w        io.Writer
-	terminal bool
-	l        *local
-	commits  func() int64
+	Terminal bool
+	l        *Local
+	Commits  func() int64
 
-	// onSample, when set, receives each sample's figures (the chaos
+	// OnSample, when set, receives each sample's figures (the chaos
 	// run's timeline).
-	onSample func(s sampled)
+	OnSample func(s Sampled)
 
 	mu         sync.Mutex
 	phase      string
@@ -35,8 +35,9 @@ type progress struct {
 	last       string
 }
 
-func newProgress(w io.Writer, l *local) *progress {
-	return &progress{w: w, terminal: isTerminal(w), l: l, commits: func() int64 { return 0 }}
+// NewProgress returns l's live line, drawn to w.
+func NewProgress(w io.Writer, l *Local) *Progress {
+	return &Progress{w: w, Terminal: isTerminal(w), l: l, Commits: func() int64 { return 0 }}
 }
 
 // isTerminal reports whether w is a terminal (not a pipe, a file or
@@ -46,8 +47,8 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// enter starts a phase: in a pipe its line is written now.
-func (p *progress) enter(phase, why string) {
+// Enter starts a phase: in a pipe its line is written now.
+func (p *Progress) Enter(phase, why string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.phase, p.why = phase, why
@@ -55,52 +56,52 @@ func (p *progress) enter(phase, why string) {
 	if why != "" {
 		line += " (" + why + ")"
 	}
-	if p.terminal {
+	if p.Terminal {
 		fmt.Fprint(p.w, "\r\033[K"+line)
 	} else {
 		fmt.Fprintln(p.w, "local: "+line)
 	}
 }
 
-// enterOrExplain enters the phase, or gives the phase it is in a new
+// EnterOrExplain enters the phase, or gives the phase it is in a new
 // reason; in a pipe each change is a line.
-func (p *progress) enterOrExplain(phase, why string) {
+func (p *Progress) EnterOrExplain(phase, why string) {
 	p.mu.Lock()
 	changed := phase != p.phase || why != p.why
 	p.mu.Unlock()
 	if changed {
-		p.enter(phase, why)
+		p.Enter(phase, why)
 	}
 }
 
-// run samples the pipeline every 250 ms until ctx ends: on a terminal it
+// Run samples the pipeline every 250 ms until ctx ends: on a terminal it
 // redraws the line; always it records the largest lags.
-func (p *progress) run(ctx context.Context) {
+func (p *Progress) Run(ctx context.Context) {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			if p.terminal {
+			if p.Terminal {
 				fmt.Fprint(p.w, "\r\033[K")
 			}
 			return
 		case <-tick.C:
 		}
 		line := p.sample(ctx)
-		if p.terminal && line != "" {
+		if p.Terminal && line != "" {
 			fmt.Fprint(p.w, "\r\033[K"+fit(line, terminalWidth(p.w)))
 		}
 	}
 }
 
 // sample reads the figures once and returns the live line.
-func (p *progress) sample(ctx context.Context) string {
+func (p *Progress) sample(ctx context.Context) string {
 	l := p.l
-	if l.svc == nil || l.pubsub == nil || l.wh == nil {
+	if l.Svc == nil || l.Pubsub == nil || l.Wh == nil {
 		return p.phaseLine("")
 	}
-	status, err := l.svc.Status(ctx, localWorkspace, "", 0)
+	status, err := l.Svc.Status(ctx, LocalWorkspace, "", 0)
 	if err != nil {
 		return p.phaseLine("")
 	}
@@ -114,27 +115,27 @@ func (p *progress) sample(ctx context.Context) string {
 	}
 	p.mu.Unlock()
 	published := 0
-	for _, m := range l.pubsub.Messages() {
-		if m.Topic == localTopic {
+	for _, m := range l.Pubsub.Messages() {
+		if m.Topic == LocalTopic {
 			published++
 		}
 	}
-	landed, _, _ := l.wh.Counts(ctx)
-	if p.onSample != nil {
-		p.onSample(sampled{at: time.Now(), commits: p.commits(), published: published, landed: landed, deliveryLag: pendingLag, verificationLag: verifyLag})
+	landed, _, _ := l.Wh.Counts(ctx)
+	if p.OnSample != nil {
+		p.OnSample(Sampled{At: time.Now(), Commits: p.Commits(), Published: published, landed: landed, DeliveryLag: pendingLag, VerificationLag: verifyLag})
 	}
 	verifyNote := seconds(verifyLag)
 	if l.agedDeadLetter.Load() && verifyLag >= 15*time.Minute {
 		verifyNote += " (the dead-lettered event, moved 16 minutes back)"
 	}
 	return p.phaseLine(fmt.Sprintf("lags %s / %s · %d commits · %d published · %d landed · %d/%d verified",
-		seconds(pendingLag), verifyNote, p.commits(), published, landed, status.Verified, status.Total))
+		seconds(pendingLag), verifyNote, p.Commits(), published, landed, status.Verified, status.Total))
 }
 
 // phaseLine is the live line: the figures first, led by the delivery and
 // verification lags (what a person watches, and what a narrow terminal
 // must not cut), then the phase and why it waits.
-func (p *progress) phaseLine(figures string) string {
+func (p *Progress) phaseLine(figures string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	line := p.phase
@@ -168,17 +169,17 @@ func fit(line string, width int) string {
 	return string(runes[:width-2]) + "…"
 }
 
-// sampled is one sample's figures.
-type sampled struct {
-	at                           time.Time
-	commits                      int64
-	published                    int
+// Sampled is one sample's figures.
+type Sampled struct {
+	At                           time.Time
+	Commits                      int64
+	Published                    int
 	landed                       int64
-	deliveryLag, verificationLag time.Duration
+	DeliveryLag, VerificationLag time.Duration
 }
 
-// lags returns the largest delivery and verification lags seen.
-func (p *progress) lags() (pending, verify time.Duration) {
+// Lags returns the largest delivery and verification lags seen.
+func (p *Progress) Lags() (pending, verify time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.maxPending, p.maxVerify
@@ -193,9 +194,9 @@ func events(n int64) string {
 
 func seconds(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
 
-// waitingReason says why full verification is not there yet, from the
+// WaitingReason says why full verification is not there yet, from the
 // figures: what is left and what it waits for.
-func waitingReason(f delivery.WorkspaceStatus, deadLettered bool) string {
+func WaitingReason(f delivery.WorkspaceStatus, deadLettered bool) string {
 	switch {
 	case f.Pending > 0:
 		return fmt.Sprintf("%s still to publish", events(f.Pending))
@@ -221,12 +222,12 @@ func ages(s delivery.WorkspaceStatus, now time.Time) (pending, unverified time.D
 	return pending, unverified
 }
 
-// note prints a line of its own (the chaos run's timeline): on a terminal
+// Note prints a line of its own (the chaos run's timeline): on a terminal
 // above the refreshed line.
-func (p *progress) note(line string) {
+func (p *Progress) Note(line string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.terminal {
+	if p.Terminal {
 		fmt.Fprint(p.w, "\r\033[K"+line+"\n")
 		return
 	}

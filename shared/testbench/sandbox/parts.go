@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"cmp"
@@ -32,9 +32,9 @@ import (
 	"github.com/segmentstream/ontology-replication/terraform"
 )
 
-// start starts every part: PostgreSQL, the SDK database, Pub/Sub, the
+// Start starts every part: PostgreSQL, the SDK database, Pub/Sub, the
 // warehouse, the token issuer and the functions.
-func (l *local) start(ctx context.Context) error {
+func (l *Local) Start(ctx context.Context) error {
 	for _, step := range []func(context.Context) error{l.startDatabases, l.startPubSub, l.startWarehouse, l.startFunctions} {
 		if err := step(ctx); err != nil {
 			return err
@@ -46,12 +46,12 @@ func (l *local) start(ctx context.Context) error {
 // startDatabases starts the PostgreSQL cluster with the SDK's database
 // (the demo ontology at protocol 4, a generation active) and the
 // warehouse's.
-func (l *local) startDatabases(ctx context.Context) error {
+func (l *Local) startDatabases(ctx context.Context) error {
 	cluster, err := pgtest.Start(ctx, pgtest.Config{})
 	if err != nil {
 		return err
 	}
-	l.cluster = cluster
+	l.Cluster = cluster
 	l.cleanup = append(l.cleanup, func() { _ = cluster.Stop() })
 	ontologyURL, err := cluster.CreateDatabase(ctx, "ontology", "")
 	if err != nil {
@@ -61,18 +61,18 @@ func (l *local) startDatabases(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.urls.ontologyDB, l.urls.warehouseDB = ontologyURL, warehouseURL
-	if l.ontology, err = pgxpool.New(ctx, ontologyURL); err != nil {
+	l.Urls.OntologyDB, l.Urls.WarehouseDB = ontologyURL, warehouseURL
+	if l.Ontology, err = pgxpool.New(ctx, ontologyURL); err != nil {
 		return err
 	}
-	l.cleanup = append(l.cleanup, l.ontology.Close)
-	if err := sdkfixture.Install(ctx, l.ontology, sdkfixture.Demo, 4); err != nil {
+	l.cleanup = append(l.cleanup, l.Ontology.Close)
+	if err := sdkfixture.Install(ctx, l.Ontology, sdkfixture.Demo, 4); err != nil {
 		return err
 	}
-	if l.gen, err = sdkfixture.StartGeneration(ctx, l.ontology, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true); err != nil {
+	if l.Gen, err = sdkfixture.StartGeneration(ctx, l.Ontology, sdkfixture.Demo, sdkfixture.Demo.FullSelection(), true); err != nil {
 		return err
 	}
-	l.writer = sdkfixture.NewWriter(l.ontology, sdkfixture.Demo)
+	l.Writer = sdkfixture.NewWriter(l.Ontology, sdkfixture.Demo)
 	return nil
 }
 
@@ -80,42 +80,42 @@ func (l *local) startDatabases(ctx context.Context) error {
 // feeder moves what it refused localMaxDeliveries times to the dead-letter
 // topic, as a dead-letter policy does), and the dead-letter topic with a
 // subscription that keeps them, named as terraform names them.
-func (l *local) startPubSub(ctx context.Context) error {
-	l.faults = &faultSwitch{}
+func (l *Local) startPubSub(ctx context.Context) error {
+	l.Faults = &faultSwitch{}
 	var err error
-	l.pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: l.faults})
-	l.cleanup = append(l.cleanup, func() { _ = l.pubsub.Close() })
-	l.client, err = pubsub.NewClient(ctx, localProject, option.WithEndpoint(l.pubsub.Addr), option.WithoutAuthentication(),
+	l.Pubsub = pstest.NewServer(pstest.ServerReactorOption{FuncName: "Publish", Reactor: l.Faults})
+	l.cleanup = append(l.cleanup, func() { _ = l.Pubsub.Close() })
+	l.Client, err = pubsub.NewClient(ctx, localProject, option.WithEndpoint(l.Pubsub.Addr), option.WithoutAuthentication(),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
 	if err != nil {
 		return err
 	}
-	l.cleanup = append(l.cleanup, func() { _ = l.client.Close() })
-	for _, topic := range []string{localTopic, localDeadTopic} {
-		if _, err := l.client.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: topic}); err != nil {
+	l.cleanup = append(l.cleanup, func() { _ = l.Client.Close() })
+	for _, topic := range []string{LocalTopic, LocalDeadTopic} {
+		if _, err := l.Client.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: topic}); err != nil {
 			return err
 		}
 	}
-	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localSubscription, Topic: localTopic,
+	if _, err := l.Client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: LocalSubscription, Topic: LocalTopic,
 		AckDeadlineSeconds: 10}); err != nil {
 		return err
 	}
-	if _, err := l.client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: localDeadTopic, AckDeadlineSeconds: 60}); err != nil {
+	if _, err := l.Client.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: localDeadSub, Topic: LocalDeadTopic, AckDeadlineSeconds: 60}); err != nil {
 		return err
 	}
 	// Each component reaches Pub/Sub through a fault proxy of its own (the
 	// chaos run's wire faults on Publish, on every proxy at once; it passes
 	// everything otherwise), which also tells which component published
 	// what (published).
-	l.published = newPublishLedger()
-	l.pubsubProxies = map[string]*faultproxy.GRPC{}
-	for _, component := range []string{componentDrain, componentVerify, componentJob} {
-		proxy, err := faultproxy.NewGRPC(l.pubsub.Addr, func(method string) bool { return method == publishMethod })
+	l.Published = NewPublishLedger()
+	l.PubsubProxies = map[string]*faultproxy.GRPC{}
+	for _, component := range []string{ComponentDrain, ComponentVerify, ComponentJob} {
+		proxy, err := faultproxy.NewGRPC(l.Pubsub.Addr, func(method string) bool { return method == publishMethod })
 		if err != nil {
 			return err
 		}
-		proxy.Observe(l.published.observer(component))
-		l.pubsubProxies[component] = proxy
+		proxy.Observe(l.Published.observer(component))
+		l.PubsubProxies[component] = proxy
 		l.cleanup = append(l.cleanup, proxy.Close)
 	}
 	return nil
@@ -127,21 +127,21 @@ const publishMethod = "/google.pubsub.v1.Publisher/Publish"
 // startWarehouse opens the warehouse (fed from the subscription), a
 // BigQuery REST server backed by it for the verifier's lookups, and the
 // runtime tokens' issuer.
-func (l *local) startWarehouse(ctx context.Context) error {
+func (l *Local) startWarehouse(ctx context.Context) error {
 	var err error
-	if l.wh, err = localwarehouse.Open(ctx, l.urls.warehouseDB); err != nil {
+	if l.Wh, err = localwarehouse.Open(ctx, l.Urls.WarehouseDB); err != nil {
 		return err
 	}
-	l.cleanup = append(l.cleanup, l.wh.Close)
-	l.bigqueryFaults = &faultproxy.HTTP{Next: bqserver.New(l.wh.QueryHandler())}
-	if l.urls.bigquery, err = l.serve(l.bigqueryFaults); err != nil {
+	l.cleanup = append(l.cleanup, l.Wh.Close)
+	l.BigqueryFaults = &faultproxy.HTTP{Next: bqserver.New(l.Wh.QueryHandler())}
+	if l.Urls.Bigquery, err = l.serve(l.BigqueryFaults); err != nil {
 		return err
 	}
-	l.issuer, err = tokenissuer.New("https://runtime.local", "local-key")
+	l.Issuer, err = tokenissuer.New("https://runtime.local", "local-key")
 	if err != nil {
 		return err
 	}
-	l.urls.jwks, err = l.serve(l.issuer)
+	l.Urls.jwks, err = l.serve(l.Issuer)
 	return err
 }
 
@@ -153,32 +153,32 @@ func (l *local) startWarehouse(ctx context.Context) error {
 // (application_name), so that the chaos run can end one component's
 // sessions. The chaos run's drain instances are the deployed entry point
 // run as processes (drainProcess), so that their faults are a process's.
-func (l *local) startFunctions(ctx context.Context) error {
+func (l *Local) startFunctions(ctx context.Context) error {
 	grants, err := sdkfixture.Grants(terraform.README)
 	if err != nil {
 		return err
 	}
-	roles, drop, err := sdkfixture.ComponentRoles(ctx, l.ontology, l.urls.ontologyDB, grants, 4)
+	roles, drop, err := sdkfixture.ComponentRoles(ctx, l.Ontology, l.Urls.OntologyDB, grants, 4)
 	if err != nil {
 		return err
 	}
 	l.cleanup = append(l.cleanup, func() { drop(context.Background()) })
-	l.urls.roles = roles
-	if l.cfg.cloudSQL {
+	l.Urls.roles = roles
+	if l.Config.CloudSQL {
 		if err := l.startCloudSQL(); err != nil {
 			return err
 		}
 	}
-	if l.cfg.pooled {
+	if l.Config.Pooled {
 		if err := l.startPooler(ctx); err != nil {
 			return err
 		}
 	}
-	l.registry = l.registryFor("")
+	l.Registry = l.registryFor("")
 	if err := l.startDrains(ctx); err != nil {
 		return err
 	}
-	verify, closeVerify, err := l.functionsHandler(ctx, componentVerify, "")
+	verify, closeVerify, err := l.functionsHandler(ctx, ComponentVerify, "")
 	if err != nil {
 		return err
 	}
@@ -187,40 +187,40 @@ func (l *local) startFunctions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.urls.verify = verifyURL + "/Verify"
-	if l.cfg.chaos.duration != 0 {
+	l.Urls.Verify = verifyURL + "/Verify"
+	if l.Config.Chaos {
 		// Production's schedule: the verifier's passes sweep once a minute
 		// (sweep), the passes between only verify (verify), so that the
 		// chaos run can tell what the sweep delivered from the wake-ups'.
-		l.urls.sweep = l.urls.verify
-		frequent, closeFrequent, err := l.functionsHandler(ctx, componentVerify, "0")
+		l.Urls.Sweep = l.Urls.Verify
+		frequent, closeFrequent, err := l.functionsHandler(ctx, ComponentVerify, "0")
 		if err != nil {
 			return err
 		}
 		l.cleanup = append(l.cleanup, closeFrequent)
-		if l.urls.verify, err = l.serve(frequent); err != nil {
+		if l.Urls.Verify, err = l.serve(frequent); err != nil {
 			return err
 		}
-		l.urls.verify += "/Verify"
+		l.Urls.Verify += "/Verify"
 	}
-	reg, err := registry.Parse([]byte(l.registryFor(componentJob)))
+	reg, err := registry.Parse([]byte(l.registryFor(ComponentJob)))
 	if err != nil {
 		return err
 	}
-	if l.svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.pubsubProxies[componentJob].Addr, Logger: l.log,
-		Views: l.wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1, DialerOptions: l.dialerOptions(componentJob)}}); err != nil {
+	if l.Svc, err = delivery.Open(ctx, delivery.OpenConfig{Registry: reg, PubSubEmulatorHost: l.PubsubProxies[ComponentJob].Addr, Logger: l.Log,
+		Views: l.Wh, Pools: database.Config{MaxConns: 4, MaxOpen: 1, DialerOptions: l.dialerOptions(ComponentJob)}}); err != nil {
 		return err
 	}
-	l.cleanup = append(l.cleanup, l.svc.Close)
+	l.cleanup = append(l.cleanup, l.Svc.Close)
 	return nil
 }
 
 // startDrains serves the drain: in this process, or with --chaos as
 // --drains processes of the deployed entry point, the wake-ups spread over
 // them as Cloud Run spreads them over its instances.
-func (l *local) startDrains(ctx context.Context) error {
-	if l.cfg.chaos.duration == 0 {
-		drain, closeDrain, err := l.functionsHandler(ctx, componentDrain, "")
+func (l *Local) startDrains(ctx context.Context) error {
+	if !l.Config.Chaos {
+		drain, closeDrain, err := l.functionsHandler(ctx, ComponentDrain, "")
 		if err != nil {
 			return err
 		}
@@ -229,7 +229,7 @@ func (l *local) startDrains(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		l.urls.drains = []string{base + drainPath}
+		l.Urls.Drains = []string{base + drainPath}
 		return nil
 	}
 	dir, err := os.MkdirTemp("", "replication-local-")
@@ -241,41 +241,41 @@ func (l *local) startDrains(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for i := range l.cfg.drains {
-		name := fmt.Sprintf("%s-%d", componentDrain, i+1)
-		env := []string{"REPLICATION_WORKSPACES=" + l.registryAs(componentDrain, name), "PUBSUB_EMULATOR_HOST=" + l.pubsubProxies[componentDrain].Addr,
-			"LOG_LEVEL=" + l.logLevel}
-		proc, err := newDrainProcess(ctx, i, name, binary, env, l.logs)
+	for i := range l.Config.Drains {
+		name := fmt.Sprintf("%s-%d", ComponentDrain, i+1)
+		env := []string{"REPLICATION_WORKSPACES=" + l.registryAs(ComponentDrain, name), "PUBSUB_EMULATOR_HOST=" + l.PubsubProxies[ComponentDrain].Addr,
+			"LOG_LEVEL=" + l.LogLevel}
+		proc, err := newDrainProcess(ctx, i, name, binary, env, l.Logs)
 		if err != nil {
 			return err
 		}
 		l.cleanup = append(l.cleanup, proc.Close)
-		l.drainProcs = append(l.drainProcs, proc)
-		l.urls.drains = append(l.urls.drains, proc.URL()+drainPath)
+		l.DrainProcs = append(l.DrainProcs, proc)
+		l.Urls.Drains = append(l.Urls.Drains, proc.URL()+drainPath)
 	}
 	return nil
 }
 
 // drainPath is the drain's path for the local workspace.
-const drainPath = "/api/internal/v1/workspaces/" + localWorkspace + "/ontology/replication/drain"
+const drainPath = "/api/internal/v1/workspaces/" + LocalWorkspace + "/ontology/replication/drain"
 
 // The components' names, as application_name in PostgreSQL.
 const (
-	componentDrain  = "replication-drain"
-	componentVerify = "replication-verify"
-	componentJob    = "replication-job"
+	ComponentDrain  = "replication-drain"
+	ComponentVerify = "replication-verify"
+	ComponentJob    = "replication-job"
 )
 
 // registryFor is the run's registry for a component: its database URL is
 // the component's role's, under its name (none: the registry the sandbox
 // prints, as the job's role).
-func (l *local) registryFor(component string) string { return l.registryAs(component, component) }
+func (l *Local) registryFor(component string) string { return l.registryAs(component, component) }
 
 // registryAs is registryFor with the component's sessions under
 // application_name name.
-func (l *local) registryAs(component, name string) string {
-	role := strings.TrimPrefix(cmp.Or(component, componentJob), "replication-")
-	dbURL := l.urls.roles[role]
+func (l *Local) registryAs(component, name string) string {
+	role := strings.TrimPrefix(cmp.Or(component, ComponentJob), "replication-")
+	dbURL := l.Urls.roles[role]
 	if name != "" {
 		u, _ := url.Parse(dbURL)
 		q := u.Query()
@@ -294,17 +294,17 @@ func (l *local) registryAs(component, name string) string {
   "workspaces": [{"id": %q, "organization_id": %q, "runtime_subject": %q, "database": %s,
     "pubsub": {"project": %q, "topic": "ontology-replication", "dead_letter_subscription": "ontology-replication-dead-letter"},
     "bigquery": {"project": %q, "dataset": "ontology_internal", "table": "events", "location": "local", "endpoint": %q}}]}`,
-		l.issuer.URL, localAudience, l.urls.jwks, localWorkspace, localOrganization, localSubject, database, localProject, localProject, l.urls.bigquery)
+		l.Issuer.URL, LocalAudience, l.Urls.jwks, LocalWorkspace, LocalOrganization, LocalSubject, database, localProject, localProject, l.Urls.Bigquery)
 }
 
 // functionsHandler builds the functions for one component, with
 // VERIFY_SWEEP_BATCHES sweep (empty: the default). No Google-signed tokens
 // here: the verifier's caller check is off (its loop calls it directly).
-func (l *local) functionsHandler(ctx context.Context, component, sweep string) (http.Handler, func(), error) {
-	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.pubsubProxies[component].Addr,
-		"VERIFY_TIME_BUDGET": l.cfg.verifyBudget.String(), "LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off",
+func (l *Local) functionsHandler(ctx context.Context, component, sweep string) (http.Handler, func(), error) {
+	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.PubsubProxies[component].Addr,
+		"VERIFY_TIME_BUDGET": l.Config.VerifyBudget.String(), "LOG_LEVEL": l.LogLevel, functions.EnvVerifyCallerCheck: "off",
 		functions.EnvSweepBatches: sweep}
-	local, err := functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.log, DialerOptions: l.dialerOptions(component)})
+	local, err := functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.Log, DialerOptions: l.dialerOptions(component)})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -320,7 +320,7 @@ func (l *local) functionsHandler(ctx context.Context, component, sweep string) (
 }
 
 // serve serves h on a free loopback port until the run ends.
-func (l *local) serve(h http.Handler) (string, error) {
+func (l *Local) serve(h http.Handler) (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err

@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"bytes"
@@ -18,13 +18,13 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/warehouse"
 )
 
-// callVerify runs the Verify function once, as Cloud Scheduler does.
-func (l *local) callVerify(ctx context.Context) []delivery.VerifyResult {
-	return l.callVerifyAt(ctx, l.urls.verify)
+// CallVerify runs the Verify function once, as Cloud Scheduler does.
+func (l *Local) CallVerify(ctx context.Context) []delivery.VerifyResult {
+	return l.CallVerifyAt(ctx, l.Urls.Verify)
 }
 
-// callVerifyAt runs the Verify function served at url once.
-func (l *local) callVerifyAt(ctx context.Context, url string) []delivery.VerifyResult {
+// CallVerifyAt runs the Verify function served at url once.
+func (l *Local) CallVerifyAt(ctx context.Context, url string) []delivery.VerifyResult {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -38,23 +38,23 @@ func (l *local) callVerifyAt(ctx context.Context, url string) []delivery.VerifyR
 	return body.Workspaces
 }
 
-// replay replays the active generation in the middle of the workload, as
+// Replay replays the active generation in the middle of the workload, as
 // `job replay` does: page by page, draining as it goes beside the
 // wake-ups and the verifier's sweeps.
-func (l *local) replay(ctx context.Context) (int, error) {
-	res, err := l.svc.Replay(ctx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}})
+func (l *Local) Replay(ctx context.Context) (int, error) {
+	res, err := l.Svc.Replay(ctx, LocalWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}})
 	return int(res.Rows), err
 }
 
-// deadLetterMarker marks the customer whose creation event the local
+// DeadLetterMarker marks the customer whose creation event the local
 // warehouse refuses until it is dead-lettered.
-const deadLetterMarker = "dead-letter@example.com"
+const DeadLetterMarker = "dead-letter@example.com"
 
-// watchDeadLetters counts the dead-letter subscription's messages, leaving
+// WatchDeadLetters counts the dead-letter subscription's messages, leaving
 // them there; stops the warehouse refusing the chosen event once it is
 // dead-lettered, and then fast-forwards that event's acceptance by 16 minutes, so that the
 // verifier's 15-minute retry sends it back to pending within the demo.
-func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
+func (l *Local) WatchDeadLetters(ctx context.Context, done *atomic.Bool) {
 	aged := false
 	seen := map[string]bool{} // the emulator may hand a dead letter out again
 	for ctx.Err() == nil {
@@ -63,7 +63,7 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 		// server, where they would stay hidden from `job dead-letter` and
 		// `job status` for the ack deadline.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		resp, err := l.client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{Subscription: localDeadSub, MaxMessages: 100, ReturnImmediately: true})
+		resp, err := l.Client.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{Subscription: localDeadSub, MaxMessages: 100, ReturnImmediately: true})
 		cancel()
 		if err == nil && len(resp.ReceivedMessages) > 0 {
 			var ack []string
@@ -73,9 +73,9 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 					continue
 				}
 				seen[m.Message.MessageId] = true
-				l.deadCount.Add(1)
-				l.log.Info("message dead-lettered", slog.String("message_id", m.Message.MessageId), slog.Int("bytes", len(m.Message.Data)))
-				if bytes.Contains(m.Message.Data, []byte(deadLetterMarker)) {
+				l.DeadCount.Add(1)
+				l.Log.Info("message dead-lettered", slog.String("message_id", m.Message.MessageId), slog.Int("bytes", len(m.Message.Data)))
+				if bytes.Contains(m.Message.Data, []byte(DeadLetterMarker)) {
 					done.Store(true)
 				}
 			}
@@ -83,13 +83,13 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 			// dead-letter` in the --keep sandbox.
 			// Detached: the last pull of a stopping watcher must still hand
 			// its messages back, or they stay leased for the ack deadline.
-			_ = l.client.SubscriptionAdminClient.ModifyAckDeadline(context.WithoutCancel(ctx), &pubsubpb.ModifyAckDeadlineRequest{Subscription: localDeadSub, AckIds: ack, AckDeadlineSeconds: 0})
+			_ = l.Client.SubscriptionAdminClient.ModifyAckDeadline(context.WithoutCancel(ctx), &pubsubpb.ModifyAckDeadlineRequest{Subscription: localDeadSub, AckIds: ack, AckDeadlineSeconds: 0})
 		}
 		if history := l.deadHistory.Load(); done.Load() && !aged && history != nil {
 			l.agedDeadLetter.Store(true)
-			if ok, err := sdkfixture.AgeAcceptance(ctx, l.ontology, l.gen.Generation, *history, 16*time.Minute); err == nil && ok {
+			if ok, err := sdkfixture.AgeAcceptance(ctx, l.Ontology, l.Gen.Generation, *history, 16*time.Minute); err == nil && ok {
 				aged = true
-				l.log.Info("fast-forwarded the dead-lettered event's acceptance by 16 minutes so the verifier retries it now")
+				l.Log.Info("fast-forwarded the dead-lettered event's acceptance by 16 minutes so the verifier retries it now")
 			}
 		}
 		select {
@@ -99,13 +99,13 @@ func (l *local) watchDeadLetters(ctx context.Context, done *atomic.Bool) {
 	}
 }
 
-// checkViews creates the local views and compares each with the source
+// CheckViews creates the local views and compares each with the source
 // table it replicates: the same record ids (or edges).
-func (l *local) checkViews(ctx context.Context) ([]viewCheck, error) {
-	if _, err := l.svc.CreateViews(ctx, localWorkspace); err != nil {
+func (l *Local) CheckViews(ctx context.Context) ([]ViewCheck, error) {
+	if _, err := l.Svc.CreateViews(ctx, LocalWorkspace); err != nil {
 		return nil, err
 	}
-	t, err := l.svc.ActiveViewsTarget(ctx, localWorkspace)
+	t, err := l.Svc.ActiveViewsTarget(ctx, LocalWorkspace)
 	if err != nil {
 		return nil, err
 	}
@@ -113,22 +113,22 @@ func (l *local) checkViews(ctx context.Context) ([]viewCheck, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []viewCheck
+	var out []ViewCheck
 	for _, spec := range specs {
 		entity, rel := spec.Name, ""
 		if spec.Kind != "entity" {
 			rel = strings.TrimPrefix(spec.Kind, "edge:")
 			entity = strings.TrimSuffix(spec.Name, "_"+rel)
 		}
-		source, err := sdkfixture.Records(ctx, l.ontology, sdkfixture.Demo, entity, rel)
+		source, err := sdkfixture.Records(ctx, l.Ontology, sdkfixture.Demo, entity, rel)
 		if err != nil {
 			return nil, err
 		}
-		view, err := l.wh.ViewKeys(ctx, spec)
+		view, err := l.Wh.ViewKeys(ctx, spec)
 		if err != nil {
 			return nil, err
 		}
-		check := viewCheck{View: spec.Name, Source: len(source), Rows: len(view), Match: len(source) == len(view)}
+		check := ViewCheck{View: spec.Name, Source: len(source), Rows: len(view), Match: len(source) == len(view)}
 		for k := range source {
 			if !view[k] {
 				check.Match = false
@@ -140,11 +140,11 @@ func (l *local) checkViews(ctx context.Context) ([]viewCheck, error) {
 			for i, c := range spec.Columns {
 				columns[i] = c.Name
 			}
-			want, err := sdkfixture.RecordValues(ctx, l.ontology, sdkfixture.Demo, entity, columns)
+			want, err := sdkfixture.RecordValues(ctx, l.Ontology, sdkfixture.Demo, entity, columns)
 			if err != nil {
 				return nil, err
 			}
-			got, err := l.wh.ViewValues(ctx, spec)
+			got, err := l.Wh.ViewValues(ctx, spec)
 			if err != nil {
 				return nil, err
 			}
@@ -163,9 +163,9 @@ func (l *local) checkViews(ctx context.Context) ([]viewCheck, error) {
 	return out, nil
 }
 
-// viewCheck compares one view with the source table it replicates: its
+// ViewCheck compares one view with the source table it replicates: its
 // records, and every column of each.
-type viewCheck struct {
+type ViewCheck struct {
 	View   string `json:"view"`
 	Source int    `json:"source_rows"`
 	Rows   int    `json:"view_rows"`

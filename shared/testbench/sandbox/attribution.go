@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"encoding/json"
@@ -9,49 +9,50 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// publishLedger is what the components published, as their Pub/Sub
+// PublishLedger is what the components published, as their Pub/Sub
 // proxies saw it (each component has its own): for each event, by its wire
 // id, the first publish Pub/Sub answered OK, when and by which component;
 // and the successful requests by component.
-type publishLedger struct {
+type PublishLedger struct {
 	mu       sync.Mutex
-	first    map[string]firstPublish
+	First    map[string]FirstPublish
 	requests map[string]int
 }
 
-// firstPublish is an event's first successful publish.
-type firstPublish struct {
+// FirstPublish is an event's first successful publish.
+type FirstPublish struct {
 	At        time.Time
 	Component string
 }
 
-func newPublishLedger() *publishLedger {
-	return &publishLedger{first: map[string]firstPublish{}, requests: map[string]int{}}
+// NewPublishLedger returns an empty ledger.
+func NewPublishLedger() *PublishLedger {
+	return &PublishLedger{First: map[string]FirstPublish{}, requests: map[string]int{}}
 }
 
 // observer is a proxy's observer for component (faultproxy.GRPC.Observe):
 // it records the events of each Publish answered OK.
-func (p *publishLedger) observer(component string) func(method string, request []byte, ok bool) {
+func (p *PublishLedger) observer(component string) func(method string, request []byte, ok bool) {
 	return func(method string, request []byte, ok bool) {
 		if method != publishMethod || !ok {
 			return
 		}
 		now := time.Now()
-		ids := publishedEventIDs(request)
+		ids := PublishedEventIDs(request)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.requests[component]++
 		for _, id := range ids {
-			if _, seen := p.first[id]; !seen {
-				p.first[id] = firstPublish{At: now, Component: component}
+			if _, seen := p.First[id]; !seen {
+				p.First[id] = FirstPublish{At: now, Component: component}
 			}
 		}
 	}
 }
 
-// publishedEventIDs are the event ids (wire ids) a Publish request
+// PublishedEventIDs are the event ids (wire ids) a Publish request
 // (undecoded) carries; none when it does not decode.
-func publishedEventIDs(request []byte) []string {
+func PublishedEventIDs(request []byte) []string {
 	var req pubsubpb.PublishRequest
 	if proto.Unmarshal(request, &req) != nil {
 		return nil
@@ -68,20 +69,20 @@ func publishedEventIDs(request []byte) []string {
 	return ids
 }
 
-// firstOf returns an event's first successful publish.
-func (p *publishLedger) firstOf(eventID string) (firstPublish, bool) {
+// FirstOf returns an event's first successful publish.
+func (p *PublishLedger) FirstOf(eventID string) (FirstPublish, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	f, ok := p.first[eventID]
+	f, ok := p.First[eventID]
 	return f, ok
 }
 
-// snapshot copies the first publishes.
-func (p *publishLedger) snapshot() map[string]firstPublish {
+// Snapshot copies the first publishes.
+func (p *PublishLedger) Snapshot() map[string]FirstPublish {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]firstPublish, len(p.first))
-	for k, v := range p.first {
+	out := make(map[string]FirstPublish, len(p.First))
+	for k, v := range p.First {
 		out[k] = v
 	}
 	return out

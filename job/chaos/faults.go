@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
 	"github.com/segmentstream/ontology-replication/shared/testbench/pgtest"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -26,21 +27,21 @@ func (n *nemesis) inject(ctx context.Context, s step) int {
 	effect, failed := 0, false
 	switch s.Kind {
 	case faultEndDrainSessions, faultEndVerifySessions, faultEndJobSessions:
-		names := map[string][]string{faultEndVerifySessions: {componentVerify}, faultEndJobSessions: {componentJob}}[s.Kind]
-		for _, p := range l.drainProcs {
+		names := map[string][]string{faultEndVerifySessions: {sandbox.ComponentVerify}, faultEndJobSessions: {sandbox.ComponentJob}}[s.Kind]
+		for _, p := range l.DrainProcs {
 			if s.Kind == faultEndDrainSessions {
-				names = append(names, p.name)
+				names = append(names, p.Name)
 			}
 		}
 		for _, name := range names {
-			ended, err := pgtest.TerminateBackends(context.WithoutCancel(ctx), l.ontology, name)
+			ended, err := pgtest.TerminateBackends(context.WithoutCancel(ctx), l.Ontology, name)
 			effect, failed = effect+ended, failed || err != nil
 		}
 		detail = fmt.Sprintf("%d sessions of %s ended", effect, strings.Join(names, ", "))
 	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose, faultPubSubSlow, faultPubSubSplit:
 		detail, effect = n.pubsubWindow(ctx, s)
 	case faultPubSubReset:
-		for _, p := range l.pubsubProxies {
+		for _, p := range l.PubsubProxies {
 			effect += p.Reset()
 		}
 		detail = fmt.Sprintf("%d connections reset", effect)
@@ -55,7 +56,7 @@ func (n *nemesis) inject(ctx context.Context, s step) int {
 	case faultMigration:
 		detail, effect, failed = n.migration(ctx, s.For)
 	case faultPostgresRestart:
-		sessions, err := l.cluster.Restart(context.WithoutCancel(ctx))
+		sessions, err := l.Cluster.Restart(context.WithoutCancel(ctx))
 		effect, failed = sessions, err != nil
 		detail = fmt.Sprintf("the PostgreSQL server restarted (fast): %d sessions ended", sessions)
 	}
@@ -66,7 +67,7 @@ func (n *nemesis) inject(ctx context.Context, s step) int {
 // awaitWakeUp waits, up to within, for a wake-up to be in flight: a wire
 // fault then meets the drains (the SDK pauses between bursts).
 func (n *nemesis) awaitWakeUp(ctx context.Context, within time.Duration) {
-	for deadline := time.Now().Add(within); n.c.wakes.inFlight.Load() == 0 && time.Now().Before(deadline) && ctx.Err() == nil; {
+	for deadline := time.Now().Add(within); n.c.wakes.InFlight.Load() == 0 && time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(5 * time.Millisecond) // the counter is the signal
 	}
 }
@@ -79,7 +80,7 @@ func (n *nemesis) pubsubWindow(ctx context.Context, s step) (string, int) {
 	wires.pubsub.Lock()
 	defer wires.pubsub.Unlock()
 	n.awaitWakeUp(ctx, 3*time.Second)
-	proxies := n.c.l.pubsubProxies
+	proxies := n.c.l.PubsubProxies
 	delay := 2500*time.Millisecond + time.Duration(n.randInt64(int64(time.Second)))
 	var before int64
 	for _, p := range proxies {
@@ -87,7 +88,7 @@ func (n *nemesis) pubsubWindow(ctx context.Context, s step) (string, int) {
 		p.SetDelay(delay)
 		p.Set(f)
 	}
-	sleepUntil(ctx, time.Now().Add(s.For))
+	sandbox.SleepUntil(ctx, time.Now().Add(s.For))
 	var after int64
 	for _, p := range proxies {
 		p.Set(faultproxy.Pass)
@@ -119,11 +120,11 @@ func (n *nemesis) bigqueryWindow(ctx context.Context, s step) (string, int) {
 		n.c.stalled.Add(1)
 		defer n.c.stalled.Add(-1)
 	}
-	before, passes := l.bigqueryFaults.Count(f), n.c.failedPasses.Load()
-	l.bigqueryFaults.Set(f)
-	sleepUntil(ctx, time.Now().Add(s.For))
-	l.bigqueryFaults.Set(faultproxy.HTTPPass)
-	met := int(l.bigqueryFaults.Count(f) - before)
+	before, passes := l.BigqueryFaults.Count(f), n.c.failedPasses.Load()
+	l.BigqueryFaults.Set(f)
+	sandbox.SleepUntil(ctx, time.Now().Add(s.For))
+	l.BigqueryFaults.Set(faultproxy.HTTPPass)
+	met := int(l.BigqueryFaults.Count(f) - before)
 	if s.Kind == faultBigQueryDown {
 		failed := int(n.c.failedPasses.Load() - passes)
 		return fmt.Sprintf("%d BigQuery requests failed at once (400, not retried) while the subscription wrote nothing; %d verifier passes failed", met, failed), failed
@@ -137,7 +138,7 @@ func (n *nemesis) bigqueryWindow(ctx context.Context, s step) (string, int) {
 func (n *nemesis) stall(ctx context.Context, d time.Duration) (string, int) {
 	before := readPublished(n.c.l).messages
 	n.c.stalled.Add(1)
-	sleepUntil(ctx, time.Now().Add(d))
+	sandbox.SleepUntil(ctx, time.Now().Add(d))
 	n.c.stalled.Add(-1)
 	met := readPublished(n.c.l).messages - before
 	return fmt.Sprintf("the BigQuery subscription wrote nothing while %d messages were published", met), met
@@ -150,10 +151,10 @@ func (n *nemesis) rotate(ctx context.Context) (string, int, bool) {
 	n.rotation++
 	kid := fmt.Sprintf("local-key-%d", n.rotation)
 	n.mu.Unlock()
-	err := n.c.l.issuer.Rotate(kid)
-	before := n.c.wakes.started.Load()
-	sleepUntil(ctx, time.Now().Add(5*time.Second))
-	met := int(n.c.wakes.started.Load() - before)
+	err := n.c.l.Issuer.Rotate(kid)
+	before := n.c.wakes.Started.Load()
+	sandbox.SleepUntil(ctx, time.Now().Add(5*time.Second))
+	met := int(n.c.wakes.Started.Load() - before)
 	return fmt.Sprintf("new key %s served, the old one removed, tokens signed again; %d wake-ups in the 5 s after", kid, met), met, err != nil
 }
 
@@ -163,19 +164,19 @@ func (n *nemesis) rotate(ctx context.Context) (string, int, bool) {
 // one with wake-ups in flight. Its span is one of the drain's own faults.
 func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	l := n.c.l
-	var proc *drainProcess
+	var proc *sandbox.DrainProcess
 	held := false
 	for deadline := time.Now().Add(3 * time.Second); proc == nil && time.Now().Before(deadline) && ctx.Err() == nil; {
-		holders, _ := sdkfixture.TurnHolders(ctx, l.ontology)
-		for _, p := range l.drainProcs {
+		holders, _ := sdkfixture.TurnHolders(ctx, l.Ontology)
+		for _, p := range l.DrainProcs {
 			// A SIGTERM is for a process in the middle of its drainers'
 			// work; a kill or freeze, for one holding a turn.
-			busy := slices.Contains(holders, p.name)
+			busy := slices.Contains(holders, p.Name)
 			if s.Kind == faultDrainRestart {
-				busy = p.running.Load() > 0
+				busy = p.Running.Load() > 0
 			}
 			if busy && n.claim(p) {
-				proc, held = p, slices.Contains(holders, p.name)
+				proc, held = p, slices.Contains(holders, p.Name)
 				break
 			}
 		}
@@ -185,14 +186,14 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	}
 	if proc == nil { // none held a turn: one with wake-ups in flight, if any
 		n.mu.Lock()
-		order := n.rng.Perm(len(l.drainProcs))
+		order := n.rng.Perm(len(l.DrainProcs))
 		n.mu.Unlock()
 		slices.SortStableFunc(order, func(a, b int) int {
-			return int(n.c.wakes.perDrain[b].Load() - n.c.wakes.perDrain[a].Load())
+			return int(n.c.wakes.PerDrain[b].Load() - n.c.wakes.PerDrain[a].Load())
 		})
 		for _, i := range order {
-			if n.claim(l.drainProcs[i]) {
-				proc = l.drainProcs[i]
+			if n.claim(l.DrainProcs[i]) {
+				proc = l.DrainProcs[i]
 				break
 			}
 		}
@@ -202,7 +203,7 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	}
 	defer n.release(proc)
 	started := time.Now()
-	inFlight := n.c.wakes.perDrain[proc.index].Load()
+	inFlight := n.c.wakes.PerDrain[proc.Index].Load()
 	why := map[bool]string{true: "holding a turn lock", false: "holding no turn lock"}[held]
 	// It met something if it held a turn, or cut wake-ups in flight.
 	effect := int(min(inFlight, 1))
@@ -215,27 +216,27 @@ func (n *nemesis) drainFault(ctx context.Context, s step) (string, int, bool) {
 	case faultDrainRestart:
 		// As Cloud Run stops an instance: SIGTERM, SIGKILL 10 s later; the
 		// drain's grace (8 s) lets its drainers finish their batches out.
-		running, left := proc.running.Load(), proc.left.snapshot()
-		var res restartResult
-		res, err = proc.restart(context.WithoutCancel(ctx), 10*time.Second)
+		running, left := proc.Running.Load(), proc.Left.Snapshot()
+		var res sandbox.RestartResult
+		res, err = proc.Restart(context.WithoutCancel(ctx), 10*time.Second)
 		detail = fmt.Sprintf("SIGTERM to %s (%s) with %s running and %d wake-ups in flight; ended in %.1fs%s, leaving %s; a new process serves",
-			proc.name, why, plural(int(running), "drainer"), inFlight, res.stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.killed],
-			proc.left.since(left))
+			proc.Name, why, sandbox.Plural(int(running), "drainer"), inFlight, res.Stopped.Seconds(), map[bool]string{true: " by SIGKILL", false: ""}[res.Killed],
+			proc.Left.Since(left))
 		effect = int(min(running, 1) + min(inFlight, 1))
 		// A stop within the grace that left nothing keeps every promise
 		// (SPEC §3): only one that was killed or said it left work may
 		// break one.
-		if res.killed || proc.left.snapshot().drainers > left.drainers {
-			n.recordOwn(s.Kind, proc.index, started)
+		if res.Killed || proc.Left.Snapshot().Drainers > left.Drainers {
+			n.recordOwn(s.Kind, proc.Index, started)
 		}
 	case faultDrainKill:
-		n.recordOwn(s.Kind, proc.index, started)
-		err = proc.kill(context.WithoutCancel(ctx))
-		detail = fmt.Sprintf("SIGKILL to %s (%s) with %d wake-ups in flight; a new process serves", proc.name, why, inFlight)
+		n.recordOwn(s.Kind, proc.Index, started)
+		err = proc.Kill(context.WithoutCancel(ctx))
+		detail = fmt.Sprintf("SIGKILL to %s (%s) with %d wake-ups in flight; a new process serves", proc.Name, why, inFlight)
 	case faultDrainFreeze:
-		n.recordOwn(s.Kind, proc.index, started)
-		proc.freeze(ctx, s.For)
-		detail = fmt.Sprintf("SIGSTOP to %s (%s) for %.0fs, then SIGCONT", proc.name, why, s.For.Seconds())
+		n.recordOwn(s.Kind, proc.Index, started)
+		proc.Freeze(ctx, s.For)
+		detail = fmt.Sprintf("SIGSTOP to %s (%s) for %.0fs, then SIGCONT", proc.Name, why, s.For.Seconds())
 	}
 	return detail, effect, err != nil
 }
@@ -249,20 +250,20 @@ func (n *nemesis) recordOwn(kind string, drain int, from time.Time) {
 }
 
 // claim marks an instance as held by a fault, unless another holds it.
-func (n *nemesis) claim(p *drainProcess) bool {
+func (n *nemesis) claim(p *sandbox.DrainProcess) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.busy[p.index] {
+	if n.busy[p.Index] {
 		return false
 	}
-	n.busy[p.index] = true
+	n.busy[p.Index] = true
 	return true
 }
 
-func (n *nemesis) release(p *drainProcess) {
+func (n *nemesis) release(p *sandbox.DrainProcess) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	delete(n.busy, p.index)
+	delete(n.busy, p.Index)
 }
 
 // migration holds the SDK's lifecycle lock exclusively for d, as an SDK
@@ -271,13 +272,13 @@ func (n *nemesis) release(p *drainProcess) {
 // sessions that waited.
 func (n *nemesis) migration(ctx context.Context, d time.Duration) (string, int, bool) {
 	l := n.c.l
-	release, err := sdkfixture.HoldLifecycleLock(context.WithoutCancel(ctx), l.ontology)
+	release, err := sdkfixture.HoldLifecycleLock(context.WithoutCancel(ctx), l.Ontology)
 	if err != nil {
 		return err.Error(), 0, true
 	}
 	most := 0
 	for end := time.Now().Add(d); time.Now().Before(end) && ctx.Err() == nil; {
-		if waiting, err := sdkfixture.LifecycleWaiters(ctx, l.ontology); err == nil {
+		if waiting, err := sdkfixture.LifecycleWaiters(ctx, l.Ontology); err == nil {
 			most = max(most, waiting)
 		}
 		time.Sleep(50 * time.Millisecond) // sampling the server's lock table

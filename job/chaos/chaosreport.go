@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // proof is one promise, checked.
@@ -56,7 +57,7 @@ type chaosReport struct {
 	FaultsEffective map[string]int `json:"faults_effective"`
 	WakeUps         map[string]int `json:"wake_ups"`
 	// Answers is how long the SDK waited for them.
-	Answers answerSummary `json:"answers"`
+	Answers sandbox.AnswerSummary `json:"answers"`
 	// Path is how events reached Pub/Sub first, and the promise's checks.
 	Path    pathSummary    `json:"path"`
 	Promise promiseSummary `json:"promise"`
@@ -68,7 +69,7 @@ type chaosReport struct {
 	PassesFailed       int64                 `json:"verifier_passes_failed"`
 	LiveChecks         int                   `json:"live_checks"`
 	Timeline           []timelineEntry       `json:"timeline"`
-	Views              []viewCheck           `json:"views"`
+	Views              []sandbox.ViewCheck   `json:"views"`
 	Audit              *delivery.AuditReport `json:"audit"`
 	Proofs             []proof               `json:"proofs"`
 	operationsFailures []string

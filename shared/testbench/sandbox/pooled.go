@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 // database (--pooled), accepting each component's role, as a fleet's
 // deployment puts a pooler (Cloud SQL's Managed Connection Pooling) in
 // front of the instance; the registry's entries are then pooled.
-func (l *local) startPooler(ctx context.Context) error {
+func (l *Local) startPooler(ctx context.Context) error {
 	users := map[string]string{}
 	var server string
-	for _, raw := range l.urls.roles {
+	for _, raw := range l.Urls.roles {
 		u, err := url.Parse(raw)
 		if err != nil {
 			return fmt.Errorf("local: a role's URL: %w", err)
@@ -36,7 +36,7 @@ func (l *local) startPooler(ctx context.Context) error {
 }
 
 // pooledURL is dbURL (a role's URL, with its query) through the pooler.
-func (l *local) pooledURL(dbURL string) string {
+func (l *Local) pooledURL(dbURL string) string {
 	u, _ := url.Parse(dbURL)
 	password, _ := u.User.Password()
 	pooled, _ := url.Parse(l.pooler.URL(u.User.Username(), password, strings.TrimPrefix(u.Path, "/")))

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // injection is how a fault kind shows in the part it is injected into:
@@ -15,7 +16,7 @@ import (
 // the timeline's entries that met something must show (a drain fault
 // finds no instance while others hold them all, and says so).
 type injection struct {
-	seen      func(l *local) int
+	seen      func(l *sandbox.Local) int
 	effective bool
 }
 
@@ -23,32 +24,36 @@ type injection struct {
 // others show in the server's own answers (sessions ended, lock waiters,
 // messages published while the warehouse stalled).
 var injections = map[string]injection{
-	faultPubSubRefuse:    {seen: proxiesArmed(faultproxy.Refuse)},
-	faultPubSubHang:      {seen: proxiesArmed(faultproxy.Hang)},
-	faultPubSubLose:      {seen: proxiesArmed(faultproxy.LoseResponse)},
-	faultPubSubSlow:      {seen: proxiesArmed(faultproxy.Delay)},
-	faultPubSubSplit:     {seen: proxiesArmed(faultproxy.RefuseBatches)},
-	faultPubSubReset:     {seen: func(l *local) int { return leastOfProxies(l, func(p *faultproxy.GRPC) int64 { return p.Resets() }) }},
-	faultBigQuerySlow:    {seen: func(l *local) int { return int(l.bigqueryFaults.Armed(faultproxy.HTTPSlow)) }},
-	faultBigQueryError:   {seen: func(l *local) int { return int(l.bigqueryFaults.Armed(faultproxy.HTTPError)) }},
-	faultBigQueryDown:    {seen: func(l *local) int { return int(l.bigqueryFaults.Armed(faultproxy.HTTPFail)) }},
-	faultKeyRotation:     {seen: func(l *local) int { return l.issuer.Rotations() }},
-	faultPostgresRestart: {seen: func(l *local) int { return l.cluster.Restarts() }},
-	faultDrainRestart:    {seen: drainsSeen(func(d *drainProcess) int64 { return d.stopped.Load() }), effective: true},
-	faultDrainKill:       {seen: drainsSeen(func(d *drainProcess) int64 { return d.killed.Load() }), effective: true},
-	faultDrainFreeze:     {seen: drainsSeen(func(d *drainProcess) int64 { return d.stoppedSeen.Load() }), effective: true},
+	faultPubSubRefuse: {seen: proxiesArmed(faultproxy.Refuse)},
+	faultPubSubHang:   {seen: proxiesArmed(faultproxy.Hang)},
+	faultPubSubLose:   {seen: proxiesArmed(faultproxy.LoseResponse)},
+	faultPubSubSlow:   {seen: proxiesArmed(faultproxy.Delay)},
+	faultPubSubSplit:  {seen: proxiesArmed(faultproxy.RefuseBatches)},
+	faultPubSubReset: {seen: func(l *sandbox.Local) int {
+		return leastOfProxies(l, func(p *faultproxy.GRPC) int64 { return p.Resets() })
+	}},
+	faultBigQuerySlow:    {seen: func(l *sandbox.Local) int { return int(l.BigqueryFaults.Armed(faultproxy.HTTPSlow)) }},
+	faultBigQueryError:   {seen: func(l *sandbox.Local) int { return int(l.BigqueryFaults.Armed(faultproxy.HTTPError)) }},
+	faultBigQueryDown:    {seen: func(l *sandbox.Local) int { return int(l.BigqueryFaults.Armed(faultproxy.HTTPFail)) }},
+	faultKeyRotation:     {seen: func(l *sandbox.Local) int { return l.Issuer.Rotations() }},
+	faultPostgresRestart: {seen: func(l *sandbox.Local) int { return l.Cluster.Restarts() }},
+	faultDrainRestart:    {seen: drainsSeen(func(d *sandbox.DrainProcess) int64 { return d.Stopped.Load() }), effective: true},
+	faultDrainKill:       {seen: drainsSeen(func(d *sandbox.DrainProcess) int64 { return d.Killed.Load() }), effective: true},
+	faultDrainFreeze:     {seen: drainsSeen(func(d *sandbox.DrainProcess) int64 { return d.StoppedSeen.Load() }), effective: true},
 }
 
 // proxiesArmed counts a Pub/Sub fault as every component's proxy took it.
-func proxiesArmed(f faultproxy.Fault) func(l *local) int {
-	return func(l *local) int { return leastOfProxies(l, func(p *faultproxy.GRPC) int64 { return p.Armed(f) }) }
+func proxiesArmed(f faultproxy.Fault) func(l *sandbox.Local) int {
+	return func(l *sandbox.Local) int {
+		return leastOfProxies(l, func(p *faultproxy.GRPC) int64 { return p.Armed(f) })
+	}
 }
 
 // leastOfProxies is the least count among the Pub/Sub proxies: a fault
 // every component's way to Pub/Sub took.
-func leastOfProxies(l *local, count func(*faultproxy.GRPC) int64) int {
+func leastOfProxies(l *sandbox.Local, count func(*faultproxy.GRPC) int64) int {
 	least := -1
-	for _, p := range l.pubsubProxies {
+	for _, p := range l.PubsubProxies {
 		if n := int(count(p)); least < 0 || n < least {
 			least = n
 		}
@@ -58,10 +63,10 @@ func leastOfProxies(l *local, count func(*faultproxy.GRPC) int64) int {
 
 // drainsSeen counts a drain fault as the instances' processes took it,
 // summed over the instances.
-func drainsSeen(count func(*drainProcess) int64) func(l *local) int {
-	return func(l *local) int {
+func drainsSeen(count func(*sandbox.DrainProcess) int64) func(l *sandbox.Local) int {
+	return func(l *sandbox.Local) int {
 		n := 0
-		for _, d := range l.drainProcs {
+		for _, d := range l.DrainProcs {
 			n += int(count(d))
 		}
 		return n

@@ -1,4 +1,4 @@
-package main
+package sandbox
 
 import (
 	"context"
@@ -25,79 +25,80 @@ import (
 	"github.com/segmentstream/ontology-replication/shared/testbench/tokenissuer"
 )
 
-// localConfig is the local command's flags.
-type localConfig struct {
-	records       int
-	writers       int
-	keep          bool
-	json          bool
-	verifyEvery   time.Duration
-	verifyTimeout time.Duration
-	verifyBudget  time.Duration
-	chaos         chaosConfig
-	// drains is how many drain instances serve the wake-ups (--chaos).
-	drains int
-	// cloudSQL reaches the database through the Cloud SQL connector and
+// Config is how a sandbox runs: its workload's writers, its verifier's
+// schedule, and how its components reach the database and the drain.
+type Config struct {
+	Writers       int
+	VerifyEvery   time.Duration
+	VerifyTimeout time.Duration
+	VerifyBudget  time.Duration
+	// Chaos serves the drain as Drains processes of the deployed entry
+	// point (a fault kills or freezes a process) and the verifier's sweep
+	// apart from its passes that only verify, as the chaos run needs.
+	Chaos bool
+	// Drains is how many drain instances serve the wake-ups (Chaos).
+	Drains int
+	// CloudSQL reaches the database through the Cloud SQL connector and
 	// the stand-in (--cloud-sql).
-	cloudSQL bool
-	// pooled reaches it through a PgBouncer in session mode (--pooled).
-	pooled bool
+	CloudSQL bool
+	// Pooled reaches it through a PgBouncer in session mode (--pooled).
+	Pooled bool
 }
 
 // The local deployment's fixed names.
 const (
-	localWorkspace    = "demo"
-	localOrganization = "org-demo"
-	localSubject      = "runtime-demo"
-	localAudience     = "replication"
+	LocalWorkspace    = "demo"
+	LocalOrganization = "org-demo"
+	LocalSubject      = "runtime-demo"
+	LocalAudience     = "replication"
 	localProject      = "local-project"
-	localTopic        = "projects/" + localProject + "/topics/ontology-replication"
-	localDeadTopic    = "projects/" + localProject + "/topics/ontology-replication-dead-letter"
-	localSubscription = "projects/" + localProject + "/subscriptions/bigquery"
+	LocalTopic        = "projects/" + localProject + "/topics/ontology-replication"
+	LocalDeadTopic    = "projects/" + localProject + "/topics/ontology-replication-dead-letter"
+	LocalSubscription = "projects/" + localProject + "/subscriptions/bigquery"
 	localDeadSub      = "projects/" + localProject + "/subscriptions/ontology-replication-dead-letter"
-	// localMaxDeliveries is the BigQuery subscription's dead-letter policy.
-	localMaxDeliveries = 5
+	// LocalMaxDeliveries is the BigQuery subscription's dead-letter policy.
+	LocalMaxDeliveries = 5
 )
 
-// local is one local run: every part, started and stopped together.
-type local struct {
-	cfg      localConfig
-	log      *slog.Logger
-	logLevel string
-	out      io.Writer
+// Local is one local run: every part, started and stopped together.
+type Local struct {
+	Config   Config
+	Log      *slog.Logger
+	LogLevel string
+	Out      io.Writer
 	cleanup  []func()
 
-	cluster  *pgtest.Cluster
-	ontology *pgxpool.Pool
-	gen      sdkfixture.Generation
-	writer   *sdkfixture.Writer
-	pubsub   *pstest.Server
-	client   *pubsub.Client
-	faults   *faultSwitch
-	// pubsubProxies are each component's way to Pub/Sub, bigqueryFaults
+	Cluster  *pgtest.Cluster
+	Ontology *pgxpool.Pool
+	Gen      sdkfixture.Generation
+	Writer   *sdkfixture.Writer
+	Pubsub   *pstest.Server
+	Client   *pubsub.Client
+	Faults   *faultSwitch
+	// PubsubProxies are each component's way to Pub/Sub, bigqueryFaults
 	// the product's way to BigQuery: where the chaos run puts its wire
 	// faults. published is what the proxies saw published, by whom.
-	pubsubProxies  map[string]*faultproxy.GRPC
-	published      *publishLedger
-	bigqueryFaults *faultproxy.HTTP
+	PubsubProxies  map[string]*faultproxy.GRPC
+	Published      *PublishLedger
+	BigqueryFaults *faultproxy.HTTP
 	// cloudSQL is the Cloud SQL stand-in (--cloud-sql).
 	cloudSQL *cloudsqlproxy.Instance
 	// pooler is the PgBouncer in front of the database (--pooled).
 	pooler *pgbouncer.Server
-	// drainProcs are the chaos run's drain instances.
-	drainProcs []*drainProcess
-	// logs receives the drain process's lines (with LOG_LEVEL set).
-	logs     io.Writer
-	wh       *localwarehouse.Local
-	feeder   *localwarehouse.Feeder
-	issuer   *tokenissuer.Issuer
-	urls     localURLs
-	registry string
-	// svc is the job's Service over this run's parts (the final audit).
-	svc       *delivery.Opened
-	deadCount atomic.Int64
-	commits   atomic.Int64
-	progress  *progress
+	// DrainProcs are the chaos run's drain instances.
+	DrainProcs []*DrainProcess
+	// Logs receives the drain process's lines (with LOG_LEVEL set).
+	Logs     io.Writer
+	Wh       *localwarehouse.Local
+	Feeder   *localwarehouse.Feeder
+	Issuer   *tokenissuer.Issuer
+	Urls     localURLs
+	Registry string
+	// Svc is the job's Service over this run's parts (the final audit).
+	Svc       *delivery.Opened
+	DeadCount atomic.Int64
+	Commits   atomic.Int64
+	Progress  *Progress
 	// agedDeadLetter is set once the dead-lettered event's acceptance was
 	// moved back (the lags stop counting then).
 	agedDeadLetter atomic.Bool
@@ -106,14 +107,15 @@ type local struct {
 }
 
 type localURLs struct {
-	verify, sweep, jwks, bigquery, ontologyDB, warehouseDB string
-	// drains are the drain's URLs, one per instance.
-	drains []string
+	Verify, Sweep, jwks, Bigquery, OntologyDB, WarehouseDB string
+	// Drains are the drain's URLs, one per instance.
+	Drains []string
 	// roles are each component's database URL, as its role.
 	roles map[string]string
 }
 
-func (l *local) close() {
+// Close stops every part, the last started first.
+func (l *Local) Close() {
 	for i := len(l.cleanup) - 1; i >= 0; i-- {
 		l.cleanup[i]()
 	}
@@ -121,23 +123,23 @@ func (l *local) close() {
 
 // faultSwitch makes Pub/Sub's Publish fail while on: the injected outage.
 type faultSwitch struct {
-	on      atomic.Bool
-	refused atomic.Int64 // publishes refused so far
+	On      atomic.Bool
+	Refused atomic.Int64 // publishes refused so far
 }
 
 // React implements pstest.Reactor: it fails Publish while the switch is on.
 func (f *faultSwitch) React(any) (bool, any, error) {
-	if f.on.Load() {
-		f.refused.Add(1)
+	if f.On.Load() {
+		f.Refused.Add(1)
 		return true, nil, status.Error(codes.Unavailable, "injected Pub/Sub outage")
 	}
 	return false, nil, nil
 }
 
-// wake calls the drain at url as the ontology service does after a
+// Wake calls the drain at url as the ontology service does after a
 // commit: POST with the runtime token and organisation, 5 s, body ignored,
 // a non-2xx only logged (the SDK logs it as deferred).
-func (l *local) wake(ctx context.Context, url, token string) int {
+func (l *Local) Wake(ctx context.Context, url, token string) int {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return l.post(ctx, url, token).status
@@ -154,13 +156,13 @@ type wakeAnswer struct {
 }
 
 // post sends a wake-up to url and returns its answer.
-func (l *local) post(ctx context.Context, url, token string) wakeAnswer {
+func (l *Local) post(ctx context.Context, url, token string) wakeAnswer {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 	req.Header.Set("x-segmentstream-runtime-identity", token)
-	req.Header.Set("x-segmentstream-organization-id", localOrganization)
+	req.Header.Set("x-segmentstream-organization-id", LocalOrganization)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		l.log.Warn("ontology.replication.deferred", slog.Any("error", err))
+		l.Log.Warn("ontology.replication.deferred", slog.Any("error", err))
 		return wakeAnswer{}
 	}
 	var body struct {
@@ -171,13 +173,13 @@ func (l *local) post(ctx context.Context, url, token string) wakeAnswer {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		l.log.Info("ontology.replication.deferred", slog.Int("status", resp.StatusCode))
+		l.Log.Info("ontology.replication.deferred", slog.Int("status", resp.StatusCode))
 	}
 	return wakeAnswer{status: resp.StatusCode, started: resp.StatusCode/100 == 2 && body.Promised && !body.Coalesced, run: body.Run, wake: body.Wake}
 }
 
-// every calls fn every d until ctx ends, one call at a time.
-func every(ctx context.Context, d time.Duration, fn func()) {
+// Every calls fn every d until ctx ends, one call at a time.
+func Every(ctx context.Context, d time.Duration, fn func()) {
 	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
@@ -189,18 +191,3 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 		}
 	}
 }
-
-// chaosConfig is the chaos run's flags: how long the faults run, the seed
-// of their schedule and the SDK workload's rate while it is busy.
-type chaosConfig struct {
-	duration time.Duration
-	seed     uint64
-	rate     float64
-	// plot is where --plot writes the run's timeline (SVG).
-	plot string
-}
-
-// minChaos is the shortest chaos run: long enough for every fault kind
-// and operation to happen at least once, and the verifier's passes to meet
-// the BigQuery faults.
-const minChaos = 45 * time.Second

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -24,10 +25,10 @@ type published struct {
 // readPublished reads the topic's messages from the Pub/Sub server (what
 // it stored, whatever its answers said), each message's event id from its
 // JSON.
-func readPublished(l *local) published {
+func readPublished(l *sandbox.Local) published {
 	p := published{times: map[string][]time.Time{}}
-	for _, m := range l.pubsub.Messages() {
-		if m.Topic != localTopic {
+	for _, m := range l.Pubsub.Messages() {
+		if m.Topic != sandbox.LocalTopic {
 			continue
 		}
 		var body struct {
@@ -59,20 +60,20 @@ type violations struct {
 // landed, so that a row that moved on between the reads is never a false
 // alarm: an acknowledgement follows its publish, a verification its
 // landing.
-func check(ctx context.Context, l *local, v *violations) ([]sdkfixture.DeliveryRow, published, map[string]bool, error) {
-	mismatched, example, err := sdkfixture.ReceiptMismatches(ctx, l.ontology, l.gen.Generation)
+func check(ctx context.Context, l *sandbox.Local, v *violations) ([]sdkfixture.DeliveryRow, published, map[string]bool, error) {
+	mismatched, example, err := sdkfixture.ReceiptMismatches(ctx, l.Ontology, l.Gen.Generation)
 	if err != nil {
 		return nil, published{}, nil, err
 	}
 	if mismatched > v.ReceiptsDisagreeing {
 		v.ReceiptsDisagreeing, v.ReceiptExample = mismatched, example
 	}
-	rows, err := sdkfixture.DeliveryRows(ctx, l.ontology, l.gen)
+	rows, err := sdkfixture.DeliveryRows(ctx, l.Ontology, l.Gen)
 	if err != nil {
 		return nil, published{}, nil, err
 	}
 	pub := readPublished(l)
-	landed, err := l.wh.EventIDs(ctx)
+	landed, err := l.Wh.EventIDs(ctx)
 	if err != nil {
 		return nil, published{}, nil, err
 	}
@@ -98,7 +99,7 @@ func judgeRows(rows []sdkfixture.DeliveryRow, pub published, landed map[string]b
 // liveChecker checks the promises every second while the run goes on, and
 // notes the most events set aside at once.
 type liveChecker struct {
-	l        *local
+	l        *sandbox.Local
 	mu       sync.Mutex
 	found    violations
 	checks   int
@@ -106,7 +107,7 @@ type liveChecker struct {
 }
 
 func (c *liveChecker) run(ctx context.Context) {
-	every(ctx, time.Second, func() {
+	sandbox.Every(ctx, time.Second, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		rows, _, _, err := check(ctx, c.l, &c.found)
@@ -140,7 +141,7 @@ func (c *chaosRun) prove(ctx context.Context) error {
 	rep.Timeline = slices.Clone(n.timeline)
 	n.mu.Unlock()
 	slices.SortStableFunc(rep.Timeline, func(a, b timelineEntry) int { return cmp.Compare(a.AtSeconds, b.AtSeconds) })
-	rep.WakeUps, rep.Answers = c.wakes.codes(), c.wakes.answers()
+	rep.WakeUps, rep.Answers = c.wakes.Codes(), c.wakes.Answers()
 	rep.Faults, rep.FaultsEffective = map[string]int{}, map[string]int{}
 	for _, e := range rep.Timeline {
 		rep.Faults[e.Kind]++
@@ -162,7 +163,7 @@ func (c *chaosRun) prove(ctx context.Context) error {
 		return err
 	}
 	rep.Published = pub.messages
-	rep.Landed, _, err = l.wh.Counts(ctx)
+	rep.Landed, _, err = l.Wh.Counts(ctx)
 	if err != nil {
 		return err
 	}
@@ -188,8 +189,8 @@ func (c *chaosRun) prove(ctx context.Context) error {
 	c.proveReplays(rows, pub)
 	rep.add("no set-aside event left", rep.SetAside == 0, fmt.Sprintf("%d set aside", rep.SetAside))
 	rep.add("every operation finished", len(rep.operationsFailures) == 0, fmt.Sprintf("%d failed %v", len(rep.operationsFailures), rep.operationsFailures))
-	l.progress.enter("checking the views against the source tables", "")
-	if rep.Views, err = l.checkViews(ctx); err != nil {
+	l.Progress.Enter("checking the views against the source tables", "")
+	if rep.Views, err = l.CheckViews(ctx); err != nil {
 		return err
 	}
 	equal := true
@@ -197,8 +198,8 @@ func (c *chaosRun) prove(ctx context.Context) error {
 		equal = equal && v.Match
 	}
 	rep.add("views equal to the source, every column", equal, fmt.Sprintf("%d views compared", len(rep.Views)))
-	l.progress.enter("auditing the warehouse against the source", "")
-	audit, err := l.svc.Audit(ctx, localWorkspace, delivery.AuditOptions{})
+	l.Progress.Enter("auditing the warehouse against the source", "")
+	audit, err := l.Svc.Audit(ctx, sandbox.LocalWorkspace, delivery.AuditOptions{})
 	if err != nil {
 		return err
 	}
@@ -312,31 +313,31 @@ func (c *chaosRun) provePromise(excused excusals) {
 	// proxy counts what it did lose: a race that reports losses it never
 	// made fails here.
 	var lostByProxy int64
-	if p, ok := c.l.pubsubProxies[componentDrain]; ok {
+	if p, ok := c.l.PubsubProxies[sandbox.ComponentDrain]; ok {
 		lostByProxy = p.Losses()
 	}
 	raced := rep.ClaimRaces
 	rep.add("the claim race was run", raced.Sent > 0 && raced.Lost >= raced.Sent/claimRaceLoseEvery && lostByProxy >= int64(raced.Lost),
 		fmt.Sprintf("%s, each judged with the rest; the proxy lost %d held publishes", raced.String(), lostByProxy))
-	wakes, first := c.wakes.records(), c.l.published.snapshot()
+	wakes, first := c.wakes.Records(), c.l.Published.Snapshot()
 	path := judgePath(wakes, first, excused, deliveryLagBound)
 	rep.Path = pathSummary{ByWakeUps: path.ByWakeUps, ByOperations: path.ByOperations, BySweep: path.BySweep, SweptRacing: path.SweptRacing,
-		LagMaxSecs: quantile(path.Lags, 1).Seconds(), LagP99Secs: quantile(path.Lags, 0.99).Seconds()}
+		LagMaxSecs: sandbox.Quantile(path.Lags, 1).Seconds(), LagP99Secs: sandbox.Quantile(path.Lags, 0.99).Seconds()}
 	judged := rep.Promise.Promised + len(stranded) + rep.Promise.Excused
 	rep.add("every promised commit published by a drain in flight", len(stranded) == 0 && p.checks > 0,
 		fmt.Sprintf("%d wake-ups answered 2xx judged at %d moments with no wake-up or drainer running: %d commits stranded, %d excused (%.1f%%: "+
 			"their process killed, frozen or stopped with work left after the answer, SPEC §3)%s",
 			judged, p.checks, len(stranded), rep.Promise.Excused, 100*float64(rep.Promise.Excused)/float64(max(judged, 1)), describeStranded(stranded)))
-	ends := func(drain int, k runKey) (runEnd, bool) {
-		if drain >= len(c.l.drainProcs) {
-			return runEnd{}, false
+	ends := func(drain int, k sandbox.RunKey) (sandbox.RunEnd, bool) {
+		if drain >= len(c.l.DrainProcs) {
+			return sandbox.RunEnd{}, false
 		}
-		return c.l.drainProcs[drain].runEnds.get(k)
+		return c.l.DrainProcs[drain].RunEnds.Get(k)
 	}
 	runBreaks, runExcused := judgeRuns(wakes, ends, excused, time.Now())
 	promised := 0
 	for _, w := range wakes {
-		if w.promised() {
+		if w.Promised() {
 			promised++
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 )
 
 // The wake-up path's proofs (SPEC §4: a wake-up's 2xx is a promise). They
@@ -56,7 +58,7 @@ type quiescentVerdict struct {
 	// Resolved are the wake-ups whose events were all published (or
 	// excused), and Broken those with a stranded event: neither needs
 	// another check.
-	Resolved, Broken []*wakeRecord
+	Resolved, Broken []*sandbox.WakeRecord
 }
 
 // judgeQuiescent checks the promise at t, a moment when no wake-up request
@@ -68,7 +70,7 @@ type quiescentVerdict struct {
 // set aside. A stranded event whose promising process was killed, frozen
 // or stopped with work left between its answer and t is excused (see
 // excusals); any other breaks the promise.
-func judgeQuiescent(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals) quiescentVerdict {
+func judgeQuiescent(t time.Time, open []*sandbox.WakeRecord, stranded map[string]bool, published func(eventID string) bool, excused excusals) quiescentVerdict {
 	var v quiescentVerdict
 	for _, w := range open {
 		done, broken := true, false
@@ -118,7 +120,7 @@ type pathReport struct {
 // published them first (first, by wire id; components as the proxies name
 // them) and checks that a promised commit was published by a drain, within
 // bound of its commit, unless a drain's own fault excuses it.
-func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusals, bound time.Duration) pathReport {
+func judgePath(wakes []sandbox.WakeRecord, first map[string]sandbox.FirstPublish, excused excusals, bound time.Duration) pathReport {
 	var r pathReport
 	byDrain := requestsByDrain(wakes)
 	for _, w := range wakes {
@@ -128,21 +130,21 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 				continue // never published: the "none lost" proof's
 			}
 			switch f.Component {
-			case componentDrain:
+			case sandbox.ComponentDrain:
 				r.ByWakeUps++
-			case componentJob:
+			case sandbox.ComponentJob:
 				r.ByOperations++
 			default:
 				r.BySweep++
 			}
-			if !w.promised() || excused.covers(w.Drain, w.Answered, f.At) {
+			if !w.Promised() || excused.covers(w.Drain, w.Answered, f.At) {
 				continue
 			}
 			lag := f.At.Sub(w.Committed)
 			r.Lags = append(r.Lags, lag)
-			swept := f.Component == componentVerify && !inFlightAt(byDrain[w.Drain], w.Answered, f.At)
+			swept := f.Component == sandbox.ComponentVerify && !inFlightAt(byDrain[w.Drain], w.Answered, f.At)
 			switch {
-			case f.Component == componentVerify && !swept:
+			case f.Component == sandbox.ComponentVerify && !swept:
 				r.SweptRacing++
 			case swept:
 				r.SweptPromised = append(r.SweptPromised, id)
@@ -156,8 +158,8 @@ func judgePath(wakes []wakeRecord, first map[string]firstPublish, excused excusa
 }
 
 // requestsByDrain groups the wake-up requests by instance.
-func requestsByDrain(wakes []wakeRecord) map[int][]wakeRecord {
-	out := map[int][]wakeRecord{}
+func requestsByDrain(wakes []sandbox.WakeRecord) map[int][]sandbox.WakeRecord {
+	out := map[int][]sandbox.WakeRecord{}
 	for _, w := range wakes {
 		out[w.Drain] = append(out[w.Drain], w)
 	}
@@ -167,7 +169,7 @@ func requestsByDrain(wakes []wakeRecord) map[int][]wakeRecord {
 // inFlightAt reports whether one of an instance's wake-up requests that
 // was open at answered (sent by then, not ended before) was still in
 // flight at t: a drain that may carry a commit answered then.
-func inFlightAt(requests []wakeRecord, answered, t time.Time) bool {
+func inFlightAt(requests []sandbox.WakeRecord, answered, t time.Time) bool {
 	for _, q := range requests {
 		if !q.Sent.After(answered) && (q.Ended.IsZero() || !q.Ended.Before(t)) {
 			return true
@@ -190,7 +192,7 @@ func describeStranded(s []strandedCommit) string {
 // (swept, then late), with its timeline in seconds from started: its
 // commit, its wake-up's answer, its first publish, and the last end of
 // the requests to its instance that were open at the answer.
-func describePathBreak(swept, late []string, wakes []wakeRecord, first map[string]firstPublish, started time.Time) string {
+func describePathBreak(swept, late []string, wakes []sandbox.WakeRecord, first map[string]sandbox.FirstPublish, started time.Time) string {
 	ids := append(slices.Clone(swept), late...)
 	if len(ids) == 0 {
 		return ""
@@ -234,21 +236,21 @@ type runBreak struct {
 // work left after the answer and before the run's end (or the run's
 // check, at). A promise answered with no run breaks it too. ends finds a
 // run's end by instance.
-func judgeRuns(wakes []wakeRecord, ends func(drain int, k runKey) (runEnd, bool), excused excusals, at time.Time) (broken []runBreak, excusedN int) {
+func judgeRuns(wakes []sandbox.WakeRecord, ends func(drain int, k sandbox.RunKey) (sandbox.RunEnd, bool), excused excusals, at time.Time) (broken []runBreak, excusedN int) {
 	for _, w := range wakes {
-		if !w.promised() || w.Answered.IsZero() {
+		if !w.Promised() || w.Answered.IsZero() {
 			continue
 		}
-		e, ok := ends(w.Drain, runKey{start: w.Start, run: w.Run})
+		e, ok := ends(w.Drain, sandbox.RunKey{Start: w.Start, Run: w.Run})
 		switch {
 		case w.Run == 0:
-		case ok && e.covered >= w.Wake:
+		case ok && e.Covered >= w.Wake:
 			continue
-		case ok && excused.covers(w.Drain, w.Answered, e.at), !ok && excused.covers(w.Drain, w.Answered, at):
+		case ok && excused.covers(w.Drain, w.Answered, e.At), !ok && excused.covers(w.Drain, w.Answered, at):
 			excusedN++
 			continue
 		}
-		broken = append(broken, runBreak{EventIDs: w.EventIDs, Drain: w.Drain, Run: w.Run, Wake: w.Wake, Covered: e.covered, Ended: ok})
+		broken = append(broken, runBreak{EventIDs: w.EventIDs, Drain: w.Drain, Run: w.Run, Wake: w.Wake, Covered: e.Covered, Ended: ok})
 	}
 	return broken, excusedN
 }

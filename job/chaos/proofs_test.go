@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -72,18 +73,18 @@ func TestReplayProofNamesTheEventNotSentAgain(t *testing.T) {
 func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
-	wake := func(id string) *wakeRecord {
-		return &wakeRecord{HistoryIDs: []string{"h-" + id}, EventIDs: []string{id}, Code: 200, Answered: t0, Drain: 1}
+	wake := func(id string) *sandbox.WakeRecord {
+		return &sandbox.WakeRecord{HistoryIDs: []string{"h-" + id}, EventIDs: []string{id}, Code: 200, Answered: t0, Drain: 1}
 	}
 	published := func(id string) bool { return id == "delivered" }
 	stranded := map[string]bool{"h-stranded": true}
-	open := []*wakeRecord{wake("delivered"), wake("stranded"), wake("held")}
+	open := []*sandbox.WakeRecord{wake("delivered"), wake("stranded"), wake("held")}
 	v := judgeQuiescent(t0.Add(time.Second), open, stranded, published, nil)
 	require.Len(t, v.Stranded, 1)
 	require.Equal(t, "stranded", v.Stranded[0].EventID)
 	require.Contains(t, describeStranded(v.Stranded), "stranded")
-	require.Equal(t, []*wakeRecord{open[0]}, v.Resolved, "the delivered one is resolved; the held one is looked at again")
-	require.Equal(t, []*wakeRecord{open[1]}, v.Broken)
+	require.Equal(t, []*sandbox.WakeRecord{open[0]}, v.Resolved, "the delivered one is resolved; the held one is looked at again")
+	require.Equal(t, []*sandbox.WakeRecord{open[1]}, v.Broken)
 
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	cases := []struct {
@@ -100,7 +101,7 @@ func TestPromiseProofNamesTheStrandedCommit(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v := judgeQuiescent(t0.Add(time.Second), []*wakeRecord{wake("stranded")}, stranded, published, excusals{c.fault})
+			v := judgeQuiescent(t0.Add(time.Second), []*sandbox.WakeRecord{wake("stranded")}, stranded, published, excusals{c.fault})
 			if c.excused {
 				require.Empty(t, v.Stranded)
 				require.Equal(t, 1, v.Excused)
@@ -122,19 +123,19 @@ func TestTheLivePromiseCheckCountsEachPromiseOnce(t *testing.T) {
 	t0 := time.Now()
 	c := &chaosRun{}
 	c.promise.c = c
-	wake := func(id string, code int, answered time.Time) *wakeRecord {
-		return &wakeRecord{HistoryIDs: []string{"h-" + id}, EventIDs: []string{id}, Code: code, Answered: answered}
+	wake := func(id string, code int, answered time.Time) *sandbox.WakeRecord {
+		return &sandbox.WakeRecord{HistoryIDs: []string{"h-" + id}, EventIDs: []string{id}, Code: code, Answered: answered}
 	}
-	c.wakes.all = []*wakeRecord{wake("delivered", 200, t0), wake("stranded", 202, t0), wake("held", 200, t0),
+	c.wakes.All = []*sandbox.WakeRecord{wake("delivered", 200, t0), wake("stranded", 202, t0), wake("held", 200, t0),
 		wake("refused", 503, t0), wake("later", 200, t0.Add(time.Hour))}
 	delivered := map[string]bool{"delivered": true}
 	published := func(id string) bool { return delivered[id] }
 	stranded := map[string]bool{"h-stranded": true}
 	moment := func(at time.Time) []string {
-		open := c.wakes.open(at)
+		open := c.wakes.Open(at)
 		c.promise.judge(at, open, stranded, published, nil)
 		var ids []string
-		for _, w := range c.wakes.open(at) {
+		for _, w := range c.wakes.Open(at) {
 			ids = append(ids, w.EventIDs[0])
 		}
 		return ids
@@ -153,7 +154,7 @@ func TestTheLivePromiseCheckCountsEachPromiseOnce(t *testing.T) {
 	require.Equal(t, 3, p.judged())
 	require.Equal(t, []string{"later"}, func() []string {
 		var ids []string
-		for _, w := range c.wakes.open(t0.Add(2 * time.Hour)) {
+		for _, w := range c.wakes.Open(t0.Add(2 * time.Hour)) {
 			ids = append(ids, w.EventIDs[0])
 		}
 		return ids
@@ -170,7 +171,7 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
 	ended := t0.Add(200 * time.Millisecond)
-	wakes := []wakeRecord{
+	wakes := []sandbox.WakeRecord{
 		{EventIDs: []string{"by-drain"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
 		{EventIDs: []string{"by-sweep"}, Committed: t0, Code: 200, Sent: t0, Answered: t0, Ended: ended},
 		// Late from its commit (35 s), not from its answer (20 s).
@@ -187,15 +188,15 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 		// A request sent after the answer carries nothing of it.
 		{Drain: 0, Committed: t0.Add(time.Second), Code: 0, Sent: t0.Add(time.Second), Ended: t0.Add(55 * time.Second)},
 	}
-	first := map[string]firstPublish{
-		"by-drain":     {At: t0.Add(100 * time.Millisecond), Component: componentDrain},
-		"by-sweep":     {At: t0.Add(50 * time.Second), Component: componentVerify},
-		"late":         {At: t0.Add(20 * time.Second), Component: componentDrain},
-		"at-the-bound": {At: t0.Add(30 * time.Second), Component: componentDrain},
-		"excused":      {At: t0.Add(45 * time.Second), Component: componentDrain},
-		"unpromised":   {At: t0.Add(50 * time.Second), Component: componentVerify},
-		"by-replay":    {At: t0.Add(time.Second), Component: componentJob},
-		"swept-racing": {At: t0.Add(20 * time.Second), Component: componentVerify},
+	first := map[string]sandbox.FirstPublish{
+		"by-drain":     {At: t0.Add(100 * time.Millisecond), Component: sandbox.ComponentDrain},
+		"by-sweep":     {At: t0.Add(50 * time.Second), Component: sandbox.ComponentVerify},
+		"late":         {At: t0.Add(20 * time.Second), Component: sandbox.ComponentDrain},
+		"at-the-bound": {At: t0.Add(30 * time.Second), Component: sandbox.ComponentDrain},
+		"excused":      {At: t0.Add(45 * time.Second), Component: sandbox.ComponentDrain},
+		"unpromised":   {At: t0.Add(50 * time.Second), Component: sandbox.ComponentVerify},
+		"by-replay":    {At: t0.Add(time.Second), Component: sandbox.ComponentJob},
+		"swept-racing": {At: t0.Add(20 * time.Second), Component: sandbox.ComponentVerify},
 	}
 	killed := excusals{{Kind: faultDrainKill, Drain: 2, From: t0.Add(time.Second)}}
 	r := judgePath(wakes, first, killed, 30*time.Second)
@@ -203,19 +204,19 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 	require.Equal(t, 1, r.SweptRacing, "swept while a request open at its answer was in flight")
 	require.ElementsMatch(t, []string{"by-sweep", "late"}, r.Late, "later than the bound after the commit; at the bound is not late")
 	require.Len(t, r.Lags, 6, "every promised commit's lag but the excused one's")
-	require.Equal(t, 50*time.Second, quantile(r.Lags, 1))
+	require.Equal(t, 50*time.Second, sandbox.Quantile(r.Lags, 1))
 	require.Equal(t, 4, r.ByWakeUps)
 	require.Equal(t, 3, r.BySweep)
 	require.Equal(t, 1, r.ByOperations)
 	require.Contains(t, describePathBreak(r.SweptPromised, r.Late, wakes, first, t0),
 		"event by-sweep: committed at 0.0s, answered 200 by drain 1 at 0.0s, published first by replication-verify at 50.0s; the drain's requests open at the answer ended by 0.2s")
 
-	c := &chaosRun{report: &chaosReport{}, l: &local{published: newPublishLedger()}}
+	c := &chaosRun{report: &chaosReport{}, l: &sandbox.Local{Published: sandbox.NewPublishLedger()}}
 	for id, f := range first {
-		c.l.published.first[id] = f
+		c.l.Published.First[id] = f
 	}
 	for _, w := range wakes {
-		c.wakes.all = append(c.wakes.all, &w)
+		c.wakes.All = append(c.wakes.All, &w)
 	}
 	c.provePromise(killed)
 	require.Equal(t, 50.0, c.report.Path.LagMaxSecs)
@@ -238,15 +239,15 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 func TestRunProofHoldsEachPromiseToItsRun(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
-	wake := func(run, n uint64) wakeRecord {
-		return wakeRecord{EventIDs: []string{"e"}, Drain: 1, Start: 1, Run: run, Wake: n, Code: 200, Answered: t0}
+	wake := func(run, n uint64) sandbox.WakeRecord {
+		return sandbox.WakeRecord{EventIDs: []string{"e"}, Drain: 1, Start: 1, Run: run, Wake: n, Code: 200, Answered: t0}
 	}
-	ends := map[runKey]runEnd{{1, 7}: {at: t0.Add(time.Second), covered: 12}}
-	find := func(_ int, k runKey) (runEnd, bool) { e, ok := ends[k]; return e, ok }
+	ends := map[sandbox.RunKey]sandbox.RunEnd{{Start: 1, Run: 7}: {At: t0.Add(time.Second), Covered: 12}}
+	find := func(_ int, k sandbox.RunKey) (sandbox.RunEnd, bool) { e, ok := ends[k]; return e, ok }
 	killed := excusals{{Kind: faultDrainKill, Drain: 1, From: t0.Add(500 * time.Millisecond)}}
 	cases := []struct {
 		name    string
-		w       wakeRecord
+		w       sandbox.WakeRecord
 		excused excusals
 		broken  bool
 	}{
@@ -255,11 +256,11 @@ func TestRunProofHoldsEachPromiseToItsRun(t *testing.T) {
 		{"its run never ended", wake(8, 13), nil, true},
 		{"no run named", wake(0, 0), nil, true},
 		{"its run never ended, its process killed after the answer", wake(8, 13), killed, false},
-		{"an answer that was not a promise", wakeRecord{Drain: 1, Code: 503, Answered: t0}, nil, false},
+		{"an answer that was not a promise", sandbox.WakeRecord{Drain: 1, Code: 503, Answered: t0}, nil, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			broken, _ := judgeRuns([]wakeRecord{c.w}, find, c.excused, t0.Add(2*time.Second))
+			broken, _ := judgeRuns([]sandbox.WakeRecord{c.w}, find, c.excused, t0.Add(2*time.Second))
 			require.Equal(t, c.broken, len(broken) == 1, "%+v", broken)
 			if c.broken {
 				require.NotEmpty(t, describeRunBreak(broken))

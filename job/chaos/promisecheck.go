@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -29,7 +30,7 @@ type promiseChecker struct {
 // once more when every wake-up has ended.
 func (p *promiseChecker) run(ctx context.Context) {
 	last := int64(-1)
-	every(ctx, 100*time.Millisecond, func() { p.check(ctx, &last) })
+	sandbox.Every(ctx, 100*time.Millisecond, func() { p.check(ctx, &last) })
 }
 
 // final checks once more after the run: it waits, a minute at most, for
@@ -46,22 +47,22 @@ func (p *promiseChecker) final(ctx context.Context) {
 // since the last check (last is the wake-ups started then).
 func (p *promiseChecker) check(ctx context.Context, last *int64) {
 	wl := &p.c.wakes
-	started := wl.started.Load()
+	started := wl.Started.Load()
 	if !p.quiescent() || started == *last {
 		return
 	}
 	t := time.Now()
-	open := wl.open(t)
+	open := wl.Open(t)
 	if len(open) == 0 {
 		*last = started
 		return
 	}
 	stranded, err := strandedAmong(ctx, p.c.l, open)
-	if err != nil || !p.quiescent() || wl.started.Load() != started {
+	if err != nil || !p.quiescent() || wl.Started.Load() != started {
 		return // not quiescent throughout: judged at the next pause
 	}
 	*last = started
-	published := func(id string) bool { _, ok := p.c.l.published.firstOf(id); return ok }
+	published := func(id string) bool { _, ok := p.c.l.Published.FirstOf(id); return ok }
 	p.judge(t, open, stranded, published, p.c.nemesis.excusals())
 }
 
@@ -69,10 +70,10 @@ func (p *promiseChecker) check(ctx context.Context, last *int64) {
 // judgeQuiescent): the delivered ones count as promised and the stranded
 // ones as broken, each once (both are resolved, not looked at again); the
 // held ones stay open for the next moment.
-func (p *promiseChecker) judge(t time.Time, open []*wakeRecord, stranded map[string]bool, published func(string) bool, excused excusals) {
+func (p *promiseChecker) judge(t time.Time, open []*sandbox.WakeRecord, stranded map[string]bool, published func(string) bool, excused excusals) {
 	v := judgeQuiescent(t, open, stranded, published, excused)
-	p.c.wakes.resolve(v.Resolved)
-	p.c.wakes.resolve(v.Broken)
+	p.c.wakes.Resolve(v.Resolved)
+	p.c.wakes.Resolve(v.Broken)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.checks++
@@ -95,8 +96,8 @@ func (p *promiseChecker) judged() int {
 // way (a freeze, a stop or a kill, whose promises the fault may excuse
 // only once it is recorded).
 func (p *promiseChecker) quiescent() bool {
-	for i, proc := range p.c.l.drainProcs {
-		if p.c.wakes.perDrain[i].Load() != 0 || proc.running.Load() > 0 || p.c.nemesis.holds(i) {
+	for i, proc := range p.c.l.DrainProcs {
+		if p.c.wakes.PerDrain[i].Load() != 0 || proc.Running.Load() > 0 || p.c.nemesis.holds(i) {
 			return false
 		}
 	}
@@ -104,10 +105,10 @@ func (p *promiseChecker) quiescent() bool {
 }
 
 // strandedAmong returns the open wake-ups' events that nothing carries.
-func strandedAmong(ctx context.Context, l *local, open []*wakeRecord) (map[string]bool, error) {
+func strandedAmong(ctx context.Context, l *sandbox.Local, open []*sandbox.WakeRecord) (map[string]bool, error) {
 	var ids []string
 	for _, w := range open {
 		ids = append(ids, w.HistoryIDs...)
 	}
-	return sdkfixture.Uncarried(ctx, l.ontology, l.gen.Generation, ids)
+	return sdkfixture.Uncarried(ctx, l.Ontology, l.Gen.Generation, ids)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentstream/ontology-replication/shared/delivery"
 	"github.com/segmentstream/ontology-replication/shared/testbench/faultproxy"
+	"github.com/segmentstream/ontology-replication/shared/testbench/sandbox"
 	"github.com/segmentstream/ontology-replication/shared/testbench/sdkfixture"
 )
 
@@ -221,14 +222,14 @@ func (n *nemesis) run(ctx, opsCtx context.Context) {
 		if s.Kind == opReplay || s.Kind == opPartialReplay || s.Kind == opJobDrain {
 			continue
 		}
-		if !sleepUntil(ctx, start.Add(s.At)) {
+		if !sandbox.SleepUntil(ctx, start.Add(s.At)) {
 			return
 		}
 		windows.Go(func() {
 			// A fault that met nothing (the SDK paused, say) is tried
 			// again (attemptsOf): only a fault that took effect counts.
 			for attempt := 0; attempt < attemptsOf(s.Kind) && ctx.Err() == nil; attempt++ {
-				if n.inject(ctx, s) > 0 || !sleepUntil(ctx, time.Now().Add(4*time.Second)) {
+				if n.inject(ctx, s) > 0 || !sandbox.SleepUntil(ctx, time.Now().Add(4*time.Second)) {
 					return
 				}
 			}
@@ -250,10 +251,10 @@ func attemptsOf(kind string) int {
 
 // allOff ends every fault.
 func (n *nemesis) allOff() {
-	for _, p := range n.c.l.pubsubProxies {
+	for _, p := range n.c.l.PubsubProxies {
 		p.Set(faultproxy.Pass)
 	}
-	n.c.l.bigqueryFaults.Set(faultproxy.HTTPPass)
+	n.c.l.BigqueryFaults.Set(faultproxy.HTTPPass)
 }
 
 // replayStall is how long the BigQuery subscription is held from a
@@ -268,7 +269,7 @@ const replayStall = 4 * time.Second
 func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 	l := n.c.l
 	for _, s := range ops {
-		if !sleepUntil(ctx, n.c.started.Add(s.At)) {
+		if !sandbox.SleepUntil(ctx, n.c.started.Add(s.At)) {
 			return
 		}
 		rec := replayRecord{kind: s.Kind}
@@ -299,16 +300,16 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 		switch s.Kind {
 		case opReplay:
 			var res delivery.PagesResult
-			res, err = l.svc.Replay(ctx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}})
+			res, err = l.Svc.Replay(ctx, sandbox.LocalWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}})
 			detail = fmt.Sprintf("%d events sent back and published again", res.Rows)
 		case opPartialReplay:
 			var res delivery.PagesResult
-			res, err = l.svc.ReplayPartial(ctx, localWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}},
+			res, err = l.Svc.ReplayPartial(ctx, sandbox.LocalWorkspace, delivery.PagesOptions{Progress: delivery.NoProgress{}},
 				delivery.ReplaySelection{Entities: []string{partialEntity}})
 			detail = fmt.Sprintf("%d %s events sent back and published again", res.Rows, partialEntity)
 		case opJobDrain:
 			var res delivery.DrainAllResult
-			res, err = l.svc.DrainAll(ctx, localWorkspace, delivery.DrainAllOptions{})
+			res, err = l.Svc.DrainAll(ctx, sandbox.LocalWorkspace, delivery.DrainAllOptions{})
 			detail = fmt.Sprintf("%d events published", res.Published)
 		}
 		if err != nil {
@@ -329,7 +330,7 @@ func (n *nemesis) runOperations(ctx context.Context, ops []step) {
 // acceptedEvents returns the event ids of a history table's accepted
 // events.
 func (n *nemesis) acceptedEvents(ctx context.Context, historyTable string) (map[string]bool, error) {
-	rows, err := sdkfixture.DeliveryRows(ctx, n.c.l.ontology, n.c.l.gen)
+	rows, err := sdkfixture.DeliveryRows(ctx, n.c.l.Ontology, n.c.l.Gen)
 	if err != nil {
 		return nil, err
 	}
@@ -360,5 +361,5 @@ func (n *nemesis) record(e timelineEntry) {
 	if e.Failed {
 		line += "  (FAILED)"
 	}
-	n.c.l.progress.note(line)
+	n.c.l.Progress.Note(line)
 }
