@@ -100,7 +100,7 @@ func TestLabelsDoNotOverprint(t *testing.T) {
 		{"far apart", []plots.Marker{{"a", 0}, {"b", 50}, {"c", 99}}, []int{0, 0, 0}},
 		{"two close", []plots.Marker{{"faults end", 60}, {"every event verified", 62}}, []int{0, 1}},
 		{"three close, out of order", []plots.Marker{{"c", 4}, {"a", 0}, {"b", 2}}, []int{2, 0, 1}},
-		{"a row freed again", []plots.Marker{{"a", 0}, {"b", 1}, {"c", 15}}, []int{0, 1, 0}},
+		{"a row freed again", []plots.Marker{{"a", 0}, {"b", 1}, {"c", 25}}, []int{0, 1, 0}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
@@ -123,9 +124,9 @@ func faultLanes(t Timeline, kinds []string, end float64) (*plot.Plot, error) {
 		for i, o := range t.Operations {
 			// Below the lanes, a row further down for each label that
 			// would overprint one before it.
-			pts[i] = plotter.XY{X: o.At, Y: -0.6 - 0.45*float64(row[i])}
+			pts[i] = plotter.XY{X: o.At, Y: -1 - 0.9*float64(row[i])}
 			labels[i] = o.Name
-			p.Y.Min = min(p.Y.Min, pts[i].Y-0.4)
+			p.Y.Min = min(p.Y.Min, pts[i].Y-0.6)
 		}
 		sc, err := plotter.NewScatter(pts)
 		if err != nil {
@@ -136,6 +137,10 @@ func faultLanes(t Timeline, kinds []string, end float64) (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
+		for i := range l.TextStyle {
+			l.TextStyle[i].YAlign = text.YCenter // beside its dot, in its row
+		}
+		l.Offset = vg.Point{X: vg.Points(5)}
 		p.Add(l)
 	}
 	return p, addMoments(p, t.Moments, p.Y.Min, float64(len(kinds)))
@@ -170,9 +175,13 @@ func shade(i int, a uint8) color.NRGBA {
 	return color.NRGBA{R: c.R, G: c.G, B: c.B, A: a}
 }
 
+// legendRoom is the headroom a panel's legend takes above its data, a
+// share of the data's height for each series it names.
+const legendRoom = 0.12
+
 // labelWidth is the share of the time axis a marker's label takes: a
 // label closer than that to the one before it goes a row further.
-const labelWidth = 1.0 / 7
+const labelWidth = 1.0 / 5
 
 // labelRows gives each marker the first row where its label starts past
 // the end of the row's last label.
@@ -237,7 +246,9 @@ func panel(pn Panel, t Timeline, kinds []string, end float64) (*plot.Plot, error
 		p.Add(line)
 		p.Legend.Add(s.Name, line)
 	}
-	p.Y.Min, p.Y.Max = 0, top*1.1
+	// Headroom above the data, the bands and the moments' lines for the
+	// legend, so that it overprints none of them.
+	p.Y.Min, p.Y.Max = 0, top*1.1+top*legendRoom*float64(len(pn.Series))
 	// The moments' lines without their labels, which the fault lanes
 	// above carry: here they would overprint the legend.
 	return p, addMarks(p, t.Moments, 0, top*1.1)
