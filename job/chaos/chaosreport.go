@@ -213,5 +213,5 @@ func (r *chaosReport) failure() error {
 	if len(broken) == 0 {
 		return nil
 	}
-	return errors.New("local: chaos: broken: " + strings.Join(broken, "; "))
+	return errors.New("chaos: broken: " + strings.Join(broken, "; "))
 }

@@ -24,7 +24,7 @@ type config struct {
 func parseFlags(args []string, stdout io.Writer) (config, error) {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	cfg := config{sandbox: sandbox.Config{Chaos: true}}
+	cfg := config{sandbox: sandbox.Config{Command: "chaos", Chaos: true}}
 	fs.DurationVar(&cfg.chaos.duration, "duration", time.Minute, "how long the SDK workload runs under injected faults (at least 45s)")
 	fs.Uint64Var(&cfg.chaos.seed, "seed", 0, "the fault schedule's seed (default: from the clock, printed)")
 	fs.Float64Var(&cfg.chaos.rate, "rate", 40, "SDK commits per second while the SDK is busy, over all writers, 1 to 500")

@@ -26,7 +26,7 @@ type localConfig struct {
 func parseLocalFlags(args []string, stdout io.Writer) (localConfig, error) {
 	fs := flag.NewFlagSet("local", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var cfg localConfig
+	cfg := localConfig{sandbox: sandbox.Config{Command: "local"}}
 	fs.IntVar(&cfg.records, "records", 3000, "how many changes the workload commits")
 	fs.IntVar(&cfg.sandbox.Writers, "writers", 4, "concurrent writers")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep everything running after the summary, until Ctrl-C")

@@ -28,6 +28,8 @@ import (
 // Config is how a sandbox runs: its workload's writers, its verifier's
 // schedule, and how its components reach the database and the drain.
 type Config struct {
+	// Command names the command in its lines (local, chaos).
+	Command       string
 	Writers       int
 	VerifyEvery   time.Duration
 	VerifyTimeout time.Duration

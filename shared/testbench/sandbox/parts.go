@@ -215,8 +215,8 @@ func (l *Local) startFunctions(ctx context.Context) error {
 	return nil
 }
 
-// startDrains serves the drain: in this process, or with --chaos as
-// --drains processes of the deployed entry point, the wake-ups spread over
+// startDrains serves the drain: in this process, or with Config.Chaos as
+// Config.Drains processes of the deployed entry point, the wake-ups spread over
 // them as Cloud Run spreads them over its instances.
 func (l *Local) startDrains(ctx context.Context) error {
 	if !l.Config.Chaos {

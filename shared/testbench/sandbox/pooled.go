@@ -19,7 +19,7 @@ func (l *Local) startPooler(ctx context.Context) error {
 	for _, raw := range l.Urls.roles {
 		u, err := url.Parse(raw)
 		if err != nil {
-			return fmt.Errorf("local: a role's URL: %w", err)
+			return fmt.Errorf("a role's URL: %w", err)
 		}
 		password, _ := u.User.Password()
 		users[u.User.Username()] = password

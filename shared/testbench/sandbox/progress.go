@@ -59,7 +59,7 @@ func (p *Progress) Enter(phase, why string) {
 	if p.Terminal {
 		fmt.Fprint(p.w, "\r\033[K"+line)
 	} else {
-		fmt.Fprintln(p.w, "local: "+line)
+		fmt.Fprintln(p.w, p.l.Config.Command+": "+line)
 	}
 }
 
