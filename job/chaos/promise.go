@@ -225,6 +225,10 @@ type runBreak struct {
 	Run, Wake uint64
 	Covered   uint64
 	Ended     bool
+	// Twice: another answer of the same process named the same run and
+	// place: the product counts each wake-up once, so one of the two was
+	// never counted.
+	Twice bool
 }
 
 // judgeRuns checks each promised wake-up against the product's own word:
@@ -234,12 +238,27 @@ type runBreak struct {
 // run ended having covered it; a run that ended short of it, or never
 // ended, broke it, unless its process was killed, frozen or stopped with
 // work left after the answer and before the run's end (or the run's
-// check, at). A promise answered with no run breaks it too. ends finds a
-// run's end by instance.
+// check, at). A promise answered with no run breaks it too, and so does
+// an answer naming the run and place another answer of the same process
+// named (the product counts each wake-up once: one of them was never
+// counted). ends finds a run's end by instance.
 func judgeRuns(wakes []sandbox.WakeRecord, ends func(drain int, k sandbox.RunKey) (sandbox.RunEnd, bool), excused excusals, at time.Time) (broken []runBreak, excusedN int) {
+	type place struct {
+		drain     int
+		start     int64
+		run, wake uint64
+	}
+	answered := map[place]bool{}
 	for _, w := range wakes {
 		if !w.Promised() || w.Answered.IsZero() {
 			continue
+		}
+		if p := (place{w.Drain, w.Start, w.Run, w.Wake}); w.Run != 0 && !w.Restarted {
+			if answered[p] {
+				broken = append(broken, runBreak{EventIDs: w.EventIDs, Drain: w.Drain, Run: w.Run, Wake: w.Wake, Twice: true})
+				continue
+			}
+			answered[p] = true
 		}
 		e, ok := ends(w.Drain, sandbox.RunKey{Start: w.Start, Run: w.Run})
 		switch {
@@ -264,6 +283,8 @@ func describeRunBreak(b []runBreak) string {
 	switch {
 	case f.Run == 0:
 		return fmt.Sprintf(" (for example a wake-up of drain %d answered 2xx naming no run)", f.Drain+1)
+	case f.Twice:
+		return fmt.Sprintf(" (for example wake-up %d of drain %d's run %d: two answers named it)", f.Wake, f.Drain+1, f.Run)
 	case !f.Ended:
 		return fmt.Sprintf(" (for example wake-up %d of drain %d: its run %d never ended)", f.Wake, f.Drain+1, f.Run)
 	}

@@ -233,9 +233,9 @@ func TestPathProofNamesWhatOnlyTheSweepPublished(t *testing.T) {
 
 // TestRunProofHoldsEachPromiseToItsRun: a promise is kept by the run its
 // answer named if that run's last claim came after it; a run that ended
-// short of it, never ended, or an answer naming no run breaks it, unless
-// its process was killed, frozen or stopped with work left after the
-// answer.
+// short of it, never ended, an answer naming no run, or one naming a place
+// another answer named breaks it, unless its process was killed, frozen or
+// stopped with work left after the answer.
 func TestRunProofHoldsEachPromiseToItsRun(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
@@ -264,6 +264,35 @@ func TestRunProofHoldsEachPromiseToItsRun(t *testing.T) {
 			require.Equal(t, c.broken, len(broken) == 1, "%+v", broken)
 			if c.broken {
 				require.NotEmpty(t, describeRunBreak(broken))
+			}
+		})
+	}
+
+	// Two answers of one process naming one run and place: the product
+	// counts each wake-up once, so one of them was never counted, even if
+	// the run covered the place. Across a restart the process that
+	// answered is not known: no break.
+	other := wake(7, 11)
+	other.EventIDs = []string{"f"}
+	restarted := other
+	restarted.Restarted = true
+	twice := []struct {
+		name   string
+		wakes  []sandbox.WakeRecord
+		broken int
+	}{
+		{"two places", []sandbox.WakeRecord{wake(7, 12), other}, 0},
+		{"one place answered twice", []sandbox.WakeRecord{wake(7, 11), other}, 1},
+		{"one place, the second across a restart", []sandbox.WakeRecord{wake(7, 11), restarted}, 0},
+	}
+	for _, c := range twice {
+		t.Run(c.name, func(t *testing.T) {
+			broken, _ := judgeRuns(c.wakes, find, nil, t0.Add(2*time.Second))
+			require.Len(t, broken, c.broken, "%+v", broken)
+			if c.broken > 0 {
+				require.True(t, broken[0].Twice)
+				require.Equal(t, []string{"f"}, broken[0].EventIDs, "the second answer is the one never counted")
+				require.Contains(t, describeRunBreak(broken), "two answers named it")
 			}
 		})
 	}

@@ -30,6 +30,9 @@ type WakeRecord struct {
 	// (delivery.WakeAnswer).
 	Start     int64
 	Run, Wake uint64
+	// Restarted: the instance started another process while the request
+	// was out, so which process answered is not known for sure.
+	Restarted bool
 	// Code is the status the SDK saw within its 5 s (0: none), and
 	// Answered when.
 	Code     int
@@ -89,6 +92,7 @@ func (wl *WakeLedger) Send(ctx context.Context, l *Local, url, token string, rec
 		}
 		wl.mu.Lock()
 		rec.Start, rec.Run, rec.Wake = starts, ans.run, ans.wake
+		rec.Restarted = proc.starts.Load() != starts
 		wl.mu.Unlock()
 		answer <- ans.status
 		// The drain's end: the instance's drainers have ended (their
