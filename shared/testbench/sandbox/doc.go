@@ -8,14 +8,14 @@
 //   - Cloud SQL with the SDK's schema: a throwaway PostgreSQL cluster (initdb
 //     in a temporary directory, a free loopback port; as root the server runs
 //     as the `postgres` user) with the demo ontology at protocol 4 and an
-//     active generation — the same starter the tests use. With --cloud-sql
+//     active generation — the same starter the tests use. With Config.CloudSQL (--cloud-sql)
 //     each component reaches it as production does: the Cloud SQL Go
 //     connector (IAM login, private IP) to a stand-in for the instance
 //     (cloudsqlproxy: the Admin API's connect settings and
 //     ephemeral certificates on loopback, and the instance's TLS server
 //     proxy in front of the cluster's socket, where each component's IAM
 //     database user is its role); the report's database line counts the
-//     certificates and logins. With --pooled each component reaches it
+//     certificates and logins. With Config.Pooled (--pooled) each component reaches it
 //     through a PgBouncer in session mode (pgbouncer), its
 //     registry entries pooled, as a fleet's deployment does through Cloud
 //     SQL's Managed Connection Pooling

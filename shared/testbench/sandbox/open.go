@@ -27,7 +27,7 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, stdout, s
 	if getenv("LOG_LEVEL") != "" {
 		l.Logs = stderr
 	}
-	l.Progress = NewProgress(stderr, l)
+	l.Progress = newProgress(stderr, l)
 	l.Progress.Commits = l.Commits.Load
 	l.Progress.Enter("starting PostgreSQL, Pub/Sub, the local warehouse and the functions", "")
 	if err := l.Start(ctx); err != nil {

@@ -35,8 +35,8 @@ type Progress struct {
 	last       string
 }
 
-// NewProgress returns l's live line, drawn to w.
-func NewProgress(w io.Writer, l *Local) *Progress {
+// newProgress returns l's live line, drawn to w.
+func newProgress(w io.Writer, l *Local) *Progress {
 	return &Progress{w: w, Terminal: isTerminal(w), l: l, Commits: func() int64 { return 0 }}
 }
 
