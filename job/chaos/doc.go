@@ -29,13 +29,16 @@
 //   - migration: the SDK's lifecycle lock held exclusively past every
 //     lock timeout, as an SDK migration holds it
 //   - pubsub_refuse, pubsub_hang, pubsub_lose_response,
-//     pubsub_reset_connections, pubsub_slow, pubsub_split: on the wire
-//     between the product and Pub/Sub, a gRPC proxy
-//     (shared/testbench/faultproxy) answers Publish UNAVAILABLE, holds it
-//     unanswered and unforwarded, forwards it (the message is stored) and
-//     withholds the answer, resets every connection, holds each publish
-//     longer than the drain's 2 s slice, or refuses every publish of more
-//     than one message (RESOURCE_EXHAUSTED: claims accepted in part)
+//     pubsub_reset_connections, pubsub_slow, pubsub_split,
+//     pubsub_invalid_argument: on the wire between the product and
+//     Pub/Sub, a gRPC proxy (shared/testbench/faultproxy) answers Publish
+//     UNAVAILABLE, holds it unanswered and unforwarded, forwards it (the
+//     message is stored) and withholds the answer, resets every
+//     connection, holds each publish longer than the drain's 2 s slice,
+//     refuses every publish of more than one message (RESOURCE_EXHAUSTED:
+//     claims accepted in part), or refuses every publish's content
+//     (INVALID_ARGUMENT: the drain sets aside what fails alone, and the
+//     run then retries it as an operator does, job set-aside --retry)
 //   - bigquery_slow, bigquery_5xx, bigquery_down_stalled: in front of the
 //     BigQuery REST server, answers held past the verifier's 20 s lookup
 //     time-out, 503, or 400 at once while the subscription writes nothing

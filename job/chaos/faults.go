@@ -38,7 +38,7 @@ func (n *nemesis) inject(ctx context.Context, s step) int {
 			effect, failed = effect+ended, failed || err != nil
 		}
 		detail = fmt.Sprintf("%d sessions of %s ended", effect, strings.Join(names, ", "))
-	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose, faultPubSubSlow, faultPubSubSplit:
+	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose, faultPubSubSlow, faultPubSubSplit, faultPubSubReject:
 		detail, effect = n.pubsubWindow(ctx, s)
 	case faultPubSubReset:
 		for _, p := range l.PubsubProxies {
@@ -76,7 +76,7 @@ func (n *nemesis) awaitWakeUp(ctx context.Context, within time.Duration) {
 // window and says how many publishes met it.
 func (n *nemesis) pubsubWindow(ctx context.Context, s step) (string, int) {
 	f := map[string]faultproxy.Fault{faultPubSubRefuse: faultproxy.Refuse, faultPubSubHang: faultproxy.Hang, faultPubSubLose: faultproxy.LoseResponse,
-		faultPubSubSlow: faultproxy.Delay, faultPubSubSplit: faultproxy.RefuseBatches}[s.Kind]
+		faultPubSubSlow: faultproxy.Delay, faultPubSubSplit: faultproxy.RefuseBatches, faultPubSubReject: faultproxy.Reject}[s.Kind]
 	wires.pubsub.Lock()
 	defer wires.pubsub.Unlock()
 	n.awaitWakeUp(ctx, 3*time.Second)
@@ -100,6 +100,10 @@ func (n *nemesis) pubsubWindow(ctx context.Context, s step) (string, int) {
 		return fmt.Sprintf("%d publishes held %.1fs each (longer than the drain's 2 s slice)", met, delay.Seconds()), met
 	case faultPubSubSplit:
 		return fmt.Sprintf("%d publishes of more than one message refused (RESOURCE_EXHAUSTED): claims accepted in part", met), met
+	case faultPubSubReject:
+		retried := n.retrySetAside(ctx)
+		return fmt.Sprintf("%d publishes refused as invalid (INVALID_ARGUMENT); %d events set aside, retried as an operator does (job set-aside --retry)",
+			met, retried), met
 	}
 	return fmt.Sprintf("%d publishes met it", met), met
 }
@@ -292,4 +296,23 @@ func (n *nemesis) randInt64(limit int64) int64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.rng.Int64N(limit)
+}
+
+// retrySetAside does what an operator does once Pub/Sub stops refusing
+// content: `job set-aside --retry`, until a retry 2 s or more after the
+// window finds nothing set aside (what a publish refused at the window's
+// end sets aside a moment later), or for 10 s. It returns how many events it retried.
+func (n *nemesis) retrySetAside(ctx context.Context) int {
+	retried, settled := 0, time.Now().Add(2*time.Second)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; {
+		res, err := n.c.l.Svc.SetAsideEvents(ctx, sandbox.LocalWorkspace, 1000, true)
+		if err == nil {
+			retried += int(res.Retried)
+			if res.SetAside.Count == 0 && res.Retried == 0 && time.Now().After(settled) {
+				return retried
+			}
+		}
+		sandbox.SleepUntil(ctx, time.Now().Add(500*time.Millisecond))
+	}
+	return retried
 }

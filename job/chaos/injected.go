@@ -29,6 +29,7 @@ var injections = map[string]injection{
 	faultPubSubLose:   {seen: proxiesArmed(faultproxy.LoseResponse)},
 	faultPubSubSlow:   {seen: proxiesArmed(faultproxy.Delay)},
 	faultPubSubSplit:  {seen: proxiesArmed(faultproxy.RefuseBatches)},
+	faultPubSubReject: {seen: proxiesArmed(faultproxy.Reject)},
 	faultPubSubReset: {seen: func(l *sandbox.Local) int {
 		return leastOfProxies(l, func(p *faultproxy.GRPC) int64 { return p.Resets() })
 	}},

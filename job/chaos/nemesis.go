@@ -29,6 +29,7 @@ const (
 	faultPubSubReset       = "pubsub_reset_connections"
 	faultPubSubSlow        = "pubsub_slow"
 	faultPubSubSplit       = "pubsub_split"
+	faultPubSubReject      = "pubsub_invalid_argument"
 	faultBigQuerySlow      = "bigquery_slow"
 	faultBigQueryError     = "bigquery_5xx"
 	faultBigQueryDown      = "bigquery_down_stalled"
@@ -43,7 +44,7 @@ const (
 
 // faultKinds lists every fault kind; each schedule has all of them.
 var faultKinds = []string{faultEndDrainSessions, faultEndVerifySessions, faultEndJobSessions, faultPubSubRefuse, faultPubSubHang,
-	faultPubSubLose, faultPubSubReset, faultPubSubSlow, faultPubSubSplit, faultBigQuerySlow, faultBigQueryError, faultBigQueryDown,
+	faultPubSubLose, faultPubSubReset, faultPubSubSlow, faultPubSubSplit, faultPubSubReject, faultBigQuerySlow, faultBigQueryError, faultBigQueryDown,
 	faultKeyRotation, faultDrainRestart, faultDrainKill, faultDrainFreeze, faultWarehouseStall, faultMigration, faultPostgresRestart}
 
 // drainOwnFaults are the faults of a drain instance itself: while one
@@ -129,7 +130,7 @@ func schedule(seed uint64, d time.Duration) []step {
 // window).
 func windowOf(k string, gap time.Duration, rng *rand.Rand) time.Duration {
 	switch k {
-	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose:
+	case faultPubSubRefuse, faultPubSubHang, faultPubSubLose, faultPubSubReject:
 		return gap/2 + time.Duration(rng.Int64N(int64(gap/2)))
 	case faultPubSubSlow, faultPubSubSplit, faultBigQuerySlow, faultBigQueryError, faultWarehouseStall:
 		// Long enough for a drain's publishes, or a verifier pass, to meet it.

@@ -57,6 +57,7 @@ func TestGRPCFaults(t *testing.T) {
 	}{
 		{faultproxy.Pass, codes.OK, true},
 		{faultproxy.Refuse, codes.Unavailable, false},
+		{faultproxy.Reject, codes.InvalidArgument, false},
 		{faultproxy.Hang, codes.DeadlineExceeded, false},
 		{faultproxy.LoseResponse, codes.DeadlineExceeded, true},
 	}

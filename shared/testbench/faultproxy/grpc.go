@@ -43,11 +43,15 @@ const (
 	// size limit on the way would), and forwards the others: the requests
 	// of one claim then succeed and fail apart.
 	RefuseBatches
+	// Reject answers INVALID_ARGUMENT without forwarding: the server
+	// refusing the request's content, which no retry of the same messages
+	// can change (the product sets aside what fails alone).
+	Reject
 	faultKinds
 )
 
 func (f Fault) String() string {
-	return [...]string{"pass", "refuse", "hang", "lose_response", "delay", "refuse_batches"}[f]
+	return [...]string{"pass", "refuse", "hang", "lose_response", "delay", "refuse_batches", "reject"}[f]
 }
 
 // GRPC is a transparent gRPC proxy to one backend that puts a fault on the
@@ -172,6 +176,8 @@ func (p *GRPC) forward(_ any, ss grpc.ServerStream) (err error) {
 		return status.Error(codes.Unavailable, "faultproxy: injected refusal")
 	case RefuseBatches:
 		return status.Error(codes.ResourceExhausted, "faultproxy: injected: request larger than the limit on the way")
+	case Reject:
+		return status.Error(codes.InvalidArgument, "faultproxy: injected: the request's content refused")
 	case Hang:
 		<-ctx.Done()
 		return status.FromContextError(ctx.Err()).Err()
