@@ -249,7 +249,9 @@ func runsPanel(title string, names []string, curves []runCurve, runs []AnswerRun
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top = true
 	p.NominalX(names...)
-	p.Y.Min, p.Y.Max = 0.1, 10000
+	// A decade and more of headroom above the highest level (10 s) for the
+	// legend, so that it overprints no line.
+	p.Y.Min, p.Y.Max = 0.1, 200000
 	for i, c := range curves {
 		xys := make(plotter.XYs, len(runs))
 		for j, r := range runs {
@@ -270,6 +272,7 @@ func runsPanel(title string, names []string, curves []runCurve, runs []AnswerRun
 		if err != nil {
 			return nil, err
 		}
+		label.Offset = vg.Point{Y: vg.Points(3)} // above its line, not struck through
 		p.Add(label)
 	}
 	return p, nil
