@@ -18,7 +18,7 @@
 // entry point, functions/cmd, built at the start), runs for --duration
 // while a nemesis injects faults on a schedule drawn from --seed (printed,
 // so that a run can be repeated), every kind once in each round of about
-// 45 s, each line printed as it happens and saying what it met (a fault
+// 50 s, each line printed as it happens and saying what it met (a fault
 // that met nothing is tried again, then counted apart):
 //
 //   - end_drain_sessions, end_verifier_sessions, end_job_sessions:
