@@ -66,7 +66,7 @@ const (
 type Local struct {
 	Config   Config
 	Log      *slog.Logger
-	LogLevel string
+	logLevel string
 	Out      io.Writer
 	cleanup  []func()
 
@@ -89,8 +89,8 @@ type Local struct {
 	pooler *pgbouncer.Server
 	// DrainProcs are the chaos run's drain instances.
 	DrainProcs []*DrainProcess
-	// Logs receives the drain process's lines (with LOG_LEVEL set).
-	Logs     io.Writer
+	// logs receives the drain process's lines (with LOG_LEVEL set).
+	logs     io.Writer
 	Wh       *localwarehouse.Local
 	Feeder   *localwarehouse.Feeder
 	Issuer   *tokenissuer.Issuer

@@ -23,14 +23,14 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, stdout, s
 			return nil, fmt.Errorf("LOG_LEVEL: %w", err)
 		}
 	}
-	l := &Local{Config: cfg, Log: logging.New(stderr, logging.Config{Level: level}), Out: stdout, LogLevel: level.String(), Logs: io.Discard}
+	l := &Local{Config: cfg, Log: logging.New(stderr, logging.Config{Level: level}), Out: stdout, logLevel: level.String(), logs: io.Discard}
 	if getenv("LOG_LEVEL") != "" {
-		l.Logs = stderr
+		l.logs = stderr
 	}
 	l.Progress = newProgress(stderr, l)
 	l.Progress.Commits = l.Commits.Load
 	l.Progress.Enter("starting PostgreSQL, Pub/Sub, the local warehouse and the functions", "")
-	if err := l.Start(ctx); err != nil {
+	if err := l.start(ctx); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -42,7 +42,7 @@ func Open(ctx context.Context, cfg Config, getenv func(string) string, stdout, s
 func (l *Local) ShowProgress(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); l.Progress.Run(ctx) }()
+	go func() { defer close(done); l.Progress.run(ctx) }()
 	return func() {
 		cancel()
 		<-done

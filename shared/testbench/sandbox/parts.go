@@ -32,9 +32,9 @@ import (
 	"github.com/segmentstream/ontology-replication/terraform"
 )
 
-// Start starts every part: PostgreSQL, the SDK database, Pub/Sub, the
+// start starts every part: PostgreSQL, the SDK database, Pub/Sub, the
 // warehouse, the token issuer and the functions.
-func (l *Local) Start(ctx context.Context) error {
+func (l *Local) start(ctx context.Context) error {
 	for _, step := range []func(context.Context) error{l.startDatabases, l.startPubSub, l.startWarehouse, l.startFunctions} {
 		if err := step(ctx); err != nil {
 			return err
@@ -244,8 +244,8 @@ func (l *Local) startDrains(ctx context.Context) error {
 	for i := range l.Config.Drains {
 		name := fmt.Sprintf("%s-%d", ComponentDrain, i+1)
 		env := []string{"REPLICATION_WORKSPACES=" + l.registryAs(ComponentDrain, name), "PUBSUB_EMULATOR_HOST=" + l.PubsubProxies[ComponentDrain].Addr,
-			"LOG_LEVEL=" + l.LogLevel}
-		proc, err := newDrainProcess(ctx, i, name, binary, env, l.Logs)
+			"LOG_LEVEL=" + l.logLevel}
+		proc, err := newDrainProcess(ctx, i, name, binary, env, l.logs)
 		if err != nil {
 			return err
 		}
@@ -302,7 +302,7 @@ func (l *Local) registryAs(component, name string) string {
 // here: the verifier's caller check is off (its loop calls it directly).
 func (l *Local) functionsHandler(ctx context.Context, component, sweep string) (http.Handler, func(), error) {
 	env := map[string]string{"REPLICATION_WORKSPACES": l.registryFor(component), "PUBSUB_EMULATOR_HOST": l.PubsubProxies[component].Addr,
-		"VERIFY_TIME_BUDGET": l.Config.VerifyBudget.String(), "LOG_LEVEL": l.LogLevel, functions.EnvVerifyCallerCheck: "off",
+		"VERIFY_TIME_BUDGET": l.Config.VerifyBudget.String(), "LOG_LEVEL": l.logLevel, functions.EnvVerifyCallerCheck: "off",
 		functions.EnvSweepBatches: sweep}
 	local, err := functions.NewHandler(ctx, func(k string) string { return env[k] }, functions.LocalOptions{Logger: l.Log, DialerOptions: l.dialerOptions(component)})
 	if err != nil {

@@ -74,9 +74,9 @@ func (p *Progress) EnterOrExplain(phase, why string) {
 	}
 }
 
-// Run samples the pipeline every 250 ms until ctx ends: on a terminal it
+// run samples the pipeline every 250 ms until ctx ends: on a terminal it
 // redraws the line; always it records the largest lags.
-func (p *Progress) Run(ctx context.Context) {
+func (p *Progress) run(ctx context.Context) {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
