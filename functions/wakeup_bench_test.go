@@ -63,8 +63,10 @@ func BenchmarkWakeUps(b *testing.B) {
 // of the drain, which reach the server directly or through a PgBouncer in
 // session mode (pooled: the deployment the README recommends for a fleet).
 // Beside the figures of BenchmarkWakeUps it reports the peak of the drain
-// role's server sessions. Setting up 1,000 databases takes minutes: run
-// the sizes you need, -bench='WakeUpsFleet/workspaces=200/'.
+// role's server sessions. REPLICATION_FLEET_PLOT=DIR records each run in
+// DIR/fleet.csv and draws them all to DIR/fleet.svg (recordFleet).
+// Setting up 1,000 databases takes minutes: run the sizes you need,
+// -bench='WakeUpsFleet/workspaces=200/'.
 func BenchmarkWakeUpsFleet(b *testing.B) {
 	seconds := benchEnvInt(b, "REPLICATION_WAKEUP_SECONDS", 10)
 	sizes := benchRates(b, "REPLICATION_FLEET_SIZES", "1,50,200,1000")
@@ -74,7 +76,10 @@ func BenchmarkWakeUpsFleet(b *testing.B) {
 				b.Run(fmt.Sprintf("workspaces=%d/%s/%s", n, mode, skew), func(b *testing.B) {
 					wb := newWakeBench(b, wakeBenchConfig{workspaces: n, pooled: mode == "pooled", floor: n <= 50})
 					for _, rate := range benchRates(b, "REPLICATION_WAKEUP_RATES", "150") {
-						runWakeLoad(b, wb, rate, time.Duration(seconds)*time.Second, skew == "zipf", n <= 50)
+						m := runWakeLoad(b, wb, rate, time.Duration(seconds)*time.Second, skew == "zipf", n <= 50)
+						if dir := os.Getenv("REPLICATION_FLEET_PLOT"); dir != "" {
+							recordFleet(b, dir, []string{fmt.Sprint(n), mode, skew}, m)
+						}
 					}
 				})
 			}
@@ -87,13 +92,14 @@ func BenchmarkWakeUpsFleet(b *testing.B) {
 // 2 s, or long enough for three commits a workspace on a fleet, so that
 // what is measured is the steady state: a pooler's first server session
 // of a database, and its cold caches, are not.
-func runWakeLoad(b *testing.B, wb *wakeBench, rate int, d time.Duration, zipf, floor bool) {
+func runWakeLoad(b *testing.B, wb *wakeBench, rate int, d time.Duration, zipf, floor bool) wakeFigures {
 	b.Helper()
+	var m wakeFigures
 	warm := max(2*time.Second, time.Duration(3*len(wb.spaces))*time.Second/time.Duration(max(rate, 1)))
 	for b.Loop() {
 		wb.drive(b, rate, warm, zipf, false) // the warm-up: pools, prepared statements, turns, the pooler's sessions
 		wb.settle(b)
-		m := wb.measure(b, rate, d, zipf, false)
+		m = wb.measure(b, rate, d, zipf, false)
 		m.report(b)
 		if floor {
 			f := wb.measure(b, rate, d, zipf, true)
@@ -106,6 +112,23 @@ func runWakeLoad(b *testing.B, wb *wakeBench, rate int, d time.Duration, zipf, f
 			wb.record(b, dir, rate, m)
 		}
 	}
+	return m
+}
+
+// recordFleet adds a fleet run (its workspaces, "direct" or "pooled",
+// "uniform" or "zipf") to dir/fleet.csv (REPLICATION_FLEET_PLOT) and
+// draws every run recorded there to dir/fleet.svg.
+func recordFleet(b *testing.B, dir string, run []string, m wakeFigures) {
+	b.Helper()
+	rows := readCSV(b, filepath.Join(dir, "fleet.csv"), append(run,
+		fmt.Sprint(m.drainCPU/max(m.writerCPU, 0.001)), fmt.Sprint(m.sessions), fmt.Sprint(m.p99)))
+	var runs []plots.FleetRun
+	for _, r := range rows {
+		v := floats(b, append([]string{r[0]}, r[3:]...))
+		runs = append(runs, plots.FleetRun{Workspaces: int(v[0]), Pooled: r[1] == "pooled", Zipf: r[2] == "zipf",
+			CPUShare: v[1], Sessions: v[2], AcceptedP99: v[3]})
+	}
+	require.NoError(b, plots.SaveFleet(filepath.Join(dir, "fleet.svg"), runs))
 }
 
 // wakeFigures are one measured run's figures: the writers' rate and CPU

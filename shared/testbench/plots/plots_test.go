@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"gonum.org/v1/plot/plotter"
 
 	"github.com/segmentstream/ontology-replication/shared/testbench/plots"
 )
@@ -26,7 +25,9 @@ func TestSaveTimeline(t *testing.T) {
 		},
 		Windows:    []plots.Window{{Kind: "pubsub_hang", From: 0.5, To: 1.2}, {Kind: "drain_kill", From: 1.5, To: 1.5}},
 		Operations: []plots.Marker{{Name: "replay", At: 1}},
-		Moments:    []plots.Marker{{Name: "faults end", At: 2}},
+		// Close together at the axis's end: rows of their own, the last
+		// one's label ending left of its line.
+		Moments: []plots.Marker{{Name: "faults end", At: 1.95}, {Name: "every event verified", At: 2}},
 	})
 	require.NoError(t, err)
 	raw, err := os.ReadFile(path)
@@ -34,7 +35,7 @@ func TestSaveTimeline(t *testing.T) {
 	for _, want := range []string{"<svg", "commits/s", "delivery lag", "pubsub_hang", "drain_kill", "replay", "faults end"} {
 		require.Contains(t, string(raw), want)
 	}
-	requireValidColours(t, raw)
+	requireReadable(t, raw)
 	// The window is shaded in its lane and behind both panels: three
 	// translucent polygons (the event, a tick in its lane, is one more).
 	require.Equal(t, 4, strings.Count(string(raw), "fill-opacity:"), "pubsub_hang's window in its lane and behind each panel")
@@ -51,10 +52,10 @@ func TestEachFaultWindowIsABarInItsLane(t *testing.T) {
 		name string
 		w    plots.Window
 		lane int
-		want plotter.XYs
+		want []plots.XY
 	}{
-		{"a window in the second lane", windows[0], 1, plotter.XYs{{X: 1, Y: 0.65}, {X: 5, Y: 0.65}, {X: 5, Y: 1.35}, {X: 1, Y: 1.35}}},
-		{"an event in the first lane", windows[1], 0, plotter.XYs{{X: 2, Y: -0.35}, {X: 2.1, Y: -0.35}, {X: 2.1, Y: 0.35}, {X: 2, Y: 0.35}}},
+		{"a window in the second lane", windows[0], 1, []plots.XY{{X: 1, Y: 0.65}, {X: 5, Y: 0.65}, {X: 5, Y: 1.35}, {X: 1, Y: 1.35}}},
+		{"an event in the first lane", windows[1], 0, []plots.XY{{X: 2, Y: -0.35}, {X: 2.1, Y: -0.35}, {X: 2.1, Y: 0.35}, {X: 2, Y: 0.35}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -88,23 +89,25 @@ func requireValidColours(t *testing.T, svg []byte) {
 	require.Positive(t, found, "the SVG has colours")
 }
 
-// TestLabelsDoNotOverprint: markers closer than a label's width get rows
-// of their own; those a label apart share the first.
+// TestLabelsDoNotOverprint: labels whose spans (pixels) overlap or come
+// within a gap of each other get rows of their own; those apart share the
+// first.
 func TestLabelsDoNotOverprint(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		name    string
-		markers []plots.Marker
-		rows    []int
+		name  string
+		spans [][2]float64
+		rows  []int
 	}{
-		{"far apart", []plots.Marker{{"a", 0}, {"b", 50}, {"c", 99}}, []int{0, 0, 0}},
-		{"two close", []plots.Marker{{"faults end", 60}, {"every event verified", 62}}, []int{0, 1}},
-		{"three close, out of order", []plots.Marker{{"c", 4}, {"a", 0}, {"b", 2}}, []int{2, 0, 1}},
-		{"a row freed again", []plots.Marker{{"a", 0}, {"b", 1}, {"c", 25}}, []int{0, 1, 0}},
+		{"far apart", [][2]float64{{0, 50}, {100, 150}, {200, 250}}, []int{0, 0, 0}},
+		{"two overlapping", [][2]float64{{600, 700}, {620, 760}}, []int{0, 1}},
+		{"within the gap", [][2]float64{{0, 50}, {53, 80}}, []int{0, 1}},
+		{"three overlapping, out of order", [][2]float64{{40, 90}, {0, 50}, {20, 70}}, []int{2, 0, 1}},
+		{"a row freed again", [][2]float64{{0, 50}, {10, 60}, {60, 90}}, []int{0, 1, 0}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			require.Equal(t, c.rows, plots.LabelRows(c.markers, 100))
+			require.Equal(t, c.rows, plots.LabelRows(c.spans))
 		})
 	}
 }
@@ -113,10 +116,17 @@ func TestLabelsDoNotOverprint(t *testing.T) {
 func TestSaveFrontier(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "frontier.svg")
+	// PERFORMANCE.md's runs: sixteen gather labels on four curves that
+	// cross, two of them at one point.
 	pts := []plots.FrontierPoint{
-		{GatherMS: 25, Rate: 150, DrainMS: 0.4, FloorMS: 0.2, DrainP50: 15, DrainP99: 31, FloorP50: 13, FloorP99: 26},
-		{GatherMS: 85, Rate: 150, DrainMS: 0.23, FloorMS: 0.09, DrainP50: 46, DrainP99: 88, FloorP50: 43, FloorP99: 86},
-		{GatherMS: 85, Rate: 500, DrainMS: 0.11, FloorMS: 0.05, DrainP50: 47, DrainP99: 88, FloorP50: 43, FloorP99: 86, WritersMS: 0.6},
+		{GatherMS: 25, Rate: 150, DrainMS: 0.34, FloorMS: 0.19, DrainP50: 14.6, DrainP99: 27.8, FloorP50: 12.4, FloorP99: 24.7, WritersMS: 0.62},
+		{GatherMS: 50, Rate: 150, DrainMS: 0.20, FloorMS: 0.11, DrainP50: 27.1, DrainP99: 51.9, FloorP50: 25.8, FloorP99: 49.2, WritersMS: 0.53},
+		{GatherMS: 85, Rate: 150, DrainMS: 0.14, FloorMS: 0.07, DrainP50: 44.7, DrainP99: 86.6, FloorP50: 41.8, FloorP99: 83.7, WritersMS: 0.55},
+		{GatherMS: 150, Rate: 150, DrainMS: 0.12, FloorMS: 0.06, DrainP50: 77.8, DrainP99: 152.1, FloorP50: 73.9, FloorP99: 147.4, WritersMS: 0.65},
+		{GatherMS: 85, Rate: 10, DrainMS: 0.85, FloorMS: 0.68, DrainP50: 1.5, DrainP99: 3.2, FloorP50: 43.9, FloorP99: 85.1, WritersMS: 0.84},
+		{GatherMS: 85, Rate: 50, DrainMS: 0.46, FloorMS: 0.17, DrainP50: 23.4, DrainP99: 86.1, FloorP50: 44.4, FloorP99: 84.9, WritersMS: 0.82},
+		{GatherMS: 85, Rate: 300, DrainMS: 0.11, FloorMS: 0.05, DrainP50: 45.2, DrainP99: 87.7, FloorP50: 41.7, FloorP99: 83.6, WritersMS: 0.52},
+		{GatherMS: 85, Rate: 500, DrainMS: 0.11, FloorMS: 0.05, DrainP50: 47, DrainP99: 87.7, FloorP50: 43, FloorP99: 86, WritersMS: 0.6},
 	}
 	require.NoError(t, plots.SaveFrontier(path, pts, 150, 85))
 	raw, err := os.ReadFile(path)
@@ -125,7 +135,7 @@ func TestSaveFrontier(t *testing.T) {
 		"SPEC bar: 0.3× the writers", "floor: the least SQL"} {
 		require.Contains(t, string(raw), want)
 	}
-	requireValidColours(t, raw)
+	requireReadable(t, raw)
 }
 
 // TestSaveFrontierAsItGrows: the benchmark draws the frontier after each
@@ -157,18 +167,48 @@ func TestSaveAnswers(t *testing.T) {
 	for _, want := range []string{"<svg", "before, fast", "commit → accepted", "p99 bar 20 ms"} {
 		require.Contains(t, string(raw), want)
 	}
-	requireValidColours(t, raw)
+	requireReadable(t, raw)
 }
 
-// TestTheCommittedPicturesHaveValidColours: the pictures the READMEs show
-// (drawn by runs, committed) have only colours an SVG renderer reads.
-func TestTheCommittedPicturesHaveValidColours(t *testing.T) {
+// TestTheCommittedPicturesRead: the pictures the READMEs show (drawn by
+// runs, committed) are well-formed, have only colours an SVG renderer
+// reads, and no text overprints another.
+func TestTheCommittedPicturesRead(t *testing.T) {
 	t.Parallel()
-	for _, path := range []string{"job/chaos/chaos.svg", "functions/wakeup-frontier.svg", "functions/wakeup-answers.svg"} {
+	for _, path := range []string{"job/chaos/chaos.svg", "functions/wakeup-frontier.svg", "functions/wakeup-answers.svg", "functions/wakeup-fleet.svg"} {
 		t.Run(path, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("..", "..", "..", path))
 			require.NoError(t, err)
-			requireValidColours(t, raw)
+			requireReadable(t, raw)
 		})
 	}
+}
+
+// fleetRuns are PERFORMANCE.md's fleet runs.
+var fleetRuns = []plots.FleetRun{
+	{Workspaces: 1, CPUShare: 0.25, Sessions: 0, AcceptedP99: 87},
+	{Workspaces: 1, Pooled: true, CPUShare: 0.29, Sessions: 0, AcceptedP99: 87},
+	{Workspaces: 50, CPUShare: 11.7, Sessions: 0.81, AcceptedP99: 617},
+	{Workspaces: 50, Pooled: true, CPUShare: 2.4, Sessions: 0.003, AcceptedP99: 44},
+	{Workspaces: 200, CPUShare: 12.8, Sessions: 0.95, AcceptedP99: 1305},
+	{Workspaces: 200, Pooled: true, CPUShare: 2.8, Sessions: 0.019, AcceptedP99: 196},
+	{Workspaces: 1000, CPUShare: 11.6, Sessions: 0.98, AcceptedP99: 4110},
+	{Workspaces: 1000, Pooled: true, CPUShare: 2.7, Sessions: 0.019, AcceptedP99: 13586},
+	{Workspaces: 1000, Zipf: true, CPUShare: 11.4, Sessions: 0.77, AcceptedP99: 2354},
+	{Workspaces: 1000, Pooled: true, Zipf: true, CPUShare: 2.8, Sessions: 0.006, AcceptedP99: 717},
+}
+
+// TestSaveFleet writes an SVG of the three charts, each with its bar, a
+// line a way and spread.
+func TestSaveFleet(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "fleet.svg")
+	require.NoError(t, plots.SaveFleet(path, fleetRuns))
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, want := range []string{"<svg", "pooled, uniform", "direct, Zipf", "bar 0.8×", "bar 0.05", "bar 250 ms", "workspace databases"} {
+		require.Contains(t, string(raw), want)
+	}
+	requireReadable(t, raw)
+	require.NoError(t, plots.SaveFleet(path, nil), "before any run")
 }

@@ -3,10 +3,6 @@ package plots
 import (
 	"fmt"
 	"sort"
-
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
 )
 
 // FrontierPoint is one measured setting of the wake-up path: the drain's
@@ -36,6 +32,12 @@ const (
 // cost against the rate at one gather, each with the SPEC's bars (the cost
 // bar where the writers' CPU was measured).
 func SaveFrontier(path string, pts []FrontierPoint, rate, gather float64) error {
+	return (&picture{width: pictureWidth, charts: frontierCharts(pts, rate, gather)}).save(path)
+}
+
+// frontierCharts are the frontier's two charts: pts at rate by gather,
+// and pts at gather by rate.
+func frontierCharts(pts []FrontierPoint, rate, gather float64) []*chart {
 	var byGather, byRate []FrontierPoint
 	for _, p := range pts {
 		if p.Rate == rate {
@@ -47,102 +49,91 @@ func SaveFrontier(path string, pts []FrontierPoint, rate, gather float64) error 
 	}
 	sort.Slice(byGather, func(i, j int) bool { return byGather[i].GatherMS < byGather[j].GatherMS })
 	sort.Slice(byRate, func(i, j int) bool { return byRate[i].Rate < byRate[j].Rate })
-	latency, err := latencyChart(byGather, rate)
-	if err != nil {
-		return err
-	}
-	cost, err := costChart(byRate, gather)
-	if err != nil {
-		return err
-	}
-	return saveStacked(path, latency, cost)
+	return []*chart{latencyChart(byGather, rate), costChart(byRate, gather)}
 }
 
+// frontierHeight is a frontier chart's frame height in pixels.
+const frontierHeight = 320
+
 // latencyChart is cost against latency by gather at one rate: the drain's
-// and the floor's p50 and p99, with the SPEC's bars.
-func latencyChart(byGather []FrontierPoint, rate float64) (*plot.Plot, error) {
-	latency := plot.New()
-	latency.Title.Text = fmt.Sprintf("cost against latency, by gather, at %.0f commits/s\n%s", rate, frontierFloor)
-	latency.X.Label.Text = "commit → accepted, ms"
-	latency.Y.Label.Text = "database CPU ms per commit"
-	latency.Legend.Top = true
-	latency.Legend.XOffs = -vg.Centimeter // the thumbnails inside the frame
+// and the floor's p50 and p99, each point labelled with its gather, with
+// the SPEC's bars.
+func latencyChart(byGather []FrontierPoint, rate float64) *chart {
+	c := &chart{
+		title: fmt.Sprintf("cost against latency, by gather, at %.0f commits/s\n%s", rate, frontierFloor),
+		x: axis{label: "commit → accepted, ms", min: 0,
+			max: 1.08 * maxOf(byGather, func(p FrontierPoint) float64 { return max(p.DrainP99, p.FloorP99, specP99MS) })},
+		y: axis{label: "database CPU ms per commit", min: 0,
+			max: 1.08 * maxOf(byGather, func(p FrontierPoint) float64 { return max(p.DrainMS, p.FloorMS, p.WritersMS*specCostShare, 0.01) })},
+		frameHeight: frontierHeight,
+		moments:     []Marker{{Name: fmt.Sprintf("SPEC bar: p99 %d ms", specP99MS), At: specP99MS}},
+	}
 	curves := []struct {
 		name string
-		x    func(FrontierPoint) float64
-		y    func(FrontierPoint) float64
+		x, y func(FrontierPoint) float64
 	}{
 		{"drain p99", func(p FrontierPoint) float64 { return p.DrainP99 }, func(p FrontierPoint) float64 { return p.DrainMS }},
 		{"drain p50", func(p FrontierPoint) float64 { return p.DrainP50 }, func(p FrontierPoint) float64 { return p.DrainMS }},
 		{"floor p99", func(p FrontierPoint) float64 { return p.FloorP99 }, func(p FrontierPoint) float64 { return p.FloorMS }},
 		{"floor p50", func(p FrontierPoint) float64 { return p.FloorP50 }, func(p FrontierPoint) float64 { return p.FloorMS }},
 	}
-	for i, c := range curves {
-		xys := make(plotter.XYs, len(byGather))
-		labels := make([]string, len(byGather))
-		for j, p := range byGather {
-			xys[j] = plotter.XY{X: c.x(p), Y: c.y(p)}
-			labels[j] = fmt.Sprintf("%.0f ms", p.GatherMS)
+	for i, cv := range curves {
+		s := series{name: cv.name, colour: palette[i%len(palette)], width: 1, dots: true}
+		for _, p := range byGather {
+			at := XY{X: cv.x(p), Y: cv.y(p)}
+			s.pts = append(s.pts, at)
+			c.marks = append(c.marks, mark{at: at, text: fmt.Sprintf("%.0f ms", p.GatherMS), spots: besidePoint})
 		}
-		if err := addCurve(latency, c.name, xys, labels, i); err != nil {
-			return nil, err
+		if len(s.pts) > 0 {
+			c.series = append(c.series, s)
 		}
 	}
-	if err := addCostBar(latency, byGather, nil, maxOf(byGather, func(p FrontierPoint) float64 { return max(p.DrainP99, p.FloorP99, specP99MS) })); err != nil {
-		return nil, err
-	}
-	top := maxOf(byGather, func(p FrontierPoint) float64 { return max(p.DrainMS, p.FloorMS, p.WritersMS*specCostShare) }) * 1.1
-	return latency, addMoments(latency, []Marker{{Name: fmt.Sprintf("SPEC bar: p99 %d ms", specP99MS), At: specP99MS}}, 0, top)
+	addCostBar(c, byGather, nil)
+	return c
 }
 
 // costChart is cost against the commit rate at one gather, the drain's and
 // the floor's, with the SPEC's cost bar.
-func costChart(byRate []FrontierPoint, gather float64) (*plot.Plot, error) {
-	cost := plot.New()
-	cost.Title.Text = fmt.Sprintf("cost against the commit rate, gather %.0f ms", gather)
-	cost.X.Label.Text = "commits per second"
-	cost.Y.Label.Text = "database CPU ms per commit"
-	cost.Legend.Top = true
-	cost.Legend.XOffs = -vg.Centimeter
-	cost.X.Scale = plot.LogScale{}
-	cost.X.Tick.Marker = plot.LogTicks{Prec: -1}
-	// A log axis needs a positive range: the rates' own, widened (one
-	// rate alone would otherwise make gonum widen it to 0), or 1–1000
-	// before any is measured.
-	cost.X.Min, cost.X.Max = 1, 1000
-	for i, p := range byRate {
-		if i == 0 {
-			cost.X.Min, cost.X.Max = p.Rate, p.Rate
-		}
-		cost.X.Min, cost.X.Max = min(cost.X.Min, p.Rate), max(cost.X.Max, p.Rate)
+func costChart(byRate []FrontierPoint, gather float64) *chart {
+	// A log axis needs a positive range: the rates' own, widened, or
+	// 1–1000 before any is measured.
+	lo, hi := 1.0, 1000.0
+	if len(byRate) > 0 {
+		lo, hi = byRate[0].Rate/1.5, byRate[len(byRate)-1].Rate*1.5
 	}
-	cost.X.Min, cost.X.Max = cost.X.Min/1.5, cost.X.Max*1.5
-	for i, c := range []struct {
+	c := &chart{
+		title: fmt.Sprintf("cost against the commit rate, gather %.0f ms", gather),
+		x:     axis{label: "commits per second (log)", min: lo, max: hi, log: true},
+		y: axis{label: "database CPU ms per commit", min: 0,
+			max: 1.08 * maxOf(byRate, func(p FrontierPoint) float64 { return max(p.DrainMS, p.FloorMS, p.WritersMS*specCostShare, 0.01) })},
+		frameHeight: frontierHeight,
+	}
+	for i, cv := range []struct {
 		name string
 		y    func(FrontierPoint) float64
 	}{{"drain", func(p FrontierPoint) float64 { return p.DrainMS }}, {"floor", func(p FrontierPoint) float64 { return p.FloorMS }}} {
-		xys := make(plotter.XYs, len(byRate))
-		labels := make([]string, len(byRate))
-		for j, p := range byRate {
-			xys[j] = plotter.XY{X: p.Rate, Y: c.y(p)}
+		s := series{name: cv.name, colour: palette[2*i], width: 1, dots: true}
+		for _, p := range byRate {
+			s.pts = append(s.pts, XY{X: p.Rate, Y: cv.y(p)})
 		}
-		if err := addCurve(cost, c.name, xys, labels, i*2); err != nil {
-			return nil, err
+		if len(s.pts) > 0 {
+			c.series = append(c.series, s)
 		}
 	}
-	return cost, addCostBar(cost, byRate, func(p FrontierPoint) float64 { return p.Rate }, 0)
+	addCostBar(c, byRate, func(p FrontierPoint) float64 { return p.Rate })
+	return c
 }
 
 // addCostBar draws the SPEC's cost bar, 0.3× the writers' CPU a commit,
 // as a dashed line: through the points that measured it at their x, or
-// (x nil: points of one rate) level at their mean from 0 to xMax; nothing
-// when none measured it.
-func addCostBar(p *plot.Plot, pts []FrontierPoint, x func(FrontierPoint) float64, xMax float64) error {
-	var xys plotter.XYs
+// (x nil: points of one rate) level at their mean across the chart;
+// nothing when none measured it.
+func addCostBar(c *chart, pts []FrontierPoint, x func(FrontierPoint) float64) {
+	var xys []XY
 	sum, n := 0.0, 0
 	for _, pt := range pts {
 		if pt.WritersMS > 0 && x != nil {
-			xys = append(xys, plotter.XY{X: x(pt), Y: pt.WritersMS * specCostShare})
+			xys = append(xys, XY{X: x(pt), Y: pt.WritersMS * specCostShare})
 		}
 		if pt.WritersMS > 0 {
 			sum += pt.WritersMS * specCostShare
@@ -150,22 +141,14 @@ func addCostBar(p *plot.Plot, pts []FrontierPoint, x func(FrontierPoint) float64
 		}
 	}
 	if n == 0 {
-		return nil
+		return
 	}
 	if x == nil {
 		mean := sum / float64(n)
-		xys = plotter.XYs{{X: 0, Y: mean}, {X: xMax, Y: mean}}
+		xys = []XY{{X: c.x.min, Y: mean}, {X: c.x.max, Y: mean}}
 	}
 	sort.SliceStable(xys, func(i, j int) bool { return xys[i].X < xys[j].X })
-	line, err := plotter.NewLine(xys)
-	if err != nil {
-		return err
-	}
-	line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
-	line.Color = palette[1]
-	p.Add(line)
-	p.Legend.Add(frontierLegend, line)
-	return nil
+	c.series = append(c.series, series{name: frontierLegend, pts: xys, colour: palette[1], width: 1.2, dash: "6,3"})
 }
 
 // maxOf is the largest of f over pts (0 for none).
@@ -175,26 +158,6 @@ func maxOf(pts []FrontierPoint, f func(FrontierPoint) float64) float64 {
 		m = max(m, f(p))
 	}
 	return m
-}
-
-// addCurve adds a line with points and labels to p.
-func addCurve(p *plot.Plot, name string, xys plotter.XYs, labels []string, colour int) error {
-	if len(xys) == 0 {
-		return nil
-	}
-	line, points, err := plotter.NewLinePoints(xys)
-	if err != nil {
-		return err
-	}
-	line.Color, points.Color = palette[colour%len(palette)], palette[colour%len(palette)]
-	p.Add(line, points)
-	p.Legend.Add(name, line, points)
-	l, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: labels})
-	if err != nil {
-		return err
-	}
-	p.Add(l)
-	return nil
 }
 
 // AnswerRun is one run of the wake-up path as the SDK drives it: how long
@@ -215,22 +178,16 @@ func SaveAnswers(path string, runs []AnswerRun) error {
 	for i, r := range runs {
 		names[i] = fmt.Sprintf("%s (%.0f/s)", r.Label, r.Achieved)
 	}
-	answers, err := runsPanel("the wake-up's answer, as the SDK waits for it", names, []runCurve{
+	answers := runsPanel("the wake-up's answer, as the SDK waits for it", names, []runCurve{
 		{"p50", func(r AnswerRun) float64 { return r.AnswerP50 }},
 		{"p99", func(r AnswerRun) float64 { return r.AnswerP99 }},
 		{"max", func(r AnswerRun) float64 { return r.AnswerMax }},
 	}, runs, []Marker{{Name: "the SDK's 5 s", At: 5000}, {Name: "p99 bar 20 ms", At: 20}})
-	if err != nil {
-		return err
-	}
-	accepted, err := runsPanel("commit → accepted", names, []runCurve{
+	accepted := runsPanel("commit → accepted", names, []runCurve{
 		{"p50", func(r AnswerRun) float64 { return r.AcceptedP50 }},
 		{"p99", func(r AnswerRun) float64 { return r.AcceptedP99 }},
 	}, runs, []Marker{{Name: "fast bar 100 ms", At: 100}, {Name: "slow bar 2.5 s", At: 2500}})
-	if err != nil {
-		return err
-	}
-	return saveStacked(path, answers, accepted)
+	return (&picture{width: pictureWidth, charts: []*chart{answers, accepted}}).save(path)
 }
 
 // runCurve is one figure of AnswerRun, drawn across the runs.
@@ -240,40 +197,28 @@ type runCurve struct {
 }
 
 // runsPanel is a chart of curves across the runs (one x position a run)
-// on a log y axis in milliseconds, with levels as horizontal dashed lines.
-func runsPanel(title string, names []string, curves []runCurve, runs []AnswerRun, levels []Marker) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = title
-	p.Y.Label.Text = "ms (log)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = true
-	p.NominalX(names...)
-	// A decade and more of headroom above the highest level (10 s) for the
-	// legend, so that it overprints no line.
-	p.Y.Min, p.Y.Max = 0.1, 200000
-	for i, c := range curves {
-		xys := make(plotter.XYs, len(runs))
+// on a log y axis in milliseconds, with levels as horizontal dashed lines
+// labelled above them.
+func runsPanel(title string, names []string, curves []runCurve, runs []AnswerRun, levels []Marker) *chart {
+	c := &chart{
+		title:       title,
+		x:           axis{min: -0.5, max: float64(len(runs)) - 0.5, ticks: []tick{}},
+		y:           axis{label: "ms (log)", min: 0.1, max: 20000, log: true},
+		frameHeight: frontierHeight,
+	}
+	for i, n := range names {
+		c.x.ticks = append(c.x.ticks, tick{at: float64(i), label: n})
+	}
+	for i, cv := range curves {
+		s := series{name: cv.name, colour: palette[i%len(palette)], width: 1, dots: true}
 		for j, r := range runs {
-			xys[j] = plotter.XY{X: float64(j), Y: max(c.value(r), 0.1)}
+			s.pts = append(s.pts, XY{X: float64(j), Y: max(cv.value(r), 0.1)})
+			c.y.max = max(c.y.max, 2*cv.value(r))
 		}
-		if err := addCurve(p, c.name, xys, make([]string, len(runs)), i); err != nil {
-			return nil, err
-		}
+		c.series = append(c.series, s)
 	}
 	for _, l := range levels {
-		line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: l.At}, {X: float64(len(runs)) - 0.5, Y: l.At}})
-		if err != nil {
-			return nil, err
-		}
-		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		p.Add(line)
-		label, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: -0.5, Y: l.At}}, Labels: []string{l.Name}})
-		if err != nil {
-			return nil, err
-		}
-		label.Offset = vg.Point{Y: vg.Points(3)} // above its line, not struck through
-		p.Add(label)
+		addLevel(c, l)
 	}
-	return p, nil
+	return c
 }
