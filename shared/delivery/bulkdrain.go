@@ -325,7 +325,7 @@ func (r *sessionRun) next(finish []store.Finishing, claim bool) (store.State, *s
 	for _, p := range r.ended {
 		if p.claim.Ended() {
 			d.count(len(p.out.accepted), len(p.out.aside))
-			d.svc.logSetAside(d.ctx, d.ws, r.target, p.out.aside)
+			d.svc.asideWritten(d.ctx, d.ws, r.target, p.out.aside)
 		} else {
 			// Published but not acknowledged: the events stay pending
 			// and are published again later. Duplicates, never a loss.

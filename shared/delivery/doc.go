@@ -254,6 +254,9 @@
 // it, so the events behind it flow at once (`job drain` does the same).
 // During an outage every request fails and nothing is set aside
 // (`TestAnEventThatFailsAloneIsSetAside`, `TestAnOutageSetsNothingAside`).
+// The decision holds until a finish writes it: when the batch's session
+// ends first, the event is pending again and its next claim sets it aside
+// with no fourth publish (`TestASetAsideLostWithItsSessionIsNotPublishedAgain`).
 // Each process counts on its own: with N drain instances an event is set
 // aside after at most 3 × N wake-ups.
 //

@@ -70,7 +70,7 @@ func (r *drainRun) finished(finish []published) {
 		switch {
 		case p.claim.Ended() && (p.ss == nil || p.ss == r.ss):
 			r.tally.add(p.out)
-			r.s.logSetAside(r.ctx, r.d.ws, p.claim.Target(), p.out.aside)
+			r.s.asideWritten(r.ctx, r.d.ws, p.claim.Target(), p.out.aside)
 		case p.ss == nil || p.ss == r.ss:
 			p.claim.Release(r.ctx)
 			r.tally.unacknowledged += len(p.out.accepted)

@@ -115,7 +115,7 @@ func (s *Service) publishClaim(ctx context.Context, ws registry.Workspace, targe
 		if len(out.accepted) > 0 {
 			res.Bytes += out.bytes()
 		}
-		s.logSetAside(ctx, ws, target, out.aside)
+		s.asideWritten(ctx, ws, target, out.aside)
 	}
 	if out.err != nil {
 		return res, out.err

@@ -26,7 +26,10 @@ func (s *Service) publishBatch(ctx context.Context, ws registry.Workspace, claim
 	var fresh, retrying []store.Pending
 	var alone *store.Pending
 	for i, p := range claim.Events {
+		decided, ok := s.suspects.decided(out.generation, p.HistoryID)
 		switch {
+		case ok: // set aside before, its finish lost (see suspect.aside)
+			out.aside = append(out.aside, decided)
 		case len(p.JSON) > publish.MaxMessageBytes:
 			out.aside = append(out.aside, store.SetAside{HistoryID: p.HistoryID, HistoryTable: p.HistoryTable, EventID: p.EventID, Reason: store.ReasonTooLarge,
 				Cause: fmt.Errorf("its %d-byte message is larger than a Pub/Sub request may be", len(p.JSON))})
@@ -84,9 +87,11 @@ func (p *publishing) publishAlone(ctx context.Context, e store.Pending) error {
 	setAside, again := p.svc.suspects.failedAlone(p.topic, p.generation, e.HistoryID, code, p.failure)
 	p.probe = p.svc.suspects.worthProbing(p.topic, p.failure, again)
 	if setAside {
-		p.aside = append(p.aside, store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
+		aside := store.SetAside{HistoryID: e.HistoryID, HistoryTable: e.HistoryTable, EventID: e.EventID,
 			Reason: store.ReasonPublishFailed, Code: int(code),
-			Cause: fmt.Errorf("%d publishes of it alone in a row failed with %s while Pub/Sub took other events: %w", suspectFailures, code, err)})
+			Cause: fmt.Errorf("%d publishes of it alone in a row failed with %s while Pub/Sub took other events: %w", suspectFailures, code, err)}
+		p.svc.suspects.decide(p.generation, aside)
+		p.aside = append(p.aside, aside)
 		return nil
 	}
 	return fmt.Errorf("%w: %w: %w", errPublish, errFailedAlone, err)
@@ -235,13 +240,15 @@ func (p *publishing) reject(e store.Pending, cause error) {
 		Reason: store.ReasonRejected, Cause: cause})
 }
 
-// logSetAside names the events a drain set aside: one error line per drain,
-// and an event is set aside once per backoff period, whichever instance
-// finds it.
-func (s *Service) logSetAside(ctx context.Context, ws registry.Workspace, target store.Target, aside []store.SetAside) {
+// asideWritten takes the events a drain's finish set aside: it forgets
+// their suspect records (see suspect.aside) and names them, one error line
+// per drain (an event is set aside once per backoff period, whichever
+// instance finds it).
+func (s *Service) asideWritten(ctx context.Context, ws registry.Workspace, target store.Target, aside []store.SetAside) {
 	if len(aside) == 0 {
 		return
 	}
+	s.suspects.written(target.Generation, aside)
 	events := make([]map[string]string, len(aside))
 	for i, a := range aside {
 		events[i] = map[string]string{"history_id": a.HistoryID, "event_id": a.EventID, "reason": string(a.Reason)}

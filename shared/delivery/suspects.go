@@ -99,6 +99,11 @@ type suspect struct {
 	// since is published at the request failure before the first of
 	// them, and last the failure count at the last of them.
 	since, last uint64
+	// aside is the set-aside the failures decided, until a finish wrote
+	// it (written): when the batch's claim is lost before (its session
+	// ended), the event comes back pending and is set aside again on
+	// this evidence, with no fourth publish.
+	aside *store.SetAside
 }
 
 func suspectKey(generation, historyID string) string { return generation + "/" + historyID }
@@ -174,8 +179,34 @@ func (ss *suspects) failedAlone(topic, generation, historyID string, code codes.
 	if sp.failures < suspectFailures || ss.topic(topic).published == sp.since {
 		return false, again
 	}
-	ss.forgetLocked(key)
 	return true, again
+}
+
+// decide records that an event is to be set aside so (failedAlone said
+// it), until a finish writes it.
+func (ss *suspects) decide(generation string, aside store.SetAside) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.entry(suspectKey(generation, aside.HistoryID)).aside = &aside
+}
+
+// decided returns the set-aside decided for an event and not yet written.
+func (ss *suspects) decided(generation, historyID string) (store.SetAside, bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if sp, ok := ss.events[suspectKey(generation, historyID)]; ok && sp.aside != nil {
+		return *sp.aside, true
+	}
+	return store.SetAside{}, false
+}
+
+// written forgets the events a finish set aside: their records are done.
+func (ss *suspects) written(generation string, aside []store.SetAside) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, a := range aside {
+		ss.forgetLocked(suspectKey(generation, a.HistoryID))
+	}
 }
 
 // forget drops an event published or refused.

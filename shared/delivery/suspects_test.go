@@ -22,8 +22,10 @@ import (
 type sizeLimit struct {
 	limit int
 	down  atomic.Bool
-	// failed counts the requests it failed for their size.
-	failed atomic.Int64
+	// failed counts the requests it failed for their size, and
+	// failedBeforeTaken those before it first let a request through.
+	failed, failedBeforeTaken atomic.Int64
+	taken                     atomic.Bool
 }
 
 // React implements pstest.Reactor.
@@ -34,9 +36,13 @@ func (l *sizeLimit) React(req any) (bool, any, error) {
 	for _, m := range req.(*pubsubpb.PublishRequest).Messages {
 		if len(m.Data) > l.limit {
 			l.failed.Add(1)
+			if !l.taken.Load() {
+				l.failedBeforeTaken.Add(1)
+			}
 			return true, nil, status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", len(m.Data), l.limit)
 		}
 	}
+	l.taken.Store(true)
 	return false, nil, nil
 }
 
@@ -92,8 +98,14 @@ func TestAnEventThatFailsAloneIsSetAside(t *testing.T) {
 					require.NoError(t, err)
 					require.Equal(t, 1, all.SetAside)
 				}
-				failed := limit.failed.Load()
-				require.LessOrEqual(t, failed, int64(c.requests), "it was tried alone, three times")
+				// Tried alone three times once Pub/Sub took others: a
+				// drain's publishes are in order, and until Pub/Sub takes
+				// another (on a saturated machine, the probe beside it may
+				// find no connection), the failures are no proof that they
+				// are the event's own.
+				failed, before := limit.failed.Load(), limit.failedBeforeTaken.Load()
+				require.LessOrEqual(t, failed, max(int64(c.requests), before+1),
+					"it was tried alone, three times (%d failures before Pub/Sub took a request)", before)
 
 				st, err := r.svc.Status(r.ctx, "w1", "", 10)
 				require.NoError(t, err)
