@@ -122,17 +122,20 @@ func TestAuditDuringWritesReportsOnlyWhatLaterAuditsConfirm(t *testing.T) {
 	wg.Add(2)
 	go func() { // the SDK's writes: every live record but the damaged one
 		defer wg.Done()
+		// Each write runs to its end (a write cancelled mid-commit may
+		// still commit after it returned, behind the last delivery): the
+		// loop stops between writes.
 		for i := 0; ctx.Err() == nil; i++ {
 			var err error
 			switch i % 3 {
 			case 0:
-				err = r.w.Update(ctx, "product", d.products[i%len(d.products)], map[string]any{"stock": int64(i)})
+				err = r.w.Update(r.ctx, "product", d.products[i%len(d.products)], map[string]any{"stock": int64(i)})
 			case 1:
-				err = r.w.Update(ctx, "customer", d.customers[3+i%(len(d.customers)-3)], map[string]any{"age": int64(i)})
+				err = r.w.Update(r.ctx, "customer", d.customers[3+i%(len(d.customers)-3)], map[string]any{"age": int64(i)})
 			default:
-				_, err = r.w.Create(ctx, "product", map[string]any{"title": fmt.Sprintf("new %d", i)})
+				_, err = r.w.Create(r.ctx, "product", map[string]any{"title": fmt.Sprintf("new %d", i)})
 			}
-			if err != nil && ctx.Err() == nil {
+			if err != nil {
 				errs <- err
 				return
 			}
