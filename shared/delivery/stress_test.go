@@ -191,6 +191,9 @@ func TestStress(t *testing.T) {
 	var products sync.Map
 	var written atomic.Int64
 	for w := range 2 {
+		// Each write runs on the rig's context to its end: a write
+		// cancelled mid-commit may still commit after it returned, behind
+		// the settling below. The loop stops between writes.
 		loop("write", 0, func(i int) error {
 			title := fmt.Sprintf("w%d-%d", w, i)
 			if i%50 == 7 {
@@ -200,10 +203,10 @@ func TestStress(t *testing.T) {
 				var id string
 				products.Range(func(k, _ any) bool { id = k.(string); return rand.IntN(4) != 0 })
 				if id != "" {
-					return r.w.Update(ctx, "product", id, map[string]any{"stock": int64(i)})
+					return r.w.Update(r.ctx, "product", id, map[string]any{"stock": int64(i)})
 				}
 			}
-			id, err := r.w.Create(ctx, "product", map[string]any{"title": title, "stock": int64(i)})
+			id, err := r.w.Create(r.ctx, "product", map[string]any{"title": title, "stock": int64(i)})
 			if err == nil && !strings.HasPrefix(title, "refused-") {
 				products.Store(id, true)
 				written.Add(1)
