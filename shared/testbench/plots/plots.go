@@ -1,8 +1,9 @@
 // Package plots draws the pictures the test bench shows: a chaos run's
-// timeline (go run ./job/chaos --plot FILE.svg), and the wake-up
-// path's cost-latency frontier and its answers as the SDK waits for them
-// (BenchmarkWakeUps with REPLICATION_WAKEUP_PLOT), as SVG written by hand
-// (svg.go says why). It is never deployed.
+// timeline (go run ./job/chaos --plot FILE.svg), the wake-up path's
+// cost-latency frontier and its answers as the SDK waits for them
+// (BenchmarkWakeUps with REPLICATION_WAKEUP_PLOT), and the fleet's cost
+// against its size (BenchmarkWakeUpsFleet with REPLICATION_FLEET_PLOT), as
+// SVG written by hand (svg.go says why). It is never deployed.
 package plots
 
 import "image/color"
