@@ -54,12 +54,8 @@ func TestASetAsideLostWithItsSessionIsNotPublishedAgain(t *testing.T) {
 	cutter.pool = r.pool
 	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "grown in place"})
 	require.NoError(t, err)
-	_, err = r.pool.Exec(r.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb(repeat('x', 2 << 20)))`)
-	require.NoError(t, err)
-	for range 5 {
-		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind it"})
-		require.NoError(t, err)
-	}
+	r.growPastTheBound(t)
+	r.commitBehind(t, 5)
 
 	var drains []string
 	for attempt := 0; ; attempt++ {

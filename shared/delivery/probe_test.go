@@ -21,13 +21,8 @@ func TestTheEventsBehindAnEventThatFailsAloneFlow(t *testing.T) {
 	r := newRig(t, 2, withPublishReactor(limit))
 	_, err := r.w.Create(r.ctx, "product", map[string]any{"title": strings.Repeat("x", 150_000)})
 	require.NoError(t, err)
-	// Larger than the SDK's byte bound: it comes in a batch of its own.
-	_, err = r.pool.Exec(r.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb(repeat('x', 2 << 20)))`)
-	require.NoError(t, err)
-	for range 15 {
-		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind it"})
-		require.NoError(t, err)
-	}
+	r.growPastTheBound(t)
+	r.commitBehind(t, 15)
 	r.wakeOK(t, r.svc)
 	r.awaitAccepted(t, 15) // the events behind it, while it waits for its backoff
 	// The SDK commits on: Pub/Sub taking those tells the drainer that the
@@ -45,6 +40,24 @@ func (r *rig) awaitAccepted(t testing.TB, n int64) {
 	for r.acceptedCount(t) < n {
 		require.True(t, time.Now().Before(deadline), "fewer than %d events accepted after a minute", n)
 		time.Sleep(5 * time.Millisecond) // the queue is the signal
+	}
+}
+
+// growPastTheBound grows the SDK database's product events in place past
+// the SDK's byte bound (2 MiB of payload, as the SDK's own size limit
+// keeps its writes smaller): each then comes in a batch of its own.
+func (r *rig) growPastTheBound(t testing.TB) {
+	t.Helper()
+	_, err := r.pool.Exec(r.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb(repeat('x', 2 << 20)))`)
+	require.NoError(t, err)
+}
+
+// commitBehind commits n products, the events behind one that fails.
+func (r *rig) commitBehind(t testing.TB, n int) {
+	t.Helper()
+	for range n {
+		_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind it"})
+		require.NoError(t, err)
 	}
 }
 

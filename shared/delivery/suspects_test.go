@@ -75,13 +75,9 @@ func TestAnEventThatFailsAloneIsSetAside(t *testing.T) {
 				_, err := r.w.Create(r.ctx, "product", map[string]any{"title": strings.Repeat("x", 150_000)})
 				require.NoError(t, err)
 				if c.limit > 150_000 {
-					_, err = r.pool.Exec(r.ctx, `UPDATE product_history SET replication = jsonb_set(replication, '{payload}', to_jsonb(repeat('x', 2 << 20)))`)
-					require.NoError(t, err)
+					r.growPastTheBound(t)
 				}
-				for range 15 {
-					_, err := r.w.Create(r.ctx, "product", map[string]any{"title": "behind it"})
-					require.NoError(t, err)
-				}
+				r.commitBehind(t, 15)
 				switch path {
 				case "wake-ups":
 					// Its drainer, meeting the failure (a transient code),
