@@ -227,6 +227,15 @@ func formatTick(v, step float64) string {
 	return strconv.FormatFloat(v, 'f', prec, 64)
 }
 
+// widestTick is the width of a's widest tick label.
+func (a axis) widestTick() float64 {
+	widest := 0.0
+	for _, t := range a.axisTicks() {
+		widest = max(widest, textWidth(t.label, smallSize))
+	}
+	return widest
+}
+
 // axisTicks are a's ticks: its own, or computed from its range.
 func (a axis) axisTicks() []tick {
 	switch {

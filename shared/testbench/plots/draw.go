@@ -21,9 +21,7 @@ const (
 func (p *picture) frameX() (x0, w float64) {
 	widest := 0.0
 	for _, c := range p.charts {
-		for _, t := range c.y.axisTicks() {
-			widest = max(widest, textWidth(t.label, smallSize))
-		}
+		widest = max(widest, c.y.widestTick())
 	}
 	x0 = 12 + labelSize + 8 + widest + tickLength + 4
 	return x0, p.width - x0 - rightMargin
@@ -39,13 +37,15 @@ func (c *chart) above(x0, w float64) float64 {
 func (p *picture) draw() *canvas {
 	x0, w := p.frameX()
 	height := 8.0
-	for _, c := range p.charts {
-		height += c.above(x0, w) + c.frameHeight + belowFrame
+	above := make([]float64, len(p.charts))
+	for i, c := range p.charts {
+		above[i] = c.above(x0, w)
+		height += above[i] + c.frameHeight + belowFrame
 	}
 	cv := &canvas{width: p.width, height: height}
 	y := 8.0
-	for _, c := range p.charts {
-		y += c.above(x0, w)
+	for i, c := range p.charts {
+		y += above[i]
 		c.draw(cv, frame{x0: x0, y0: y, w: w, h: c.frameHeight})
 		y += c.frameHeight + belowFrame
 	}
@@ -124,11 +124,7 @@ func (c *chart) drawAxes(cv *canvas, f frame) {
 		cv.text(c.x.label, f.x0+f.w/2, bottom+tickLength+30, labelSize, "middle")
 	}
 	if c.y.label != "" { // beside this chart's widest tick label
-		widest := 0.0
-		for _, t := range c.y.axisTicks() {
-			widest = max(widest, textWidth(t.label, smallSize))
-		}
-		cv.vtext(c.y.label, f.x0-tickLength-3-widest-8-labelSize/2, f.y0+f.h/2, labelSize)
+		cv.vtext(c.y.label, f.x0-tickLength-3-c.y.widestTick()-8-labelSize/2, f.y0+f.h/2, labelSize)
 	}
 }
 
